@@ -1,0 +1,397 @@
+//! The API description: its grammar (see `crates/protocol/api/opencl.api`) and parser.
+
+use std::fmt;
+
+/// A whole API description: every entry point, ordered by opcode.
+#[derive(Debug)]
+pub struct Api {
+    pub funcs: Vec<Func>,
+}
+
+#[derive(Debug)]
+pub struct Func {
+    pub opcode: u16,
+    pub name: String,
+    pub mode: Mode,
+    pub info: bool,
+    /// The ICD table points at a hand-written client function although the wire stub and the
+    /// server dispatch are generated (answers cached in the client).
+    pub client_entry: bool,
+    pub retain: Option<String>,
+    pub release: Option<String>,
+    pub ret: Ret,
+    pub params: Vec<Param>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Gen,
+    Custom,
+    Local,
+    Unsupported,
+    Absent,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ret {
+    Int,
+    Handle(String),
+    Ptr,
+    Void,
+}
+
+#[derive(Debug, Clone)]
+pub struct Param {
+    pub name: String,
+    pub kind: Kind,
+}
+
+/// A length: a parameter's value, a constant, or a parameter times a constant.
+#[derive(Debug, Clone)]
+pub enum Len {
+    Param(String),
+    Const(u64),
+    Mul(String, u64),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scalar {
+    U32,
+    I32,
+    U64,
+    Usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Props {
+    Plain,
+    Context,
+    Partition,
+}
+
+#[derive(Debug, Clone)]
+pub enum Kind {
+    Scalar(Scalar),
+    Handle { kind: String, nullable: bool },
+    Handles { kind: String, count: String },
+    In { len: Len },
+    InUsize { count: Len, nullable: bool },
+    Str,
+    Strs { count: String },
+    Props(Props),
+    Out { len: Len },
+    OutSize,
+    OutU32,
+    OutU64,
+    OutHandles { kind: String, count: String },
+    NewHandle { kind: String },
+    Callback { kind: String, owner: String },
+    UserData,
+    Err,
+}
+
+/// The handle kinds of the API and the error native OpenCL gives for a bad one.
+pub const HANDLE_KINDS: &[(&str, &str, &str)] = &[
+    ("platform", "Platform", "CL_INVALID_PLATFORM"),
+    ("device", "Device", "CL_INVALID_DEVICE"),
+    ("context", "Context", "CL_INVALID_CONTEXT"),
+    ("queue", "Queue", "CL_INVALID_COMMAND_QUEUE"),
+    ("mem", "Mem", "CL_INVALID_MEM_OBJECT"),
+    ("sampler", "Sampler", "CL_INVALID_SAMPLER"),
+    ("program", "Program", "CL_INVALID_PROGRAM"),
+    ("kernel", "Kernel", "CL_INVALID_KERNEL"),
+    ("event", "Event", "CL_INVALID_EVENT"),
+];
+
+pub const CALLBACK_KINDS: &[(&str, &str)] = &[
+    ("context_notify", "ContextNotify"),
+    ("program_notify", "ProgramNotify"),
+    ("event_notify", "EventNotify"),
+    ("object_notify", "ObjectNotify"),
+];
+
+/// The Rust name of a handle kind (`queue` → `Queue`).
+pub fn handle_variant(kind: &str) -> &'static str {
+    HANDLE_KINDS
+        .iter()
+        .find(|(k, _, _)| *k == kind)
+        .map(|(_, v, _)| *v)
+        .unwrap_or_else(|| panic!("unknown handle kind {kind}"))
+}
+
+pub fn callback_variant(kind: &str) -> &'static str {
+    CALLBACK_KINDS
+        .iter()
+        .find(|(k, _)| *k == kind)
+        .map(|(_, v)| *v)
+        .unwrap_or_else(|| panic!("unknown callback kind {kind}"))
+}
+
+#[derive(Debug)]
+pub struct ParseError {
+    pub line: usize,
+    pub msg: String,
+}
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "API description line {}: {}", self.line, self.msg)
+    }
+}
+
+impl std::error::Error for ParseError {}
+
+impl Api {
+    pub fn load(path: &std::path::Path) -> Result<Api, Box<dyn std::error::Error>> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        Ok(Api::parse(&text)?)
+    }
+
+    pub fn parse(text: &str) -> Result<Api, ParseError> {
+        let mut funcs: Vec<Func> = Vec::new();
+        for (i, raw) in text.lines().enumerate() {
+            let line = raw.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let err = |msg: String| ParseError { line: i + 1, msg };
+            let func = parse_func(line).map_err(err)?;
+            funcs.push(func);
+        }
+        // Opcodes are explicit: they must run 0, 1, 2, ... without gaps or repeats.
+        for (expected, f) in funcs.iter().enumerate() {
+            if usize::from(f.opcode) != expected {
+                return Err(ParseError {
+                    line: 0,
+                    msg: format!(
+                        "opcode {} ({}) where {} was expected: opcodes must be dense and ordered",
+                        f.opcode, f.name, expected
+                    ),
+                });
+            }
+        }
+        for f in &funcs {
+            validate(f).map_err(|msg| ParseError {
+                line: 0,
+                msg: format!("{}: {msg}", f.name),
+            })?;
+        }
+        Ok(Api { funcs })
+    }
+}
+
+fn parse_func(line: &str) -> Result<Func, String> {
+    // The parameter list is the first `(` that follows a space (`@retain(k)` has none).
+    let open = line.find(" (").ok_or("missing parameter list")? + 1;
+    if !line.ends_with(')') {
+        return Err("parameter list must end the line".into());
+    }
+    let head: Vec<&str> = line[..open].split_whitespace().collect();
+    let params_src = &line[open + 1..line.len() - 1];
+    if head.len() < 3 {
+        return Err("expected `<opcode> <name> <mode> ...`".into());
+    }
+    let opcode: u16 = head[0].parse().map_err(|_| format!("bad opcode {}", head[0]))?;
+    let name = head[1].to_string();
+    let mode = match head[2] {
+        "gen" => Mode::Gen,
+        "custom" => Mode::Custom,
+        "local" => Mode::Local,
+        "unsupported" => Mode::Unsupported,
+        "absent" => Mode::Absent,
+        m => return Err(format!("unknown mode {m}")),
+    };
+    let mut func = Func {
+        opcode,
+        name,
+        mode,
+        info: false,
+        client_entry: false,
+        retain: None,
+        release: None,
+        ret: Ret::Int,
+        params: Vec::new(),
+    };
+    let mut rest = head[3..].iter();
+    while let Some(tok) = rest.next() {
+        match *tok {
+            "@info" => func.info = true,
+            "@client_entry" => func.client_entry = true,
+            "->" => {
+                let r = rest.next().ok_or("missing return kind after ->")?;
+                func.ret = match *r {
+                    "int" => Ret::Int,
+                    "ptr" => Ret::Ptr,
+                    "void" => Ret::Void,
+                    h => Ret::Handle(angle(h, "h")?.to_string()),
+                };
+            }
+            t if t.starts_with("@retain(") => func.retain = Some(paren(t)?.to_string()),
+            t if t.starts_with("@release(") => func.release = Some(paren(t)?.to_string()),
+            t => return Err(format!("unexpected `{t}`")),
+        }
+    }
+    for p in params_src.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (kind, pname) = p
+            .rsplit_once(' ')
+            .ok_or_else(|| format!("parameter `{p}` needs a kind and a name"))?;
+        func.params.push(Param {
+            name: pname.to_string(),
+            kind: parse_kind(kind.trim())?,
+        });
+    }
+    Ok(func)
+}
+
+fn paren(t: &str) -> Result<&str, String> {
+    let a = t.find('(').ok_or("missing (")?;
+    let b = t.rfind(')').ok_or("missing )")?;
+    Ok(&t[a + 1..b])
+}
+
+fn angle<'a>(t: &'a str, prefix: &str) -> Result<&'a str, String> {
+    let inner = t
+        .strip_prefix(prefix)
+        .and_then(|s| s.strip_prefix('<'))
+        .and_then(|s| s.split('>').next())
+        .ok_or_else(|| format!("expected {prefix}<kind> in `{t}`"))?;
+    Ok(inner)
+}
+
+fn bracket(t: &str) -> Result<&str, String> {
+    let a = t.find('[').ok_or_else(|| format!("missing [..] in `{t}`"))?;
+    let b = t.rfind(']').ok_or_else(|| format!("missing ] in `{t}`"))?;
+    Ok(&t[a + 1..b])
+}
+
+fn parse_len(s: &str) -> Result<Len, String> {
+    if let Ok(n) = s.parse::<u64>() {
+        return Ok(Len::Const(n));
+    }
+    if let Some((p, n)) = s.split_once('*') {
+        let n = n.parse::<u64>().map_err(|_| format!("bad length `{s}`"))?;
+        return Ok(Len::Mul(p.to_string(), n));
+    }
+    Ok(Len::Param(s.to_string()))
+}
+
+fn parse_kind(k: &str) -> Result<Kind, String> {
+    Ok(match k {
+        "u32" => Kind::Scalar(Scalar::U32),
+        "i32" => Kind::Scalar(Scalar::I32),
+        "u64" => Kind::Scalar(Scalar::U64),
+        "usize" => Kind::Scalar(Scalar::Usize),
+        "str" => Kind::Str,
+        "props" => Kind::Props(Props::Plain),
+        "props_ctx" => Kind::Props(Props::Context),
+        "props_part" => Kind::Props(Props::Partition),
+        "outsize" => Kind::OutSize,
+        "out_u32" => Kind::OutU32,
+        "out_u64" => Kind::OutU64,
+        "ud" => Kind::UserData,
+        "err" => Kind::Err,
+        _ if k.starts_with("h?<") => Kind::Handle {
+            kind: angle(k, "h?")?.into(),
+            nullable: true,
+        },
+        _ if k.starts_with("h<") => Kind::Handle {
+            kind: angle(k, "h")?.into(),
+            nullable: false,
+        },
+        _ if k.starts_with("hs<") => Kind::Handles {
+            kind: angle(k, "hs")?.into(),
+            count: bracket(k)?.into(),
+        },
+        _ if k.starts_with("outh<") => Kind::OutHandles {
+            kind: angle(k, "outh")?.into(),
+            count: bracket(k)?.into(),
+        },
+        _ if k.starts_with("newh<") => Kind::NewHandle {
+            kind: angle(k, "newh")?.into(),
+        },
+        _ if k.starts_with("cb<") => {
+            let inner = angle(k, "cb")?;
+            let (kind, owner) = inner
+                .split_once(':')
+                .ok_or("callbacks are written cb<kind:owner>")?;
+            Kind::Callback {
+                kind: kind.into(),
+                owner: owner.into(),
+            }
+        }
+        _ if k.starts_with("in_usize?[") => Kind::InUsize {
+            count: parse_len(bracket(k)?)?,
+            nullable: true,
+        },
+        _ if k.starts_with("in_usize[") => Kind::InUsize {
+            count: parse_len(bracket(k)?)?,
+            nullable: false,
+        },
+        _ if k.starts_with("in[") => Kind::In {
+            len: parse_len(bracket(k)?)?,
+        },
+        _ if k.starts_with("out[") => Kind::Out {
+            len: parse_len(bracket(k)?)?,
+        },
+        _ if k.starts_with("strs[") => Kind::Strs {
+            count: bracket(k)?.into(),
+        },
+        _ => return Err(format!("unknown parameter kind `{k}`")),
+    })
+}
+
+/// Cross-checks one entry: lengths name real parameters, callbacks have user data, kinds exist.
+fn validate(f: &Func) -> Result<(), String> {
+    let has = |n: &str| f.params.iter().any(|p| p.name == n);
+    let check_len = |l: &Len| match l {
+        Len::Param(p) | Len::Mul(p, _) if !has(p) => Err(format!("length names unknown `{p}`")),
+        _ => Ok(()),
+    };
+    for (i, p) in f.params.iter().enumerate() {
+        match &p.kind {
+            Kind::Handle { kind, .. }
+            | Kind::NewHandle { kind }
+            | Kind::Handles { kind, .. }
+            | Kind::OutHandles { kind, .. } => {
+                if !HANDLE_KINDS.iter().any(|(k, _, _)| k == kind) {
+                    return Err(format!("unknown handle kind `{kind}`"));
+                }
+            }
+            _ => {}
+        }
+        match &p.kind {
+            Kind::Handles { count, .. }
+            | Kind::OutHandles { count, .. }
+            | Kind::Strs { count } => {
+                if !has(count) {
+                    return Err(format!("count names unknown `{count}`"));
+                }
+            }
+            Kind::In { len } | Kind::Out { len } | Kind::InUsize { count: len, .. } => {
+                check_len(len)?
+            }
+            Kind::Callback { kind, owner } => {
+                callback_variant(kind);
+                if owner != "none" && owner != "ret" && !has(owner) {
+                    return Err(format!("callback owner `{owner}` is not a parameter"));
+                }
+                if !matches!(f.params.get(i + 1).map(|p| &p.kind), Some(Kind::UserData)) {
+                    return Err("a callback must be followed by its user data".into());
+                }
+            }
+            _ => {}
+        }
+    }
+    if matches!(f.ret, Ret::Handle(_)) && !f.params.iter().any(|p| matches!(p.kind, Kind::Err)) {
+        return Err("a function returning a handle needs an `err` parameter".into());
+    }
+    Ok(())
+}
+
+impl Func {
+    /// Whether a wire stub and a server handler are generated for it.
+    pub fn is_generated(&self) -> bool {
+        self.mode == Mode::Gen
+    }
+}

@@ -1,0 +1,46 @@
+//! Info queries whose values are not plain data: handles (translated to ids on the server and
+//! back to client objects on the client), property lists holding a platform, and values the
+//! server rewrites.
+
+use crate::{cl::*, HandleKind, Op};
+
+/// What an info value holds, beyond plain bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InfoValue {
+    Plain,
+    /// An array of handles of this kind.
+    Handles(HandleKind),
+    /// A context property list (pairs; the value after CL_CONTEXT_PLATFORM is a platform).
+    ContextProps,
+    /// A host pointer that only makes sense in the client (CL_MEM_HOST_PTR).
+    ClientHostPtr,
+    /// Program binaries: an array of pointers into the caller's memory.
+    Binaries,
+}
+
+pub fn info_value(op: Op, param: u32) -> InfoValue {
+    use HandleKind::*;
+    use InfoValue::*;
+    match (op, param) {
+        (Op::clGetDeviceInfo, CL_DEVICE_PLATFORM) => Handles(Platform),
+        (Op::clGetDeviceInfo, CL_DEVICE_PARENT_DEVICE) => Handles(Device),
+        (Op::clGetContextInfo, CL_CONTEXT_DEVICES) => Handles(Device),
+        (Op::clGetContextInfo, CL_CONTEXT_PROPERTIES) => ContextProps,
+        (Op::clGetCommandQueueInfo, CL_QUEUE_CONTEXT) => Handles(Context),
+        (Op::clGetCommandQueueInfo, CL_QUEUE_DEVICE) => Handles(Device),
+        (Op::clGetCommandQueueInfo, CL_QUEUE_DEVICE_DEFAULT) => Handles(Queue),
+        (Op::clGetMemObjectInfo, CL_MEM_CONTEXT) => Handles(Context),
+        (Op::clGetMemObjectInfo, CL_MEM_ASSOCIATED_MEMOBJECT) => Handles(Mem),
+        (Op::clGetMemObjectInfo, CL_MEM_HOST_PTR) => ClientHostPtr,
+        (Op::clGetImageInfo, CL_IMAGE_BUFFER) => Handles(Mem),
+        (Op::clGetSamplerInfo, CL_SAMPLER_CONTEXT) => Handles(Context),
+        (Op::clGetProgramInfo, CL_PROGRAM_CONTEXT) => Handles(Context),
+        (Op::clGetProgramInfo, CL_PROGRAM_DEVICES) => Handles(Device),
+        (Op::clGetProgramInfo, CL_PROGRAM_BINARIES) => Binaries,
+        (Op::clGetKernelInfo, CL_KERNEL_CONTEXT) => Handles(Context),
+        (Op::clGetKernelInfo, CL_KERNEL_PROGRAM) => Handles(Program),
+        (Op::clGetEventInfo, CL_EVENT_COMMAND_QUEUE) => Handles(Queue),
+        (Op::clGetEventInfo, CL_EVENT_CONTEXT) => Handles(Context),
+        _ => Plain,
+    }
+}

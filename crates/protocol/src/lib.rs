@@ -1,0 +1,20 @@
+//! Wormhole's wire protocol, shared by client and server: frame header, a bounds-checked
+//! encoder/decoder, the opcode table generated from the API description, and the API-level
+//! vocabulary both sides agree on (handle kinds, callback kinds, which info values carry handles).
+//!
+//! See `docs/PROTOCOL.md` for the wire format in prose.
+
+pub mod cl;
+mod frame;
+pub mod info;
+mod kinds;
+mod wire;
+
+pub use frame::*;
+pub use kinds::*;
+pub use wire::*;
+
+mod opcodes {
+    include!(concat!(env!("OUT_DIR"), "/opcodes.rs"));
+}
+pub use opcodes::{Op, OP_COUNT};

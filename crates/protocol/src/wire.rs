@@ -1,0 +1,274 @@
+//! Encoding of message bodies. Every value is little-endian; `size_t` travels as u64; a handle
+//! is a u64 id (0 = NULL); byte strings and arrays carry a length; optional values carry a
+//! presence byte. The decoder treats its input as hostile: every read is bounds-checked and
+//! every length is checked against what is left before anything is allocated.
+
+use crate::frame::{FrameHeader, HEADER_LEN, MAX_BODY};
+use std::ffi::CString;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DecodeError {
+    #[error("message truncated: needed {need} more bytes, {have} left")]
+    Truncated { need: u64, have: usize },
+    #[error("length {0} exceeds the limit")]
+    TooLarge(u64),
+    #[error("{0} trailing bytes after the message")]
+    TrailingBytes(usize),
+    #[error("bad frame magic {0:#06x}")]
+    BadMagic(u16),
+    #[error("unsupported protocol version {0}")]
+    BadVersion(u8),
+    #[error("invalid value: {0}")]
+    BadValue(&'static str),
+    #[error("unknown opcode {0:#06x}")]
+    UnknownOp(u16),
+    #[error("opcode {0} is answered by the client and never forwarded")]
+    NotForwarded(u16),
+}
+
+/// Builds one frame: header space first, body after, header filled in by [`Writer::finish`].
+#[derive(Debug)]
+pub struct Writer {
+    buf: Vec<u8>,
+    opcode: u16,
+}
+
+impl Writer {
+    pub fn new(opcode: u16) -> Writer {
+        let mut buf = Vec::with_capacity(256);
+        buf.resize(HEADER_LEN, 0);
+        Writer { buf, opcode }
+    }
+
+    pub fn opcode(&self) -> u16 {
+        self.opcode
+    }
+
+    /// Body bytes written so far.
+    pub fn body_len(&self) -> usize {
+        self.buf.len() - HEADER_LEN
+    }
+
+    /// Fills in the header and returns the whole frame.
+    pub fn finish(mut self, flags: u8, seq: u32) -> Vec<u8> {
+        let len = self.body_len();
+        debug_assert!(len <= MAX_BODY as usize);
+        let h = FrameHeader { flags, opcode: self.opcode, len: len as u32, seq };
+        self.buf[..HEADER_LEN].copy_from_slice(&h.encode());
+        self.buf
+    }
+
+    pub fn u8(&mut self, v: u8) {
+        self.buf.push(v);
+    }
+    pub fn bool(&mut self, v: bool) {
+        self.buf.push(u8::from(v));
+    }
+    pub fn u32(&mut self, v: u32) {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+    pub fn i32(&mut self, v: i32) {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+    pub fn u64(&mut self, v: u64) {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+    pub fn usize(&mut self, v: usize) {
+        self.u64(v as u64);
+    }
+    /// A length-prefixed byte string.
+    pub fn bytes(&mut self, v: &[u8]) {
+        self.u64(v.len() as u64);
+        self.buf.extend_from_slice(v);
+    }
+    /// Room for `len` bytes of a length-prefixed string, for callers that fill it in place.
+    pub fn bytes_in_place(&mut self, len: usize) -> &mut [u8] {
+        self.u64(len as u64);
+        let start = self.buf.len();
+        self.buf.resize(start + len, 0);
+        &mut self.buf[start..]
+    }
+    pub fn opt_bytes(&mut self, v: Option<&[u8]>) {
+        self.bool(v.is_some());
+        if let Some(v) = v {
+            self.bytes(v);
+        }
+    }
+    pub fn opt_u64s(&mut self, v: Option<&[u64]>) {
+        self.bool(v.is_some());
+        if let Some(v) = v {
+            self.u32(v.len() as u32);
+            for x in v {
+                self.u64(*x);
+            }
+        }
+    }
+}
+
+/// Reads a message body; every accessor fails cleanly on short or inconsistent input.
+#[derive(Debug)]
+pub struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(buf: &'a [u8]) -> Reader<'a> {
+        Reader { buf, pos: 0 }
+    }
+
+    pub fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+
+    fn take(&mut self, n: u64) -> Result<&'a [u8], DecodeError> {
+        let have = self.remaining();
+        if n > have as u64 {
+            return Err(DecodeError::Truncated { need: n, have });
+        }
+        let n = n as usize;
+        let s = &self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+        let s = self.take(N as u64)?;
+        let mut a = [0u8; N];
+        a.copy_from_slice(s);
+        Ok(a)
+    }
+
+    pub fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.array::<1>()?[0])
+    }
+    pub fn bool(&mut self) -> Result<bool, DecodeError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(DecodeError::BadValue("boolean must be 0 or 1")),
+        }
+    }
+    pub fn u32(&mut self) -> Result<u32, DecodeError> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+    pub fn i32(&mut self) -> Result<i32, DecodeError> {
+        Ok(i32::from_le_bytes(self.array()?))
+    }
+    pub fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+    pub fn usize(&mut self) -> Result<usize, DecodeError> {
+        let v = self.u64()?;
+        usize::try_from(v).map_err(|_| DecodeError::TooLarge(v))
+    }
+    /// A length-prefixed byte string, borrowed from the message.
+    pub fn bytes(&mut self) -> Result<&'a [u8], DecodeError> {
+        let n = self.u64()?;
+        self.take(n)
+    }
+    pub fn opt_bytes(&mut self) -> Result<Option<Vec<u8>>, DecodeError> {
+        Ok(if self.bool()? { Some(self.bytes()?.to_vec()) } else { None })
+    }
+    pub fn opt_bytes_ref(&mut self) -> Result<Option<&'a [u8]>, DecodeError> {
+        Ok(if self.bool()? { Some(self.bytes()?) } else { None })
+    }
+    fn count(&mut self, elem: u64) -> Result<usize, DecodeError> {
+        let n = u64::from(self.u32()?);
+        // The elements must be in the message: this bounds the allocation below.
+        if n.saturating_mul(elem) > self.remaining() as u64 {
+            return Err(DecodeError::Truncated { need: n * elem, have: self.remaining() });
+        }
+        Ok(n as usize)
+    }
+    pub fn opt_u64s(&mut self) -> Result<Option<Vec<u64>>, DecodeError> {
+        if !self.bool()? {
+            return Ok(None);
+        }
+        let n = self.count(8)?;
+        (0..n).map(|_| self.u64()).collect::<Result<Vec<_>, _>>().map(Some)
+    }
+    pub fn opt_usizes(&mut self) -> Result<Option<Vec<usize>>, DecodeError> {
+        if !self.bool()? {
+            return Ok(None);
+        }
+        let n = self.count(8)?;
+        (0..n).map(|_| self.usize()).collect::<Result<Vec<_>, _>>().map(Some)
+    }
+    /// A C string sent without its terminating NUL.
+    pub fn cstring(&mut self) -> Result<CString, DecodeError> {
+        CString::new(self.bytes()?).map_err(|_| DecodeError::BadValue("string contains NUL"))
+    }
+    pub fn opt_cstring(&mut self) -> Result<Option<CString>, DecodeError> {
+        Ok(if self.bool()? { Some(self.cstring()?) } else { None })
+    }
+    pub fn opt_cstrings(&mut self) -> Result<Option<Vec<CString>>, DecodeError> {
+        if !self.bool()? {
+            return Ok(None);
+        }
+        let n = self.count(8)?;
+        (0..n).map(|_| self.cstring()).collect::<Result<Vec<_>, _>>().map(Some)
+    }
+    /// The message must end here: trailing bytes mean the peer and we disagree on its shape.
+    pub fn finish(&self) -> Result<(), DecodeError> {
+        match self.remaining() {
+            0 => Ok(()),
+            n => Err(DecodeError::TrailingBytes(n)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roundtrip_all_kinds() {
+        let mut w = Writer::new(5);
+        w.u8(1);
+        w.bool(true);
+        w.u32(0xdead_beef);
+        w.i32(-30);
+        w.u64(u64::MAX);
+        w.bytes(b"hello");
+        w.opt_bytes(None);
+        w.opt_u64s(Some(&[1, 2, 3]));
+        w.opt_bytes(Some(b"k\0".as_slice().split_last().unwrap().1));
+        let frame = w.finish(0, 9);
+        let h = FrameHeader::decode(frame[..HEADER_LEN].try_into().unwrap()).unwrap();
+        assert_eq!(h.len as usize, frame.len() - HEADER_LEN);
+        let mut r = Reader::new(&frame[HEADER_LEN..]);
+        assert_eq!(r.u8().unwrap(), 1);
+        assert!(r.bool().unwrap());
+        assert_eq!(r.u32().unwrap(), 0xdead_beef);
+        assert_eq!(r.i32().unwrap(), -30);
+        assert_eq!(r.u64().unwrap(), u64::MAX);
+        assert_eq!(r.bytes().unwrap(), b"hello");
+        assert_eq!(r.opt_bytes().unwrap(), None);
+        assert_eq!(r.opt_u64s().unwrap(), Some(vec![1, 2, 3]));
+        assert_eq!(r.opt_cstring().unwrap().unwrap().as_bytes(), b"k");
+        r.finish().unwrap();
+    }
+
+    #[test]
+    fn hostile_lengths_fail_without_allocating() {
+        // A claimed length far beyond the message.
+        let mut w = Writer::new(0);
+        w.u64(u64::MAX);
+        let f = w.finish(0, 0);
+        assert!(matches!(Reader::new(&f[HEADER_LEN..]).bytes(), Err(DecodeError::Truncated { .. })));
+        // An array count whose elements are not there.
+        let mut w = Writer::new(0);
+        w.bool(true);
+        w.u32(u32::MAX);
+        let f = w.finish(0, 0);
+        assert!(matches!(Reader::new(&f[HEADER_LEN..]).opt_u64s(), Err(DecodeError::Truncated { .. })));
+        // A boolean that is neither 0 nor 1, trailing bytes, an interior NUL.
+        assert!(Reader::new(&[7]).bool().is_err());
+        assert_eq!(Reader::new(&[1]).finish(), Err(DecodeError::TrailingBytes(1)));
+        let mut w = Writer::new(0);
+        w.bytes(b"a\0b");
+        let f = w.finish(0, 0);
+        assert!(Reader::new(&f[HEADER_LEN..]).cstring().is_err());
+    }
+}

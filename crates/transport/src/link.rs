@@ -1,0 +1,94 @@
+//! A link carries whole frames (header + body) between two peers, whatever lies underneath.
+
+use crate::ring::{Ring, WaitCtx};
+use crate::wait::{SpinPolicy, Waiter};
+use crate::TransportError;
+use std::io::{Read, Write};
+use std::sync::Arc;
+use wormhole_protocol::{FrameHeader, HEADER_LEN};
+
+pub trait FrameLink: Send {
+    /// Sends one complete frame.
+    fn send(&mut self, frame: &[u8]) -> Result<(), TransportError>;
+    /// Receives one frame; `body` is replaced by its body.
+    fn recv(&mut self, body: &mut Vec<u8>) -> Result<FrameHeader, TransportError>;
+}
+
+/// Tells a waiting side whether its peer still lives.
+pub type Liveness = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// One lane of a shared region, from one side: frames go out on `tx` and come in on `rx`.
+pub struct ShmLink {
+    tx: Ring,
+    rx: Ring,
+    waiter: Arc<dyn Waiter>,
+    policy: SpinPolicy,
+    alive: Liveness,
+}
+
+impl ShmLink {
+    pub fn new(tx: Ring, rx: Ring, waiter: Arc<dyn Waiter>, policy: SpinPolicy, alive: Liveness) -> ShmLink {
+        ShmLink { tx, rx, waiter, policy, alive }
+    }
+
+    fn ctx(&self) -> WaitCtx<'_> {
+        WaitCtx { waiter: &*self.waiter, policy: self.policy, peer_alive: &*self.alive }
+    }
+
+    /// Blocks until a frame starts arriving (spin, then sleep).
+    pub fn wait_incoming(&self) -> Result<(), TransportError> {
+        self.rx.wait_readable(&self.ctx())
+    }
+}
+
+impl FrameLink for ShmLink {
+    fn send(&mut self, frame: &[u8]) -> Result<(), TransportError> {
+        self.tx.write_all(frame, &self.ctx())
+    }
+
+    fn recv(&mut self, body: &mut Vec<u8>) -> Result<FrameHeader, TransportError> {
+        let ctx = self.ctx();
+        let mut h = [0u8; HEADER_LEN];
+        self.rx.read_exact(&mut h, &ctx)?;
+        let header = FrameHeader::decode(&h)?;
+        body.clear();
+        body.resize(header.len as usize, 0);
+        self.rx.read_exact(body, &ctx)?;
+        Ok(header)
+    }
+}
+
+/// Frames over a byte stream (TCP, Unix socket).
+pub struct StreamLink<S> {
+    pub stream: S,
+}
+
+impl<S: Read + Write + Send> FrameLink for StreamLink<S> {
+    fn send(&mut self, frame: &[u8]) -> Result<(), TransportError> {
+        self.stream.write_all(frame).map_err(eof_is_gone)?;
+        self.stream.flush().map_err(eof_is_gone)
+    }
+
+    fn recv(&mut self, body: &mut Vec<u8>) -> Result<FrameHeader, TransportError> {
+        read_frame(&mut self.stream, body)
+    }
+}
+
+/// Reads one frame from a stream.
+pub fn read_frame(s: &mut impl Read, body: &mut Vec<u8>) -> Result<FrameHeader, TransportError> {
+    let mut h = [0u8; HEADER_LEN];
+    s.read_exact(&mut h).map_err(eof_is_gone)?;
+    let header = FrameHeader::decode(&h)?;
+    body.clear();
+    body.resize(header.len as usize, 0);
+    s.read_exact(body).map_err(eof_is_gone)?;
+    Ok(header)
+}
+
+pub(crate) fn eof_is_gone(e: std::io::Error) -> TransportError {
+    use std::io::ErrorKind::*;
+    match e.kind() {
+        UnexpectedEof | BrokenPipe | ConnectionReset | ConnectionAborted => TransportError::PeerGone,
+        _ => TransportError::Io(e),
+    }
+}

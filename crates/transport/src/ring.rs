@@ -1,0 +1,261 @@
+//! A single-producer/single-consumer byte ring in shared memory.
+//!
+//! Control words live on their own 64-byte lines. `head` (bytes ever written) is stored only by
+//! the producer, `tail` (bytes ever read) only by the consumer; both are 64-bit and never wrap in
+//! practice. The producer publishes data with a Release store of `head`, the consumer observes
+//! it with an Acquire load (and symmetrically for `tail`), so bytes are visible before the
+//! counter that covers them.
+//!
+//! Sleeping without lost wake-ups: a sleeper stores 1 to its `*_waiting` word, issues a SeqCst
+//! fence, re-checks the counter and only then sleeps on the word; a publisher stores the counter,
+//! issues a SeqCst fence and then loads the word. The two fences order the pairs, so either the
+//! sleeper sees the new counter or the publisher sees the flag and wakes it.
+//!
+//! The peer is not trusted: a `head`/`tail` pair claiming more than `capacity` bytes in flight is
+//! reported as corruption, never used to index memory.
+
+use crate::wait::{SpinPolicy, Waiter};
+use crate::TransportError;
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::time::Instant;
+
+#[repr(C, align(64))]
+#[derive(Debug, Default)]
+pub struct Line<T>(pub T);
+
+/// The control block of one ring, 256 bytes, at the start of the ring's lane.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct RingCtrl {
+    pub head: Line<AtomicU64>,
+    pub tail: Line<AtomicU64>,
+    pub consumer_waiting: Line<AtomicU32>,
+    pub producer_waiting: Line<AtomicU32>,
+}
+
+pub const CTRL_SIZE: usize = std::mem::size_of::<RingCtrl>();
+
+/// One ring as seen from one side. Cheap to copy; it does not own the memory.
+#[derive(Debug, Clone, Copy)]
+pub struct Ring {
+    ctrl: *const RingCtrl,
+    data: *mut u8,
+    cap: u64,
+}
+
+// SAFETY: a Ring is only a view; all shared state is accessed through atomics or through byte
+// ranges the SPSC protocol gives to exactly one side at a time.
+unsafe impl Send for Ring {}
+// SAFETY: as above.
+unsafe impl Sync for Ring {}
+
+/// What a waiting side needs: how to sleep, how long to spin, whether the peer still lives.
+pub struct WaitCtx<'a> {
+    pub waiter: &'a dyn Waiter,
+    pub policy: SpinPolicy,
+    pub peer_alive: &'a dyn Fn() -> bool,
+}
+
+impl Ring {
+    /// # Safety
+    /// `ctrl` must point to a `RingCtrl` and `data` to `cap` bytes, both inside a mapping that
+    /// outlives the ring and is shared with exactly one peer playing the other role. `cap` must
+    /// be a power of two.
+    pub unsafe fn new(ctrl: *const RingCtrl, data: *mut u8, cap: u64) -> Ring {
+        debug_assert!(cap.is_power_of_two());
+        Ring { ctrl, data, cap }
+    }
+
+    fn ctrl(&self) -> &RingCtrl {
+        // SAFETY: guaranteed by `Ring::new`.
+        unsafe { &*self.ctrl }
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.cap
+    }
+
+    /// Bytes readable now (consumer side).
+    pub fn readable(&self) -> Result<u64, TransportError> {
+        let c = self.ctrl();
+        let n = c.head.0.load(Ordering::Acquire).wrapping_sub(c.tail.0.load(Ordering::Relaxed));
+        if n > self.cap {
+            return Err(TransportError::Corrupt("ring holds more than its capacity"));
+        }
+        Ok(n)
+    }
+
+    fn writable(&self) -> Result<u64, TransportError> {
+        let c = self.ctrl();
+        let used = c.head.0.load(Ordering::Relaxed).wrapping_sub(c.tail.0.load(Ordering::Acquire));
+        if used > self.cap {
+            return Err(TransportError::Corrupt("ring holds more than its capacity"));
+        }
+        Ok(self.cap - used)
+    }
+
+    /// Producer: writes all of `data`, waiting for room as needed (frames larger than the ring
+    /// stream through it while the consumer drains).
+    pub fn write_all(&self, mut data: &[u8], w: &WaitCtx<'_>) -> Result<(), TransportError> {
+        let c = self.ctrl();
+        while !data.is_empty() {
+            let free = self.writable()?;
+            if free == 0 {
+                wait_until(&c.producer_waiting.0, w, || Ok(self.writable()? > 0))?;
+                continue;
+            }
+            let n = free.min(data.len() as u64) as usize;
+            let head = c.head.0.load(Ordering::Relaxed);
+            let off = (head & (self.cap - 1)) as usize;
+            let first = n.min(self.cap as usize - off);
+            // SAFETY: [off, off+first) and [0, n-first) lie inside the data area and are free
+            // space, which only the producer touches until `head` is published below.
+            unsafe {
+                std::ptr::copy_nonoverlapping(data.as_ptr(), self.data.add(off), first);
+                std::ptr::copy_nonoverlapping(data.as_ptr().add(first), self.data, n - first);
+            }
+            c.head.0.store(head.wrapping_add(n as u64), Ordering::Release);
+            wake_if_waiting(&c.consumer_waiting.0, w);
+            data = &data[n..];
+        }
+        Ok(())
+    }
+
+    /// Consumer: fills all of `buf`, waiting for data as needed.
+    pub fn read_exact(&self, mut buf: &mut [u8], w: &WaitCtx<'_>) -> Result<(), TransportError> {
+        let c = self.ctrl();
+        while !buf.is_empty() {
+            let avail = self.readable()?;
+            if avail == 0 {
+                wait_until(&c.consumer_waiting.0, w, || Ok(self.readable()? > 0))?;
+                continue;
+            }
+            let n = avail.min(buf.len() as u64) as usize;
+            let tail = c.tail.0.load(Ordering::Relaxed);
+            let off = (tail & (self.cap - 1)) as usize;
+            let first = n.min(self.cap as usize - off);
+            // SAFETY: the bytes [tail, tail+n) were published by the producer's Release store of
+            // `head` (observed by the Acquire in `readable`) and stay untouched until we advance
+            // `tail`.
+            unsafe {
+                std::ptr::copy_nonoverlapping(self.data.add(off), buf.as_mut_ptr(), first);
+                std::ptr::copy_nonoverlapping(self.data, buf.as_mut_ptr().add(first), n - first);
+            }
+            c.tail.0.store(tail.wrapping_add(n as u64), Ordering::Release);
+            wake_if_waiting(&c.producer_waiting.0, w);
+            buf = &mut buf[n..];
+        }
+        Ok(())
+    }
+
+    /// Consumer: waits until at least one byte is readable (used to block for the next request).
+    pub fn wait_readable(&self, w: &WaitCtx<'_>) -> Result<(), TransportError> {
+        if self.readable()? > 0 {
+            return Ok(());
+        }
+        wait_until(&self.ctrl().consumer_waiting.0, w, || Ok(self.readable()? > 0))
+    }
+}
+
+fn wake_if_waiting(flag: &AtomicU32, w: &WaitCtx<'_>) {
+    fence(Ordering::SeqCst);
+    if flag.load(Ordering::Relaxed) != 0 {
+        flag.store(0, Ordering::Relaxed);
+        w.waiter.wake(flag);
+    }
+}
+
+/// Spin for the policy's window, then sleep on `flag` in slices, checking the peer each time.
+fn wait_until(
+    flag: &AtomicU32,
+    w: &WaitCtx<'_>,
+    mut ready: impl FnMut() -> Result<bool, TransportError>,
+) -> Result<(), TransportError> {
+    let start = Instant::now();
+    let mut i = 0u32;
+    loop {
+        if ready()? {
+            return Ok(());
+        }
+        i = i.wrapping_add(1);
+        if i % 64 == 0 && start.elapsed() >= w.policy.spin {
+            break;
+        }
+        std::hint::spin_loop();
+    }
+    loop {
+        flag.store(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        if ready()? {
+            flag.store(0, Ordering::Relaxed);
+            return Ok(());
+        }
+        w.waiter.wait(flag, 1, w.policy.sleep_slice);
+        flag.store(0, Ordering::Relaxed);
+        if ready()? {
+            return Ok(());
+        }
+        if !(w.peer_alive)() {
+            return Err(TransportError::PeerGone);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wait::FutexWaiter;
+
+    struct Mem {
+        ctrl: Box<RingCtrl>,
+        data: Vec<u8>,
+    }
+
+    fn ring(mem: &mut Mem) -> Ring {
+        let cap = mem.data.len() as u64;
+        // SAFETY: both live in `mem`, which outlives the test's use of the ring.
+        unsafe { Ring::new(&*mem.ctrl, mem.data.as_mut_ptr(), cap) }
+    }
+
+    #[test]
+    fn streams_more_than_capacity_across_threads() {
+        let mut mem = Mem { ctrl: Box::default(), data: vec![0; 64] };
+        let r = ring(&mut mem);
+        let payload: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
+        let expect = payload.clone();
+        let alive = || true;
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let w = WaitCtx { waiter: &FutexWaiter, policy: SpinPolicy::default(), peer_alive: &alive };
+                r.write_all(&payload, &w).unwrap();
+            });
+            let w = WaitCtx { waiter: &FutexWaiter, policy: SpinPolicy::default(), peer_alive: &alive };
+            let mut got = vec![0; expect.len()];
+            r.read_exact(&mut got, &w).unwrap();
+            assert_eq!(got, expect);
+        });
+    }
+
+    #[test]
+    fn corrupt_counters_are_reported_not_followed() {
+        let mut mem = Mem { ctrl: Box::default(), data: vec![0; 64] };
+        mem.ctrl.head.0.store(1000, Ordering::Relaxed);
+        let r = ring(&mut mem);
+        let alive = || true;
+        let w = WaitCtx { waiter: &FutexWaiter, policy: SpinPolicy::default(), peer_alive: &alive };
+        let mut b = [0u8; 4];
+        assert!(matches!(r.read_exact(&mut b, &w), Err(TransportError::Corrupt(_))));
+    }
+
+    #[test]
+    fn a_dead_peer_ends_the_wait() {
+        let mut mem = Mem { ctrl: Box::default(), data: vec![0; 64] };
+        let r = ring(&mut mem);
+        let alive = || false;
+        let w = WaitCtx { waiter: &FutexWaiter, policy: SpinPolicy::default(), peer_alive: &alive };
+        let mut b = [0u8; 4];
+        let t = Instant::now();
+        assert!(matches!(r.read_exact(&mut b, &w), Err(TransportError::PeerGone)));
+        assert!(t.elapsed().as_secs() < 1);
+    }
+}

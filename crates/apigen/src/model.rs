@@ -19,6 +19,8 @@ pub struct Func {
     pub client_entry: bool,
     pub retain: Option<String>,
     pub release: Option<String>,
+    /// A synchronisation point: data of finished non-blocking reads is collected after it.
+    pub sync: bool,
     pub ret: Ret,
     pub params: Vec<Param>,
 }
@@ -210,6 +212,7 @@ fn parse_func(line: &str) -> Result<Func, String> {
         client_entry: false,
         retain: None,
         release: None,
+        sync: false,
         ret: Ret::Int,
         params: Vec::new(),
     };
@@ -218,6 +221,7 @@ fn parse_func(line: &str) -> Result<Func, String> {
         match *tok {
             "@info" => func.info = true,
             "@client_entry" => func.client_entry = true,
+            "@sync" => func.sync = true,
             "->" => {
                 let r = rest.next().ok_or("missing return kind after ->")?;
                 func.ret = match *r {

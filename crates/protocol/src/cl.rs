@@ -129,3 +129,4 @@ pub const CL_HALF_FLOAT: u32 = 0x10DD;
 pub const CL_FLOAT: u32 = 0x10DE;
 pub const CL_UNORM_INT24: u32 = 0x10DF;
 pub const CL_UNORM_INT_101010_2: u32 = 0x10E0;
+pub const CL_IMAGE_FORMAT_NOT_SUPPORTED: i32 = -10;

@@ -5,6 +5,7 @@
 //! See `docs/PROTOCOL.md` for the wire format in prose.
 
 pub mod cl;
+pub mod geometry;
 mod frame;
 pub mod info;
 mod kinds;
@@ -18,3 +19,14 @@ mod opcodes {
     include!(concat!(env!("OUT_DIR"), "/opcodes.rs"));
 }
 pub use opcodes::{Op, OP_COUNT};
+
+/// Where the server listens and clients connect unless told otherwise (`WORMHOLE_SOCKET`).
+pub fn default_socket_path() -> std::path::PathBuf {
+    match std::env::var_os("WORMHOLE_SOCKET") {
+        Some(p) if !p.is_empty() => p.into(),
+        _ => std::path::PathBuf::from("/tmp/wormhole/wormhole.sock"),
+    }
+}
+
+/// The API a session speaks (sent in HELLO).
+pub const API_OPENCL: &str = "opencl";

@@ -58,6 +58,14 @@ impl Writer {
         self.buf
     }
 
+    /// A position to [`Writer::rewind`] to, discarding what was written after it.
+    pub fn mark(&self) -> usize {
+        self.buf.len()
+    }
+    pub fn rewind(&mut self, mark: usize) {
+        self.buf.truncate(mark.max(HEADER_LEN));
+    }
+
     pub fn u8(&mut self, v: u8) {
         self.buf.push(v);
     }

@@ -1,0 +1,174 @@
+//! `wh`: the Wormhole command line.
+
+use clap::{Parser, Subcommand};
+use std::os::fd::FromRawFd;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use wormhole_protocol::{control, Reader, Writer};
+use wormhole_server::Config;
+
+#[derive(Parser)]
+#[command(name = "wh", version, about = "Wormhole: share accelerators by forwarding their API")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the server in the foreground.
+    Serve {
+        /// TOML configuration file (flags override it).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Unix socket to listen on [default: $WORMHOLE_SOCKET or /tmp/wormhole/wormhole.sock].
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// Most sessions served at once.
+        #[arg(long)]
+        max_sessions: Option<usize>,
+    },
+    /// Run PROGRAM with the OpenCL ICD loader pointed at Wormhole only.
+    Run {
+        /// Unix socket of the server [default: $WORMHOLE_SOCKET or /tmp/wormhole/wormhole.sock].
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        program: Vec<String>,
+    },
+    /// Show the server's sessions, their objects and memory.
+    Status {
+        #[arg(long)]
+        socket: Option<PathBuf>,
+    },
+    /// (internal) Serve one session; started by `wh serve`.
+    #[command(hide = true)]
+    Worker {
+        #[arg(long)]
+        lanes: u32,
+        #[arg(long)]
+        ring_kib: u64,
+    },
+}
+
+#[derive(Debug, thiserror::Error)]
+enum CliError {
+    #[error(transparent)]
+    Config(#[from] wormhole_server::config::ConfigError),
+    #[error(transparent)]
+    Serve(#[from] wormhole_server::supervisor::ServeError),
+    #[error("worker failed")]
+    Worker(#[from] wormhole_server::worker::WorkerError),
+    #[error("cannot find Wormhole's ICD library {0} (set WORMHOLE_ICD_LIB)")]
+    NoIcd(PathBuf),
+    #[error("cannot run {program}")]
+    Exec { program: String, #[source] source: std::io::Error },
+    #[error("cannot reach the server at {path}")]
+    Connect { path: PathBuf, #[source] source: std::io::Error },
+    #[error("bad answer from the server: {0}")]
+    Answer(String),
+    #[error("I/O error")]
+    Io(#[from] std::io::Error),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("WORMHOLE_LOG").unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // The whole chain: what failed and why.
+            let mut msg = format!("wh: {e}");
+            let mut src = std::error::Error::source(&e);
+            while let Some(s) = src {
+                msg.push_str(&format!(": {s}"));
+                src = s.source();
+            }
+            eprintln!("{msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn socket_or_default(s: Option<PathBuf>) -> PathBuf {
+    s.unwrap_or_else(wormhole_protocol::default_socket_path)
+}
+
+fn run(cli: Cli) -> Result<(), CliError> {
+    match cli.cmd {
+        Cmd::Serve { config, socket, max_sessions } => {
+            let mut c = match config {
+                Some(p) => Config::load(&p)?,
+                None => Config::default(),
+            };
+            if let Some(s) = socket {
+                c.socket = s;
+            }
+            if let Some(m) = max_sessions {
+                c.max_sessions = m;
+            }
+            c.validate()?;
+            wormhole_server::supervisor::serve(c)?;
+            Ok(())
+        }
+        Cmd::Worker { lanes, ring_kib } => {
+            // SAFETY: the supervisor hands the session socket as fd 3 and the stats socket as
+            // fd 4 (dup2 before exec); nothing else in this process owns them.
+            let (sock, stats) = unsafe { (UnixStream::from_raw_fd(3), UnixStream::from_raw_fd(4)) };
+            let layout = wormhole_transport::Layout { lanes, ring_capacity: ring_kib * 1024 };
+            wormhole_server::worker::run(sock, Some(stats), layout)?;
+            Ok(())
+        }
+        Cmd::Run { socket, program } => run_program(socket, program),
+        Cmd::Status { socket } => status(socket_or_default(socket)),
+    }
+}
+
+/// Where `libwormhole_opencl.so` is: $WORMHOLE_ICD_LIB, or next to this binary.
+fn icd_library() -> Result<PathBuf, CliError> {
+    if let Some(p) = std::env::var_os("WORMHOLE_ICD_LIB") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe()?;
+    let dir = exe.parent().map(PathBuf::from).unwrap_or_default();
+    for candidate in [dir.join("libwormhole_opencl.so"), dir.join("../lib/libwormhole_opencl.so")] {
+        if candidate.exists() {
+            return Ok(candidate.canonicalize()?);
+        }
+    }
+    Err(CliError::NoIcd(dir.join("libwormhole_opencl.so")))
+}
+
+fn run_program(socket: Option<PathBuf>, program: Vec<String>) -> Result<(), CliError> {
+    let lib = icd_library()?;
+    // A vendor directory holding only Wormhole, so the application sees forwarded platforms only.
+    let dir = std::env::temp_dir().join(format!("wormhole-icd-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("wormhole.icd"), format!("{}\n", lib.display()))?;
+    let mut cmd = std::process::Command::new(&program[0]);
+    cmd.args(&program[1..]).env("OCL_ICD_VENDORS", &dir).env("OPENCL_VENDOR_PATH", &dir);
+    if let Some(s) = socket {
+        cmd.env("WORMHOLE_SOCKET", s);
+    }
+    let err = cmd.exec();
+    Err(CliError::Exec { program: program[0].clone(), source: err })
+}
+
+fn status(path: PathBuf) -> Result<(), CliError> {
+    let sock = UnixStream::connect(&path).map_err(|source| CliError::Connect { path: path.clone(), source })?;
+    let mut w = Writer::new(control::STATUS);
+    w.u8(0);
+    std::io::Write::write_all(&mut &sock, &w.finish(0, 0))?;
+    let mut body = Vec::new();
+    let h = wormhole_transport::link::read_frame(&mut &sock, &mut body).map_err(|e| CliError::Answer(e.to_string()))?;
+    if h.opcode != control::STATUS {
+        return Err(CliError::Answer(format!("opcode {:#06x}", h.opcode)));
+    }
+    let json = Reader::new(&body).bytes().map_err(|e| CliError::Answer(e.to_string()))?;
+    println!("{}", String::from_utf8_lossy(json));
+    Ok(())
+}

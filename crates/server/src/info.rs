@@ -1,0 +1,124 @@
+//! Info queries. The server always learns the value's full size first (the two-call protocol),
+//! then rewrites what the client must see differently: handles become session ids, forwarded
+//! device names are marked, and capabilities Wormhole does not forward are hidden.
+
+use crate::generated::ffi;
+use crate::session::{Handle, Session};
+use std::ffi::c_void;
+use wormhole_protocol::info::{info_value, InfoValue};
+use wormhole_protocol::{cl::*, Op, Writer};
+
+/// Prefix of forwarded device names (`WORMHOLE_NAME_PREFIX` overrides it; empty disables).
+pub fn name_prefix() -> String {
+    std::env::var("WORMHOLE_NAME_PREFIX").unwrap_or_else(|_| "Wormhole \u{2192} ".to_string())
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn query(
+    s: &Session,
+    w: &mut Writer,
+    op: Op,
+    param: u32,
+    obj: Handle,
+    want_value: bool,
+    cap: usize,
+    want_size: bool,
+    call: impl Fn(usize, *mut c_void, *mut usize) -> i32,
+) -> Result<(), i32> {
+    let kind = info_value(op, param);
+    let (value, reported) = if kind == InfoValue::Binaries {
+        binaries(obj, want_value, &call)?
+    } else {
+        let mut size = 0usize;
+        let st = call(0, std::ptr::null_mut(), &mut size);
+        if st != CL_SUCCESS {
+            return Err(st);
+        }
+        let mut buf = crate::rt::out_buffer(Some(size))?;
+        if size > 0 {
+            let st = call(size, buf.as_mut_ptr() as *mut c_void, std::ptr::null_mut());
+            if st != CL_SUCCESS {
+                return Err(st);
+            }
+        }
+        rewrite(s, op, param, kind, &mut buf);
+        let n = buf.len();
+        (buf, n)
+    };
+    if want_value && cap < reported {
+        return Err(CL_INVALID_VALUE);
+    }
+    w.i32(CL_SUCCESS);
+    if want_value {
+        w.bytes(&value);
+    }
+    if want_size {
+        w.u64(reported as u64);
+    }
+    Ok(())
+}
+
+fn rewrite(s: &Session, op: Op, param: u32, kind: InfoValue, buf: &mut Vec<u8>) {
+    match kind {
+        InfoValue::Handles(k) => {
+            for c in buf.chunks_exact_mut(8) {
+                let p = u64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as Handle;
+                c.copy_from_slice(&s.export(k, p).to_le_bytes());
+            }
+        }
+        InfoValue::ContextProps => crate::props::export_context_props(s, buf),
+        _ => {}
+    }
+    match (op, param) {
+        (Op::clGetDeviceInfo, CL_DEVICE_NAME) => {
+            let mut named = name_prefix().into_bytes();
+            named.extend_from_slice(buf);
+            *buf = named;
+        }
+        // Shared virtual memory and native kernels would need the client's address space on the
+        // device: not forwarded (README), so not advertised.
+        (Op::clGetDeviceInfo, CL_DEVICE_SVM_CAPABILITIES) => buf.iter_mut().for_each(|b| *b = 0),
+        (Op::clGetDeviceInfo, CL_DEVICE_EXECUTION_CAPABILITIES) if buf.len() == 8 => {
+            let v = u64::from_le_bytes(buf[..8].try_into().unwrap_or([0; 8])) & !CL_EXEC_NATIVE_KERNEL;
+            buf.copy_from_slice(&v.to_le_bytes());
+        }
+        _ => {}
+    }
+}
+
+/// CL_PROGRAM_BINARIES: the value is an array of pointers into the caller's memory. The server
+/// fetches every binary and sends `count u32, (len u64, bytes)*`; the client scatters them.
+fn binaries(program: Handle, want_value: bool, call: &impl Fn(usize, *mut c_void, *mut usize) -> i32) -> Result<(Vec<u8>, usize), i32> {
+    let mut n_bytes = 0usize;
+    // SAFETY: `program` is a live program; outputs are locals of the sizes passed.
+    let st = unsafe { ffi::clGetProgramInfo(program, CL_PROGRAM_BINARY_SIZES, 0, std::ptr::null_mut(), &mut n_bytes) };
+    if st != CL_SUCCESS {
+        return Err(st);
+    }
+    let n = n_bytes / 8;
+    if !want_value {
+        return Ok((Vec::new(), n * 8));
+    }
+    let mut sizes = vec![0usize; n];
+    // SAFETY: `sizes` holds n_bytes bytes.
+    let st = unsafe { ffi::clGetProgramInfo(program, CL_PROGRAM_BINARY_SIZES, n_bytes, sizes.as_mut_ptr() as *mut c_void, std::ptr::null_mut()) };
+    if st != CL_SUCCESS {
+        return Err(st);
+    }
+    let mut bins: Vec<Vec<u8>> = Vec::with_capacity(n);
+    for sz in &sizes {
+        bins.push(crate::rt::out_buffer(Some(*sz))?);
+    }
+    let mut ptrs: Vec<*mut u8> = bins.iter_mut().map(|b| if b.is_empty() { std::ptr::null_mut() } else { b.as_mut_ptr() }).collect();
+    let st = call(n * 8, ptrs.as_mut_ptr() as *mut c_void, std::ptr::null_mut());
+    if st != CL_SUCCESS {
+        return Err(st);
+    }
+    let mut packed = Writer::new(0);
+    packed.u32(n as u32);
+    for b in &bins {
+        packed.bytes(b);
+    }
+    let frame = packed.finish(0, 0);
+    Ok((frame[wormhole_protocol::HEADER_LEN..].to_vec(), n * 8))
+}

@@ -1,0 +1,92 @@
+//! Small helpers the generated handlers call: length checks, bounded output buffers, the
+//! null-dispatch-slot guard, and the bookkeeping of newly created objects.
+
+use crate::generated::ffi;
+use crate::session::{Handle, Session};
+use std::ffi::c_void;
+use std::sync::atomic::Ordering;
+use wormhole_protocol::{cl::*, HandleKind, Op};
+
+/// Largest output buffer a single query may ask the server to allocate.
+const MAX_OUT: usize = 64 << 20;
+/// Largest handle array a single call may ask for.
+const MAX_HANDLES: u32 = 1 << 16;
+
+/// An input the client sent must have exactly the length the call's own arguments imply.
+pub fn check_len(actual: Option<usize>, expected: Option<usize>) -> Result<(), i32> {
+    match (actual, expected) {
+        (None, _) => Ok(()),
+        (Some(a), Some(e)) if a == e => Ok(()),
+        _ => Err(CL_INVALID_VALUE),
+    }
+}
+
+pub fn out_buffer(len: Option<usize>) -> Result<Vec<u8>, i32> {
+    match len {
+        None => Err(CL_INVALID_VALUE),
+        Some(n) if n > MAX_OUT => Err(CL_OUT_OF_HOST_MEMORY),
+        Some(n) => Ok(vec![0; n]),
+    }
+}
+
+pub fn handle_buffer(count: u32) -> Result<Vec<Handle>, i32> {
+    if count > MAX_HANDLES {
+        return Err(CL_OUT_OF_HOST_MEMORY);
+    }
+    Ok(vec![std::ptr::null_mut(); count as usize])
+}
+
+/// Some drivers leave ICD dispatch slots empty (PoCL: clSetCommandQueueProperty); the loader
+/// would jump to address 0. Answer such calls with CL_INVALID_OPERATION instead.
+pub fn check_slot(obj: Handle, op: Op) -> Result<(), i32> {
+    if obj.is_null() {
+        return Ok(());
+    }
+    // SAFETY: `obj` came from this session's handle table, so it is a live ICD object whose
+    // first field is its dispatch table (the Khronos ICD contract), and the table has a slot
+    // for every opcode of the description (it follows cl_icd.h).
+    let slot = unsafe {
+        let table = *(obj as *const *const *const c_void);
+        if table.is_null() {
+            return Err(CL_INVALID_OPERATION);
+        }
+        *table.add(op as usize)
+    };
+    if slot.is_null() {
+        tracing::debug!(op = op.name(), "driver leaves this entry point empty");
+        return Err(CL_INVALID_OPERATION);
+    }
+    Ok(())
+}
+
+/// Registers an object a call just created under the id the client chose.
+pub fn bind_created(s: &Session, id: u64, kind: HandleKind, obj: Handle, errcode: i32) -> i32 {
+    if obj.is_null() {
+        return if errcode == CL_SUCCESS { CL_OUT_OF_RESOURCES } else { errcode };
+    }
+    s.bind(id, kind, obj);
+    if kind == HandleKind::Mem {
+        track_memory(s, obj);
+    }
+    CL_SUCCESS
+}
+
+/// Counts a memory object's bytes against the session until the driver destroys it.
+fn track_memory(s: &Session, mem: Handle) {
+    let mut parent: Handle = std::ptr::null_mut();
+    let mut size: usize = 0;
+    // SAFETY: `mem` is a live memory object; the outputs are local variables of the right size.
+    unsafe {
+        ffi::clGetMemObjectInfo(mem, CL_MEM_ASSOCIATED_MEMOBJECT, 8, &mut parent as *mut Handle as *mut c_void, std::ptr::null_mut());
+        if !parent.is_null() {
+            return; // a sub-buffer shares its parent's memory
+        }
+        if ffi::clGetMemObjectInfo(mem, CL_MEM_SIZE, 8, &mut size as *mut usize as *mut c_void, std::ptr::null_mut()) != CL_SUCCESS {
+            return;
+        }
+    }
+    s.mem_bytes.fetch_add(size as i64, Ordering::Relaxed);
+    crate::callbacks::on_mem_destroyed(mem, move || {
+        crate::worker::session().mem_bytes.fetch_sub(size as i64, Ordering::Relaxed);
+    });
+}

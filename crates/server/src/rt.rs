@@ -64,6 +64,11 @@ pub fn bind_created(s: &Session, id: u64, kind: HandleKind, obj: Handle, errcode
     if obj.is_null() {
         return if errcode == CL_SUCCESS { CL_OUT_OF_RESOURCES } else { errcode };
     }
+    if errcode != CL_SUCCESS {
+        // Some drivers return an object together with an error (PoCL's clCreateContextFromType
+        // without matching devices); the spec says NULL, and the error is what matters.
+        return errcode;
+    }
     s.bind(id, kind, obj);
     if kind == HandleKind::Mem {
         track_memory(s, obj);

@@ -42,7 +42,12 @@ pub unsafe fn scatter(s: &Scatter, data: &[u8]) {
     }
 }
 
+/// Held for a whole collection, so a thread returning from its sync point knows that data
+/// another thread (the callback thread) fetched has been written out, not just fetched.
+static COLLECTING: Mutex<()> = Mutex::new(());
+
 pub fn collect() {
+    let _serial = COLLECTING.lock().unwrap_or_else(|p| p.into_inner());
     let ids: Vec<u64> = {
         let p = PENDING.lock().unwrap_or_else(|p| p.into_inner());
         if p.is_empty() {

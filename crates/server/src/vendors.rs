@@ -17,7 +17,10 @@ pub fn filtered_vendor_dir(dir: &Path) -> std::io::Result<PathBuf> {
         Some(v) if Path::new(&v).is_dir() => PathBuf::from(v),
         _ => PathBuf::from(SYSTEM_VENDORS),
     };
-    let out = dir.join("vendors");
+    let out = dir.join(".wormhole-server-vendors");
+    if out == source {
+        return Ok(out);
+    }
     std::fs::create_dir_all(&out)?;
     for old in std::fs::read_dir(&out)? {
         std::fs::remove_file(old?.path())?;
@@ -30,7 +33,7 @@ pub fn filtered_vendor_dir(dir: &Path) -> std::io::Result<PathBuf> {
                 continue;
             }
             let Ok(text) = std::fs::read_to_string(&path) else { continue };
-            if is_wormhole(&text) || is_wormhole(&path.to_string_lossy()) {
+            if is_wormhole(&text) || is_wormhole(&e.file_name().to_string_lossy()) {
                 tracing::debug!(entry = %path.display(), "skipping Wormhole's own ICD");
                 continue;
             }

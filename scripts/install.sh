@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Installs everything Wormhole needs on Debian 12 (run as root): the OpenCL stack (PoCL behind
+# the ocl-icd loader), a C compiler, Rust (if missing), a Python venv with PyOpenCL and pytest,
+# and builds the workspace in release mode. Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYOPENCL_VERSION=2026.1.4
+
+apt_packages=(pocl-opencl-icd ocl-icd-libopencl1 ocl-icd-opencl-dev opencl-headers clinfo
+              gcc libc6-dev make python3 python3-venv python3-pip ca-certificates curl procps)
+missing=()
+for p in "${apt_packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "install: apt packages: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "install: Rust (rustup, stable)"
+    curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --component clippy,rustfmt
+    export PATH="$HOME/.cargo/bin:$PATH"
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    echo "install: Python venv in .venv"
+    python3 -m venv .venv
+fi
+if ! .venv/bin/python -c "import pyopencl, pytest, pytest_timeout, mako" >/dev/null 2>&1 \
+   || [ "$(.venv/bin/python -c 'import pyopencl; print(pyopencl.VERSION_TEXT)')" != "$PYOPENCL_VERSION" ]; then
+    echo "install: PyOpenCL $PYOPENCL_VERSION, pytest"
+    .venv/bin/python -m pip install -q "pyopencl==$PYOPENCL_VERSION" pytest pytest-timeout mako numpy
+fi
+
+.venv/bin/python scripts/fetch_pyopencl_tests.py "$PYOPENCL_VERSION" target/pyopencl-src
+
+echo "install: building Wormhole (release)"
+cargo build --release --workspace --quiet
+echo "install: done ($(pwd)/target/release/wh)"

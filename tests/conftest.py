@@ -1,0 +1,89 @@
+"""Integration-test fixtures: a real Wormhole server (its own socket per test) in front of the
+real PoCL through the real ICD loader, and the C test clients built from tests/c."""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+WH = ROOT / "target" / "release" / "wh"
+C_DIR = ROOT / "tests" / "c"
+
+
+@pytest.fixture(scope="session")
+def c_programs(tmp_path_factory):
+    """Every tests/c/*.c program, compiled against the system's libOpenCL."""
+    out = tmp_path_factory.mktemp("cbin")
+    progs = {}
+    for src in sorted(C_DIR.glob("*.c")):
+        exe = out / src.stem
+        subprocess.run(["gcc", "-O1", "-Wall", "-o", str(exe), str(src), "-lOpenCL", "-lpthread"], check=True)
+        progs[src.stem] = str(exe)
+    return progs
+
+
+class Server:
+    """`wh serve` on a private socket, in its own process group (workers included)."""
+
+    def __init__(self, tmp: pathlib.Path, extra_env=None):
+        self.dir = tmp
+        self.socket = str(tmp / "wh.sock")
+        self.log = tmp / "server.log"
+        self.extra_env = extra_env or {}
+        self.proc = None
+
+    def env(self, **kw):
+        e = dict(os.environ)
+        e.update(self.extra_env)
+        e["WORMHOLE_SOCKET"] = self.socket
+        e.update(kw)
+        return e
+
+    def start(self):
+        self.proc = subprocess.Popen(
+            [str(WH), "serve", "--socket", self.socket],
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.log, "w"),
+            env=self.env(),
+            start_new_session=True,
+        )
+        deadline = time.time() + 10
+        while not os.path.exists(self.socket):
+            assert self.proc.poll() is None, self.log.read_text()
+            assert time.time() < deadline, "server did not start"
+            time.sleep(0.05)
+        return self
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def cmd(self, argv):
+        return [str(WH), "run", "--"] + list(argv)
+
+    def run(self, argv, timeout=600, **kw):
+        """Runs `argv` through Wormhole and returns the CompletedProcess."""
+        return subprocess.run(self.cmd(argv), env=self.env(**kw), capture_output=True, text=True, timeout=timeout)
+
+    def popen(self, argv, **kw):
+        return subprocess.Popen(self.cmd(argv), env=self.env(**kw), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def status(self):
+        out = subprocess.run([str(WH), "status", "--socket", self.socket], capture_output=True, text=True, timeout=10, check=True)
+        return json.loads(out.stdout)
+
+    def worker_pids(self):
+        return sorted(s["worker"] for s in self.status()["sessions"])
+
+
+@pytest.fixture
+def server(tmp_path):
+    s = Server(tmp_path).start()
+    yield s
+    s.stop()

@@ -1,0 +1,92 @@
+"""Sessions get their own worker processes; a server that dies under a blocking call makes
+that call fail within a second instead of hanging; a client that goes away ends its session."""
+
+import os
+import signal
+import time
+
+import pytest
+
+
+def wait_for(pred, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def start_blocked(server, c_programs):
+    p = server.popen([c_programs["block_forever"]])
+    assert p.stdout.readline().strip() == "waiting", p.stderr.read()
+    return p
+
+
+def test_two_sessions_two_workers(server, c_programs):
+    a = start_blocked(server, c_programs)
+    b = start_blocked(server, c_programs)
+    try:
+        pids = wait_for(lambda: (lambda p: p if len(p) == 2 else None)(server.worker_pids()))
+        assert pids[0] != pids[1]
+        assert server.proc.pid not in pids
+        sessions = server.status()["sessions"]
+        assert {s["client_pid"] for s in sessions} == {a.pid, b.pid}
+        for s in sessions:
+            assert s["detail"]["objects"].get("Event") == 1
+            assert s["detail"]["objects"].get("Context") == 1
+    finally:
+        a.kill()
+        b.kill()
+    # A client that dies ends its session and its worker.
+    wait_for(lambda: server.status()["sessions"] == [])
+    for pid in pids:
+        wait_for(lambda: not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z")
+
+
+@pytest.mark.parametrize("victim", ["worker", "whole server"])
+def test_server_death_fails_blocking_call_fast(server, c_programs, victim):
+    p = start_blocked(server, c_programs)
+    (worker,) = wait_for(server.worker_pids)
+    t0 = time.monotonic()
+    if victim == "worker":
+        os.kill(worker, signal.SIGKILL)
+    else:
+        os.killpg(server.proc.pid, signal.SIGKILL)
+    line = p.stdout.readline().strip()
+    elapsed = time.monotonic() - t0
+    assert line.startswith("returned "), line + p.stderr.read()
+    assert int(line.split()[1]) == -5  # CL_OUT_OF_RESOURCES
+    assert elapsed < 1.0, f"blocking call returned {elapsed:.2f}s after the server died"
+    then = p.stdout.readline().strip()
+    assert then == "then -5"
+    assert p.wait(timeout=10) == 0
+
+
+def test_one_worker_dying_leaves_other_sessions_working(server, c_programs):
+    a = start_blocked(server, c_programs)
+    (worker_a,) = wait_for(server.worker_pids)
+    os.kill(worker_a, signal.SIGKILL)
+    assert a.stdout.readline().startswith("returned -5")
+    r = server.run([c_programs["vector_add"]])
+    assert r.returncode == 0, r.stderr
+    a.wait(timeout=10)
+
+
+def test_server_ignores_wormholes_own_icd(tmp_path, c_programs):
+    """Even with Wormhole registered as a vendor next to PoCL, the server never loads it."""
+    from conftest import ROOT, Server
+
+    vendors = tmp_path / "vendors"
+    vendors.mkdir()
+    for f in os.listdir("/etc/OpenCL/vendors"):
+        (vendors / f).write_text(open(os.path.join("/etc/OpenCL/vendors", f)).read())
+    (vendors / "wormhole.icd").write_text(str(ROOT / "target/release/libwormhole_opencl.so") + "\n")
+    s = Server(tmp_path, extra_env={"OCL_ICD_VENDORS": str(vendors)}).start()
+    try:
+        r = s.run([c_programs["vector_add"]])
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.count("Wormhole \u2192") == 1
+    finally:
+        s.stop()

@@ -39,12 +39,23 @@ fn emit_table(s: &mut String, api: &Api) {
     s.push_str("// SAFETY: the table is immutable and holds only function addresses.\nunsafe impl Sync for Dispatch {}\n\n");
     let _ = writeln!(s, "pub static DISPATCH: Dispatch = Dispatch([");
     for f in &api.funcs {
-        let _ = writeln!(s, "    {} as *const c_void, // {} {}", entry_name(f), f.opcode, f.name);
+        let _ = writeln!(
+            s,
+            "    {} as *const c_void, // {} {}",
+            entry_name(f),
+            f.opcode,
+            f.name
+        );
     }
     s.push_str("]);\n\n");
     s.push_str("/// The entry point named `name`, for `clGetExtensionFunctionAddress`.\npub fn lookup(name: &[u8]) -> *mut c_void {\n    match name {\n");
     for f in api.funcs.iter().filter(|f| f.mode != Mode::Absent) {
-        let _ = writeln!(s, "        b\"{}\" => {} as *mut c_void,", f.name, entry_name(f));
+        let _ = writeln!(
+            s,
+            "        b\"{}\" => {} as *mut c_void,",
+            f.name,
+            entry_name(f)
+        );
     }
     s.push_str("        _ => std::ptr::null_mut(),\n    }\n}\n");
 }
@@ -158,7 +169,10 @@ fn emit_stub(s: &mut String, f: &Func) {
                 let _ = writeln!(s, "        w.opt_bytes(rt::cstr_in({n}));");
             }
             Kind::Strs { count } => {
-                let _ = writeln!(s, "        rt::encode_strs(&mut w, {n}, {count} as usize)?;");
+                let _ = writeln!(
+                    s,
+                    "        rt::encode_strs(&mut w, {n}, {count} as usize)?;"
+                );
             }
             Kind::Props(pk) => {
                 let _ = writeln!(
@@ -210,7 +224,9 @@ fn emit_stub(s: &mut String, f: &Func) {
             handle_variant(k)
         );
     }
-    s.push_str("        if status != CL_SUCCESS {\n            return Err(ClErr(status));\n        }\n");
+    s.push_str(
+        "        if status != CL_SUCCESS {\n            return Err(ClErr(status));\n        }\n",
+    );
     if let Some(k) = &f.retain {
         let h = first_handle(f).expect("retain has a handle");
         let _ = writeln!(
@@ -228,17 +244,17 @@ fn emit_stub(s: &mut String, f: &Func) {
     for p in &f.params {
         let n = &p.name;
         match &p.kind {
+            Kind::Out { .. } | Kind::OutSize if f.info && info_done => {}
             Kind::Out { .. } | Kind::OutSize if f.info => {
-                if !info_done {
-                    info_done = true;
-                    let obj = first_handle(f).map_or("std::ptr::null_mut()".to_string(), |h| h.name.clone());
-                    let (val, cap, sr) = info_params(f);
-                    let _ = writeln!(
+                info_done = true;
+                let obj =
+                    first_handle(f).map_or("std::ptr::null_mut()".to_string(), |h| h.name.clone());
+                let (val, cap, sr) = info_params(f);
+                let _ = writeln!(
                         s,
                         "        rt::info::deliver(Op::{}, param_name, {obj}, &mut r, {val}, {cap}, {sr})?;",
                         f.name
                     );
-                }
             }
             Kind::Out { len } => {
                 let _ = writeln!(
@@ -294,9 +310,7 @@ pub(crate) fn info_params(f: &Func) -> (String, String, String) {
         .find(|p| matches!(p.kind, Kind::Out { .. }))
         .expect("info query has a value");
     let cap = match &out.kind {
-        Kind::Out {
-            len: Len::Param(p),
-        } => p.clone(),
+        Kind::Out { len: Len::Param(p) } => p.clone(),
         _ => panic!("{}: info value length must be a parameter", f.name),
     };
     let sr = f

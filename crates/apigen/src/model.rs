@@ -194,7 +194,9 @@ fn parse_func(line: &str) -> Result<Func, String> {
     if head.len() < 3 {
         return Err("expected `<opcode> <name> <mode> ...`".into());
     }
-    let opcode: u16 = head[0].parse().map_err(|_| format!("bad opcode {}", head[0]))?;
+    let opcode: u16 = head[0]
+        .parse()
+        .map_err(|_| format!("bad opcode {}", head[0]))?;
     let name = head[1].to_string();
     let mode = match head[2] {
         "gen" => Mode::Gen,
@@ -236,7 +238,11 @@ fn parse_func(line: &str) -> Result<Func, String> {
             t => return Err(format!("unexpected `{t}`")),
         }
     }
-    for p in params_src.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+    for p in params_src
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+    {
         let (kind, pname) = p
             .rsplit_once(' ')
             .ok_or_else(|| format!("parameter `{p}` needs a kind and a name"))?;
@@ -264,7 +270,9 @@ fn angle<'a>(t: &'a str, prefix: &str) -> Result<&'a str, String> {
 }
 
 fn bracket(t: &str) -> Result<&str, String> {
-    let a = t.find('[').ok_or_else(|| format!("missing [..] in `{t}`"))?;
+    let a = t
+        .find('[')
+        .ok_or_else(|| format!("missing [..] in `{t}`"))?;
     let b = t.rfind(']').ok_or_else(|| format!("missing ] in `{t}`"))?;
     Ok(&t[a + 1..b])
 }
@@ -357,20 +365,18 @@ fn validate(f: &Func) -> Result<(), String> {
             Kind::Handle { kind, .. }
             | Kind::NewHandle { kind }
             | Kind::Handles { kind, .. }
-            | Kind::OutHandles { kind, .. } => {
-                if !HANDLE_KINDS.iter().any(|(k, _, _)| k == kind) {
-                    return Err(format!("unknown handle kind `{kind}`"));
-                }
+            | Kind::OutHandles { kind, .. }
+                if !HANDLE_KINDS.iter().any(|(k, _, _)| k == kind) =>
+            {
+                return Err(format!("unknown handle kind `{kind}`"));
             }
             _ => {}
         }
         match &p.kind {
-            Kind::Handles { count, .. }
-            | Kind::OutHandles { count, .. }
-            | Kind::Strs { count } => {
-                if !has(count) {
-                    return Err(format!("count names unknown `{count}`"));
-                }
+            Kind::Handles { count, .. } | Kind::OutHandles { count, .. } | Kind::Strs { count }
+                if !has(count) =>
+            {
+                return Err(format!("count names unknown `{count}`"));
             }
             Kind::In { len } | Kind::Out { len } | Kind::InUsize { count: len, .. } => {
                 check_len(len)?

@@ -241,7 +241,9 @@ fn emit_handler(s: &mut String, f: &Func) {
             f.name,
             args.join(", ")
         );
-        s.push_str("    if let Err(code) = result {\n        w.i32(code);\n    }\n    Ok(())\n}\n\n");
+        s.push_str(
+            "    if let Err(code) = result {\n        w.i32(code);\n    }\n    Ok(())\n}\n\n",
+        );
         return;
     }
     let args: Vec<String> = f.params.iter().map(arg).collect();
@@ -269,7 +271,10 @@ fn emit_handler(s: &mut String, f: &Func) {
     }
     if f.release.is_some() {
         let h = first_handle.as_ref().expect("release handle");
-        let _ = writeln!(s, "        if status == CL_SUCCESS && last {{ s.forget({h}_id); }}");
+        let _ = writeln!(
+            s,
+            "        if status == CL_SUCCESS && last {{ s.forget({h}_id); }}"
+        );
     }
     s.push_str("        w.i32(status);\n        if status != CL_SUCCESS {\n            return Ok(());\n        }\n");
     for p in &f.params {

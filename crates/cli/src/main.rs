@@ -10,7 +10,11 @@ use wormhole_protocol::{control, Reader, Writer};
 use wormhole_server::Config;
 
 #[derive(Parser)]
-#[command(name = "wh", version, about = "Wormhole: share accelerators by forwarding their API")]
+#[command(
+    name = "wh",
+    version,
+    about = "Wormhole: share accelerators by forwarding their API"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -64,9 +68,17 @@ enum CliError {
     #[error("cannot find Wormhole's ICD library {0} (set WORMHOLE_ICD_LIB)")]
     NoIcd(PathBuf),
     #[error("cannot run {program}")]
-    Exec { program: String, #[source] source: std::io::Error },
+    Exec {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot reach the server at {path}")]
-    Connect { path: PathBuf, #[source] source: std::io::Error },
+    Connect {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("bad answer from the server: {0}")]
     Answer(String),
     #[error("I/O error")]
@@ -75,7 +87,10 @@ enum CliError {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("WORMHOLE_LOG").unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("WORMHOLE_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     match run(Cli::parse()) {
@@ -100,7 +115,11 @@ fn socket_or_default(s: Option<PathBuf>) -> PathBuf {
 
 fn run(cli: Cli) -> Result<(), CliError> {
     match cli.cmd {
-        Cmd::Serve { config, socket, max_sessions } => {
+        Cmd::Serve {
+            config,
+            socket,
+            max_sessions,
+        } => {
             let mut c = match config {
                 Some(p) => Config::load(&p)?,
                 None => Config::default(),
@@ -119,7 +138,10 @@ fn run(cli: Cli) -> Result<(), CliError> {
             // SAFETY: the supervisor hands the session socket as fd 3 and the stats socket as
             // fd 4 (dup2 before exec); nothing else in this process owns them.
             let (sock, stats) = unsafe { (UnixStream::from_raw_fd(3), UnixStream::from_raw_fd(4)) };
-            let layout = wormhole_transport::Layout { lanes, ring_capacity: ring_kib * 1024 };
+            let layout = wormhole_transport::Layout {
+                lanes,
+                ring_capacity: ring_kib * 1024,
+            };
             wormhole_server::worker::run(sock, Some(stats), layout)?;
             Ok(())
         }
@@ -135,7 +157,10 @@ fn icd_library() -> Result<PathBuf, CliError> {
     }
     let exe = std::env::current_exe()?;
     let dir = exe.parent().map(PathBuf::from).unwrap_or_default();
-    for candidate in [dir.join("libwormhole_opencl.so"), dir.join("../lib/libwormhole_opencl.so")] {
+    for candidate in [
+        dir.join("libwormhole_opencl.so"),
+        dir.join("../lib/libwormhole_opencl.so"),
+    ] {
         if candidate.exists() {
             return Ok(candidate.canonicalize()?);
         }
@@ -150,25 +175,36 @@ fn run_program(socket: Option<PathBuf>, program: Vec<String>) -> Result<(), CliE
     std::fs::create_dir_all(&dir)?;
     std::fs::write(dir.join("wormhole.icd"), format!("{}\n", lib.display()))?;
     let mut cmd = std::process::Command::new(&program[0]);
-    cmd.args(&program[1..]).env("OCL_ICD_VENDORS", &dir).env("OPENCL_VENDOR_PATH", &dir);
+    cmd.args(&program[1..])
+        .env("OCL_ICD_VENDORS", &dir)
+        .env("OPENCL_VENDOR_PATH", &dir);
     if let Some(s) = socket {
         cmd.env("WORMHOLE_SOCKET", s);
     }
     let err = cmd.exec();
-    Err(CliError::Exec { program: program[0].clone(), source: err })
+    Err(CliError::Exec {
+        program: program[0].clone(),
+        source: err,
+    })
 }
 
 fn status(path: PathBuf) -> Result<(), CliError> {
-    let sock = UnixStream::connect(&path).map_err(|source| CliError::Connect { path: path.clone(), source })?;
+    let sock = UnixStream::connect(&path).map_err(|source| CliError::Connect {
+        path: path.clone(),
+        source,
+    })?;
     let mut w = Writer::new(control::STATUS);
     w.u8(0);
     std::io::Write::write_all(&mut &sock, &w.finish(0, 0))?;
     let mut body = Vec::new();
-    let h = wormhole_transport::link::read_frame(&mut &sock, &mut body).map_err(|e| CliError::Answer(e.to_string()))?;
+    let h = wormhole_transport::link::read_frame(&mut &sock, &mut body)
+        .map_err(|e| CliError::Answer(e.to_string()))?;
     if h.opcode != control::STATUS {
         return Err(CliError::Answer(format!("opcode {:#06x}", h.opcode)));
     }
-    let json = Reader::new(&body).bytes().map_err(|e| CliError::Answer(e.to_string()))?;
+    let json = Reader::new(&body)
+        .bytes()
+        .map_err(|e| CliError::Answer(e.to_string()))?;
     println!("{}", String::from_utf8_lossy(json));
     Ok(())
 }

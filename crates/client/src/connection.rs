@@ -59,28 +59,46 @@ impl std::fmt::Display for ConnectError {
 
 fn connect() -> Result<Connection, ConnectError> {
     let path = wormhole_protocol::default_socket_path();
-    let sock = UnixStream::connect(&path)
-        .map_err(|e| ConnectError(format!("cannot reach the Wormhole server at {} ({e}); is `wh serve` running?", path.display())))?;
+    let sock = UnixStream::connect(&path).map_err(|e| {
+        ConnectError(format!(
+            "cannot reach the Wormhole server at {} ({e}); is `wh serve` running?",
+            path.display()
+        ))
+    })?;
     let mut hello = Writer::new(control::HELLO);
     hello.u8(VERSION);
     hello.bytes(API_OPENCL.as_bytes());
-    std::io::Write::write_all(&mut &sock, &hello.finish(0, 0)).map_err(|e| ConnectError(format!("server hung up during HELLO: {e}")))?;
+    std::io::Write::write_all(&mut &sock, &hello.finish(0, 0))
+        .map_err(|e| ConnectError(format!("server hung up during HELLO: {e}")))?;
     // Starting a worker and its OpenCL platform takes a moment; a server that never answers
     // must not hang the application.
     sock.set_read_timeout(Some(Duration::from_secs(20))).ok();
     let mut body = Vec::new();
-    let (h, mut fds) = recv_frame_with_fds(&sock, &mut body).map_err(|e| ConnectError(format!("no answer from the server: {e}")))?;
+    let (h, mut fds) = recv_frame_with_fds(&sock, &mut body)
+        .map_err(|e| ConnectError(format!("no answer from the server: {e}")))?;
     sock.set_read_timeout(None).ok();
     match h.opcode {
         control::WELCOME => {}
         control::REFUSED => {
-            let reason = Reader::new(&body).bytes().map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default();
-            return Err(ConnectError(format!("the server refused the session: {reason}")));
+            let reason = Reader::new(&body)
+                .bytes()
+                .map(|b| String::from_utf8_lossy(b).into_owned())
+                .unwrap_or_default();
+            return Err(ConnectError(format!(
+                "the server refused the session: {reason}"
+            )));
         }
-        other => return Err(ConnectError(format!("unexpected answer {other:#06x} from the server"))),
+        other => {
+            return Err(ConnectError(format!(
+                "unexpected answer {other:#06x} from the server"
+            )))
+        }
     }
-    let fd = fds.pop().ok_or_else(|| ConnectError("the server sent no shared region".into()))?;
-    let region = Arc::new(Region::open_fd(fd).map_err(|e| ConnectError(format!("bad shared region: {e}")))?);
+    let fd = fds
+        .pop()
+        .ok_or_else(|| ConnectError("the server sent no shared region".into()))?;
+    let region =
+        Arc::new(Region::open_fd(fd).map_err(|e| ConnectError(format!("bad shared region: {e}")))?);
     let dead = Arc::new(AtomicBool::new(false));
     let alive = {
         let dead = dead.clone();
@@ -90,7 +108,17 @@ fn connect() -> Result<Connection, ConnectError> {
     let lanes = (0..region.layout().lanes)
         .map(|i| {
             let (req, rep) = region.lane(i).expect("lane in layout");
-            Mutex::new(Lane { link: ShmLink::new(req, rep, waiter.clone(), SpinPolicy::default(), alive.clone()), seq: 0, reply: Vec::new() })
+            Mutex::new(Lane {
+                link: ShmLink::new(
+                    req,
+                    rep,
+                    waiter.clone(),
+                    SpinPolicy::default(),
+                    alive.clone(),
+                ),
+                seq: 0,
+                reply: Vec::new(),
+            })
         })
         .collect();
     {
@@ -100,7 +128,12 @@ fn connect() -> Result<Connection, ConnectError> {
             .spawn(move || events(sock, dead))
             .map_err(|e| ConnectError(format!("cannot start the callback thread: {e}")))?;
     }
-    Ok(Connection { lanes, dead, pid: std::process::id(), _region: region })
+    Ok(Connection {
+        lanes,
+        dead,
+        pid: std::process::id(),
+        _region: region,
+    })
 }
 
 /// Delivers callbacks until the server closes the session, then marks it dead so every
@@ -110,7 +143,10 @@ fn events(sock: UnixStream, dead: Arc<AtomicBool>) {
     loop {
         match wormhole_transport::link::read_frame(&mut &sock, &mut body) {
             Ok(h) if h.opcode == control::CALLBACK => crate::rt::callbacks::deliver(&body),
-            Ok(h) => log(&format!("ignoring unexpected frame {:#06x} from the server", h.opcode)),
+            Ok(h) => log(&format!(
+                "ignoring unexpected frame {:#06x} from the server",
+                h.opcode
+            )),
             Err(_) => break,
         }
     }
@@ -123,7 +159,7 @@ pub enum CallError {
     /// No session, or it is gone.
     Unavailable,
     /// The transport failed mid-call; the session is now unusable.
-    Broken(TransportError),
+    Broken,
 }
 
 static WARNED: AtomicU32 = AtomicU32::new(0);
@@ -167,7 +203,7 @@ impl Connection {
             if WARNED.fetch_add(1, Ordering::Relaxed) == 0 {
                 log(&format!("lost the server mid-call: {e}"));
             }
-            CallError::Broken(e)
+            CallError::Broken
         })
     }
 }

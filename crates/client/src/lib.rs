@@ -13,7 +13,15 @@ mod objects;
 pub mod rt;
 
 /// The generated forwarding stubs and ICD dispatch table (see `crates/apigen`).
-#[allow(non_snake_case, unused_mut, unused_variables, unsafe_op_in_unsafe_fn, clippy::all, clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
+#[allow(
+    non_snake_case,
+    unused_mut,
+    unused_variables,
+    unsafe_op_in_unsafe_fn,
+    clippy::all,
+    clippy::undocumented_unsafe_blocks,
+    clippy::missing_safety_doc
+)]
 pub mod generated {
     include!(concat!(env!("OUT_DIR"), "/client_gen.rs"));
 }
@@ -25,7 +33,11 @@ use std::ffi::{c_char, c_void};
 /// # Safety
 /// Called by the ICD loader with pointers valid for `num_entries` entries.
 #[no_mangle]
-pub unsafe extern "C" fn clIcdGetPlatformIDsKHR(num_entries: u32, platforms: *mut *mut c_void, num_platforms: *mut u32) -> i32 {
+pub unsafe extern "C" fn clIcdGetPlatformIDsKHR(
+    num_entries: u32,
+    platforms: *mut *mut c_void,
+    num_platforms: *mut u32,
+) -> i32 {
     // SAFETY: forwarded with the caller's guarantees.
     unsafe { local::icd_platforms(num_entries, platforms, num_platforms) }
 }
@@ -45,7 +57,13 @@ pub unsafe extern "C" fn clGetExtensionFunctionAddress(name: *const c_char) -> *
 /// # Safety
 /// As `clGetPlatformInfo`.
 #[no_mangle]
-pub unsafe extern "C" fn clGetPlatformInfo(platform: *mut c_void, param_name: u32, size: usize, value: *mut c_void, size_ret: *mut usize) -> i32 {
+pub unsafe extern "C" fn clGetPlatformInfo(
+    platform: *mut c_void,
+    param_name: u32,
+    size: usize,
+    value: *mut c_void,
+    size_ret: *mut usize,
+) -> i32 {
     // SAFETY: as above.
     unsafe { generated::wire_clGetPlatformInfo(platform, param_name, size, value, size_ret) }
 }

@@ -24,7 +24,8 @@ fn platforms() -> &'static [usize] {
         }
         let mut v = vec![std::ptr::null_mut(); n as usize];
         // SAFETY: `v` holds n entries.
-        let st = unsafe { generated::wire_clGetPlatformIDs(n, v.as_mut_ptr(), std::ptr::null_mut()) };
+        let st =
+            unsafe { generated::wire_clGetPlatformIDs(n, v.as_mut_ptr(), std::ptr::null_mut()) };
         if st != CL_SUCCESS {
             return Platforms(Vec::new());
         }
@@ -61,12 +62,13 @@ pub unsafe fn icd_platforms(num_entries: u32, out: *mut *mut c_void, num: *mut u
 /// # Safety
 /// As `clGetPlatformIDs`.
 #[allow(non_snake_case)]
-pub unsafe extern "C" fn clGetPlatformIDs(num_entries: u32, out: *mut *mut c_void, num: *mut u32) -> i32 {
+pub unsafe extern "C" fn clGetPlatformIDs(
+    num_entries: u32,
+    out: *mut *mut c_void,
+    num: *mut u32,
+) -> i32 {
     // SAFETY: forwarded.
-    match unsafe { icd_platforms(num_entries, out, num) } {
-        CL_PLATFORM_NOT_FOUND_KHR => CL_PLATFORM_NOT_FOUND_KHR,
-        st => st,
-    }
+    unsafe { icd_platforms(num_entries, out, num) }
 }
 
 /// # Safety
@@ -87,7 +89,10 @@ pub unsafe extern "C" fn clGetExtensionFunctionAddress(name: *const c_char) -> *
 /// # Safety
 /// As above.
 #[allow(non_snake_case)]
-pub unsafe extern "C" fn clGetExtensionFunctionAddressForPlatform(_platform: *mut c_void, name: *const c_char) -> *mut c_void {
+pub unsafe extern "C" fn clGetExtensionFunctionAddressForPlatform(
+    _platform: *mut c_void,
+    name: *const c_char,
+) -> *mut c_void {
     // SAFETY: forwarded.
     unsafe { clGetExtensionFunctionAddress(name) }
 }

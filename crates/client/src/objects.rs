@@ -16,7 +16,6 @@ const MAGIC: u32 = 0x574f_524d; // "WORM"
 pub struct MemInfo {
     pub flags: u64,
     pub host_ptr: usize,
-    pub size: usize,
     /// (image type, element size) for images.
     pub image: Option<(u32, usize)>,
 }
@@ -87,12 +86,15 @@ pub fn object_for_id(kind: HandleKind, id: u64) -> *mut c_void {
 /// `h` must be NULL or a pointer the application got from this ICD (the same contract native
 /// OpenCL has); a freed or foreign pointer is detected only as far as its memory still reads.
 pub unsafe fn get<'a>(h: *mut c_void, kind: HandleKind) -> Option<&'a ClObject> {
-    if h.is_null() || (h as usize) % std::mem::align_of::<ClObject>() != 0 {
+    if h.is_null() || !(h as usize).is_multiple_of(std::mem::align_of::<ClObject>()) {
         return None;
     }
     // SAFETY: per the contract above, `h` points to readable memory of an object of ours.
     let o = unsafe { &*(h as *const ClObject) };
-    (o.magic.load(Ordering::Relaxed) == MAGIC && o.dispatch == &DISPATCH as *const _ as *const c_void && o.kind == kind).then_some(o)
+    (o.magic.load(Ordering::Relaxed) == MAGIC
+        && o.dispatch == &DISPATCH as *const _ as *const c_void
+        && o.kind == kind)
+        .then_some(o)
 }
 
 /// Whether `v` is the address of a live object (kernel arguments: is this value a cl_mem?).
@@ -148,5 +150,8 @@ pub fn release_end(h: *mut c_void, last: bool, status: i32) {
 /// The application's handle for `id` if it still has one (destructor callbacks may fire after
 /// the application released its last reference: then NULL).
 pub fn known_object(id: u64) -> *mut c_void {
-    lock().by_id.get(&id).map_or(std::ptr::null_mut(), |p| *p as *mut c_void)
+    lock()
+        .by_id
+        .get(&id)
+        .map_or(std::ptr::null_mut(), |p| *p as *mut c_void)
 }

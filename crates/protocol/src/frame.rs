@@ -82,7 +82,12 @@ mod tests {
 
     #[test]
     fn header_roundtrip_and_layout() {
-        let h = FrameHeader { flags: FLAG_REPLY, opcode: 0x1234, len: 99, seq: 7 };
+        let h = FrameHeader {
+            flags: FLAG_REPLY,
+            opcode: 0x1234,
+            len: 99,
+            seq: 7,
+        };
         let b = h.encode();
         assert_eq!(&b[0..2], b"WH");
         assert_eq!(b[4], 0x34);
@@ -91,14 +96,41 @@ mod tests {
 
     #[test]
     fn header_rejects_garbage() {
-        let mut b = FrameHeader { flags: 0, opcode: 1, len: 1, seq: 1 }.encode();
+        let mut b = FrameHeader {
+            flags: 0,
+            opcode: 1,
+            len: 1,
+            seq: 1,
+        }
+        .encode();
         b[0] = 0;
-        assert!(matches!(FrameHeader::decode(&b), Err(DecodeError::BadMagic(_))));
-        let mut b = FrameHeader { flags: 0, opcode: 1, len: 1, seq: 1 }.encode();
+        assert!(matches!(
+            FrameHeader::decode(&b),
+            Err(DecodeError::BadMagic(_))
+        ));
+        let mut b = FrameHeader {
+            flags: 0,
+            opcode: 1,
+            len: 1,
+            seq: 1,
+        }
+        .encode();
         b[2] = 9;
-        assert!(matches!(FrameHeader::decode(&b), Err(DecodeError::BadVersion(9))));
-        let mut b = FrameHeader { flags: 0, opcode: 1, len: 0, seq: 1 }.encode();
+        assert!(matches!(
+            FrameHeader::decode(&b),
+            Err(DecodeError::BadVersion(9))
+        ));
+        let mut b = FrameHeader {
+            flags: 0,
+            opcode: 1,
+            len: 0,
+            seq: 1,
+        }
+        .encode();
         b[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(matches!(FrameHeader::decode(&b), Err(DecodeError::TooLarge(_))));
+        assert!(matches!(
+            FrameHeader::decode(&b),
+            Err(DecodeError::TooLarge(_))
+        ));
     }
 }

@@ -14,13 +14,23 @@ pub struct Span {
 }
 
 /// `region[0]` is in bytes (buffer rects) or elements of `elem` bytes (images).
-pub fn rect_span(origin: [usize; 3], region: [usize; 3], row_pitch: usize, slice_pitch: usize, elem: usize) -> Option<Span> {
+pub fn rect_span(
+    origin: [usize; 3],
+    region: [usize; 3],
+    row_pitch: usize,
+    slice_pitch: usize,
+    elem: usize,
+) -> Option<Span> {
     if region.contains(&0) || elem == 0 {
         return None;
     }
     let row_bytes = region[0].checked_mul(elem)?;
     let row = if row_pitch == 0 { row_bytes } else { row_pitch };
-    let slice = if slice_pitch == 0 { row.checked_mul(region[1])? } else { slice_pitch };
+    let slice = if slice_pitch == 0 {
+        row.checked_mul(region[1])?
+    } else {
+        slice_pitch
+    };
     let start = origin[2]
         .checked_mul(slice)?
         .checked_add(origin[1].checked_mul(row)?)?
@@ -29,7 +39,12 @@ pub fn rect_span(origin: [usize; 3], region: [usize; 3], row_pitch: usize, slice
         .checked_mul(slice)?
         .checked_add((region[1] - 1).checked_mul(row)?)?
         .checked_add(row_bytes)?;
-    Some(Span { start, len, row, slice })
+    Some(Span {
+        start,
+        len,
+        row,
+        slice,
+    })
 }
 
 /// Calls `f(offset_in_span, row_bytes)` for every row of the region, in order.
@@ -42,33 +57,27 @@ pub fn for_each_row(span: &Span, region: [usize; 3], elem: usize, mut f: impl Fn
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn spans() {
-        let s = rect_span([1, 2, 0], [4, 3, 1], 10, 0, 1).unwrap();
-        assert_eq!(s, Span { start: 21, len: 24, row: 10, slice: 30 });
-        assert!(rect_span([0, 0, 0], [0, 1, 1], 0, 0, 1).is_none());
-        assert!(rect_span([usize::MAX, 0, 0], [1, 1, 1], 0, 0, 2).is_none());
-        let mut rows = vec![];
-        for_each_row(&s, [4, 3, 1], 1, |o, n| rows.push((o, n)));
-        assert_eq!(rows, vec![(0, 4), (10, 4), (20, 4)]);
-    }
-}
-
 /// The host footprint of an image transfer of `region` (host memory starts at the region's
 /// first element), for an image of `image_type` with `elem`-byte elements. For 1D image arrays
 /// the second coordinate is the array index and steps by the slice pitch. Returns the span and
 /// the region as rows/slices (for [`for_each_row`]).
-pub fn image_span(image_type: u32, region: [usize; 3], row_pitch: usize, slice_pitch: usize, elem: usize) -> Option<(Span, [usize; 3])> {
+pub fn image_span(
+    image_type: u32,
+    region: [usize; 3],
+    row_pitch: usize,
+    slice_pitch: usize,
+    elem: usize,
+) -> Option<(Span, [usize; 3])> {
     let region = if image_type == crate::cl::CL_MEM_OBJECT_IMAGE1D_ARRAY {
         [region[0], 1, region[1]]
     } else {
         region
     };
-    let slice_pitch = if image_type == crate::cl::CL_MEM_OBJECT_IMAGE1D_ARRAY && slice_pitch == 0 { row_pitch } else { slice_pitch };
+    let slice_pitch = if image_type == crate::cl::CL_MEM_OBJECT_IMAGE1D_ARRAY && slice_pitch == 0 {
+        row_pitch
+    } else {
+        slice_pitch
+    };
     rect_span([0, 0, 0], region, row_pitch, slice_pitch, elem).map(|s| (s, region))
 }
 
@@ -87,8 +96,34 @@ pub fn element_size(channel_order: u32, channel_type: u32) -> Option<usize> {
         CL_UNORM_SHORT_565 | CL_UNORM_SHORT_555 => 2,
         CL_UNORM_INT_101010 | CL_UNORM_INT_101010_2 | CL_UNORM_INT24 => 4,
         CL_SNORM_INT8 | CL_UNORM_INT8 | CL_SIGNED_INT8 | CL_UNSIGNED_INT8 => channels,
-        CL_SNORM_INT16 | CL_UNORM_INT16 | CL_SIGNED_INT16 | CL_UNSIGNED_INT16 | CL_HALF_FLOAT => 2 * channels,
+        CL_SNORM_INT16 | CL_UNORM_INT16 | CL_SIGNED_INT16 | CL_UNSIGNED_INT16 | CL_HALF_FLOAT => {
+            2 * channels
+        }
         CL_SIGNED_INT32 | CL_UNSIGNED_INT32 | CL_FLOAT => 4 * channels,
         _ => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spans() {
+        let s = rect_span([1, 2, 0], [4, 3, 1], 10, 0, 1).unwrap();
+        assert_eq!(
+            s,
+            Span {
+                start: 21,
+                len: 24,
+                row: 10,
+                slice: 30
+            }
+        );
+        assert!(rect_span([0, 0, 0], [0, 1, 1], 0, 0, 1).is_none());
+        assert!(rect_span([usize::MAX, 0, 0], [1, 1, 1], 0, 0, 2).is_none());
+        let mut rows = vec![];
+        for_each_row(&s, [4, 3, 1], 1, |o, n| rows.push((o, n)));
+        assert_eq!(rows, vec![(0, 4), (10, 4), (20, 4)]);
+    }
 }

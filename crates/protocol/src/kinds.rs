@@ -35,9 +35,11 @@ impl HandleKind {
 
     pub fn from_u8(v: u8) -> Option<HandleKind> {
         use HandleKind::*;
-        [Platform, Device, Context, Queue, Mem, Sampler, Program, Kernel, Event]
-            .into_iter()
-            .find(|k| *k as u8 == v)
+        [
+            Platform, Device, Context, Queue, Mem, Sampler, Program, Kernel, Event,
+        ]
+        .into_iter()
+        .find(|k| *k as u8 == v)
     }
 
     /// Objects whose lifetime the application does not manage (root devices, platforms).

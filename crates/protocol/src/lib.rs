@@ -5,8 +5,8 @@
 //! See `docs/PROTOCOL.md` for the wire format in prose.
 
 pub mod cl;
-pub mod geometry;
 mod frame;
+pub mod geometry;
 pub mod info;
 mod kinds;
 mod wire;

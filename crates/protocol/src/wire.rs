@@ -53,7 +53,12 @@ impl Writer {
     pub fn finish(mut self, flags: u8, seq: u32) -> Vec<u8> {
         let len = self.body_len();
         debug_assert!(len <= MAX_BODY as usize);
-        let h = FrameHeader { flags, opcode: self.opcode, len: len as u32, seq };
+        let h = FrameHeader {
+            flags,
+            opcode: self.opcode,
+            len: len as u32,
+            seq,
+        };
         self.buf[..HEADER_LEN].copy_from_slice(&h.encode());
         self.buf
     }
@@ -176,16 +181,27 @@ impl<'a> Reader<'a> {
         self.take(n)
     }
     pub fn opt_bytes(&mut self) -> Result<Option<Vec<u8>>, DecodeError> {
-        Ok(if self.bool()? { Some(self.bytes()?.to_vec()) } else { None })
+        Ok(if self.bool()? {
+            Some(self.bytes()?.to_vec())
+        } else {
+            None
+        })
     }
     pub fn opt_bytes_ref(&mut self) -> Result<Option<&'a [u8]>, DecodeError> {
-        Ok(if self.bool()? { Some(self.bytes()?) } else { None })
+        Ok(if self.bool()? {
+            Some(self.bytes()?)
+        } else {
+            None
+        })
     }
     fn count(&mut self, elem: u64) -> Result<usize, DecodeError> {
         let n = u64::from(self.u32()?);
         // The elements must be in the message: this bounds the allocation below.
         if n.saturating_mul(elem) > self.remaining() as u64 {
-            return Err(DecodeError::Truncated { need: n * elem, have: self.remaining() });
+            return Err(DecodeError::Truncated {
+                need: n * elem,
+                have: self.remaining(),
+            });
         }
         Ok(n as usize)
     }
@@ -194,28 +210,41 @@ impl<'a> Reader<'a> {
             return Ok(None);
         }
         let n = self.count(8)?;
-        (0..n).map(|_| self.u64()).collect::<Result<Vec<_>, _>>().map(Some)
+        (0..n)
+            .map(|_| self.u64())
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
     }
     pub fn opt_usizes(&mut self) -> Result<Option<Vec<usize>>, DecodeError> {
         if !self.bool()? {
             return Ok(None);
         }
         let n = self.count(8)?;
-        (0..n).map(|_| self.usize()).collect::<Result<Vec<_>, _>>().map(Some)
+        (0..n)
+            .map(|_| self.usize())
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
     }
     /// A C string sent without its terminating NUL.
     pub fn cstring(&mut self) -> Result<CString, DecodeError> {
         CString::new(self.bytes()?).map_err(|_| DecodeError::BadValue("string contains NUL"))
     }
     pub fn opt_cstring(&mut self) -> Result<Option<CString>, DecodeError> {
-        Ok(if self.bool()? { Some(self.cstring()?) } else { None })
+        Ok(if self.bool()? {
+            Some(self.cstring()?)
+        } else {
+            None
+        })
     }
     pub fn opt_cstrings(&mut self) -> Result<Option<Vec<CString>>, DecodeError> {
         if !self.bool()? {
             return Ok(None);
         }
         let n = self.count(8)?;
-        (0..n).map(|_| self.cstring()).collect::<Result<Vec<_>, _>>().map(Some)
+        (0..n)
+            .map(|_| self.cstring())
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
     }
     /// The message must end here: trailing bytes mean the peer and we disagree on its shape.
     pub fn finish(&self) -> Result<(), DecodeError> {
@@ -264,16 +293,25 @@ mod tests {
         let mut w = Writer::new(0);
         w.u64(u64::MAX);
         let f = w.finish(0, 0);
-        assert!(matches!(Reader::new(&f[HEADER_LEN..]).bytes(), Err(DecodeError::Truncated { .. })));
+        assert!(matches!(
+            Reader::new(&f[HEADER_LEN..]).bytes(),
+            Err(DecodeError::Truncated { .. })
+        ));
         // An array count whose elements are not there.
         let mut w = Writer::new(0);
         w.bool(true);
         w.u32(u32::MAX);
         let f = w.finish(0, 0);
-        assert!(matches!(Reader::new(&f[HEADER_LEN..]).opt_u64s(), Err(DecodeError::Truncated { .. })));
+        assert!(matches!(
+            Reader::new(&f[HEADER_LEN..]).opt_u64s(),
+            Err(DecodeError::Truncated { .. })
+        ));
         // A boolean that is neither 0 nor 1, trailing bytes, an interior NUL.
         assert!(Reader::new(&[7]).bool().is_err());
-        assert_eq!(Reader::new(&[1]).finish(), Err(DecodeError::TrailingBytes(1)));
+        assert_eq!(
+            Reader::new(&[1]).finish(),
+            Err(DecodeError::TrailingBytes(1))
+        );
         let mut w = Writer::new(0);
         w.bytes(b"a\0b");
         let f = w.finish(0, 0);

@@ -39,14 +39,29 @@ fn header(kind: CallbackKind, ctx: &Ctx) -> Writer {
     w
 }
 
-unsafe extern "C" fn context_notify(errinfo: *const c_char, private_info: *const c_void, cb: usize, ud: *mut c_void) {
+unsafe extern "C" fn context_notify(
+    errinfo: *const c_char,
+    private_info: *const c_void,
+    cb: usize,
+    ud: *mut c_void,
+) {
     // SAFETY: `ud` is the Ctx leaked by `make` for this context; context callbacks may fire many
     // times, so it is never freed. The driver passes a valid string and `cb` private bytes.
     let ctx = unsafe { &*(ud as *const Ctx) };
     let mut w = header(CallbackKind::ContextNotify, ctx);
-    let info = if errinfo.is_null() { &[][..] } else { unsafe { CStr::from_ptr(errinfo) }.to_bytes() };
+    let info = if errinfo.is_null() {
+        &[][..]
+    } else {
+        // SAFETY: the driver passes a NUL-terminated message.
+        unsafe { CStr::from_ptr(errinfo) }.to_bytes()
+    };
     w.bytes(info);
-    let private = if private_info.is_null() || cb == 0 { &[][..] } else { unsafe { std::slice::from_raw_parts(private_info as *const u8, cb) } };
+    let private = if private_info.is_null() || cb == 0 {
+        &[][..]
+    } else {
+        // SAFETY: the driver passes `cb` bytes of private data.
+        unsafe { std::slice::from_raw_parts(private_info as *const u8, cb) }
+    };
     w.bytes(private);
     send(w);
 }
@@ -117,10 +132,20 @@ pub fn on_event_complete(event: Handle, f: impl FnOnce() + Send + 'static) {
     let hook: Box<Hook> = Box::new(Box::new(f));
     let ud = Box::into_raw(hook) as *mut c_void;
     // SAFETY: `event` is live; CL_COMPLETE callbacks also fire on error termination.
-    let st = unsafe { ffi::clSetEventCallback(event, wormhole_protocol::cl::CL_COMPLETE, run as *const c_void, ud) };
+    let st = unsafe {
+        ffi::clSetEventCallback(
+            event,
+            wormhole_protocol::cl::CL_COMPLETE,
+            run as *const c_void,
+            ud,
+        )
+    };
     if st != 0 {
         // The driver refused (a bad event): the hook's data may still be in use by a command,
         // so it is leaked rather than freed under the driver's feet.
-        tracing::warn!(status = st, "could not watch an event; keeping its staging data");
+        tracing::warn!(
+            status = st,
+            "could not watch an event; keeping its staging data"
+        );
     }
 }

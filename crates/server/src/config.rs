@@ -36,32 +36,56 @@ impl Default for Config {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}")]
-    Read { path: PathBuf, #[source] source: std::io::Error },
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("invalid config file {path}")]
-    Parse { path: PathBuf, #[source] source: toml::de::Error },
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: toml::de::Error,
+    },
     #[error("invalid setting: {0}")]
     Invalid(String),
 }
 
 impl Config {
     pub fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
-        let c: Config = toml::from_str(&text).map_err(|source| ConfigError::Parse { path: path.into(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.into(),
+            source,
+        })?;
+        let c: Config = toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.into(),
+            source,
+        })?;
         c.validate()?;
         Ok(c)
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if !(self.ring_kib * 1024).is_power_of_two() || self.ring_kib < 4 || self.ring_kib > 1 << 20 {
-            return Err(ConfigError::Invalid(format!("ring_kib = {} must be a power of two between 4 and 1048576", self.ring_kib)));
+        if !(self.ring_kib * 1024).is_power_of_two() || self.ring_kib < 4 || self.ring_kib > 1 << 20
+        {
+            return Err(ConfigError::Invalid(format!(
+                "ring_kib = {} must be a power of two between 4 and 1048576",
+                self.ring_kib
+            )));
         }
         if self.lanes == 0 || self.lanes > 256 {
-            return Err(ConfigError::Invalid(format!("lanes = {} must be 1..=256", self.lanes)));
+            return Err(ConfigError::Invalid(format!(
+                "lanes = {} must be 1..=256",
+                self.lanes
+            )));
         }
         Ok(())
     }
 
     pub fn layout(&self) -> wormhole_transport::Layout {
-        wormhole_transport::Layout { lanes: self.lanes, ring_capacity: self.ring_kib * 1024 }
+        wormhole_transport::Layout {
+            lanes: self.lanes,
+            ring_capacity: self.ring_kib * 1024,
+        }
     }
 }

@@ -79,7 +79,8 @@ fn rewrite(s: &Session, op: Op, param: u32, kind: InfoValue, buf: &mut Vec<u8>) 
         // device: not forwarded (README), so not advertised.
         (Op::clGetDeviceInfo, CL_DEVICE_SVM_CAPABILITIES) => buf.iter_mut().for_each(|b| *b = 0),
         (Op::clGetDeviceInfo, CL_DEVICE_EXECUTION_CAPABILITIES) if buf.len() == 8 => {
-            let v = u64::from_le_bytes(buf[..8].try_into().unwrap_or([0; 8])) & !CL_EXEC_NATIVE_KERNEL;
+            let v =
+                u64::from_le_bytes(buf[..8].try_into().unwrap_or([0; 8])) & !CL_EXEC_NATIVE_KERNEL;
             buf.copy_from_slice(&v.to_le_bytes());
         }
         _ => {}
@@ -88,10 +89,22 @@ fn rewrite(s: &Session, op: Op, param: u32, kind: InfoValue, buf: &mut Vec<u8>) 
 
 /// CL_PROGRAM_BINARIES: the value is an array of pointers into the caller's memory. The server
 /// fetches every binary and sends `count u32, (len u64, bytes)*`; the client scatters them.
-fn binaries(program: Handle, want_value: bool, call: &impl Fn(usize, *mut c_void, *mut usize) -> i32) -> Result<(Vec<u8>, usize), i32> {
+fn binaries(
+    program: Handle,
+    want_value: bool,
+    call: &impl Fn(usize, *mut c_void, *mut usize) -> i32,
+) -> Result<(Vec<u8>, usize), i32> {
     let mut n_bytes = 0usize;
     // SAFETY: `program` is a live program; outputs are locals of the sizes passed.
-    let st = unsafe { ffi::clGetProgramInfo(program, CL_PROGRAM_BINARY_SIZES, 0, std::ptr::null_mut(), &mut n_bytes) };
+    let st = unsafe {
+        ffi::clGetProgramInfo(
+            program,
+            CL_PROGRAM_BINARY_SIZES,
+            0,
+            std::ptr::null_mut(),
+            &mut n_bytes,
+        )
+    };
     if st != CL_SUCCESS {
         return Err(st);
     }
@@ -101,7 +114,15 @@ fn binaries(program: Handle, want_value: bool, call: &impl Fn(usize, *mut c_void
     }
     let mut sizes = vec![0usize; n];
     // SAFETY: `sizes` holds n_bytes bytes.
-    let st = unsafe { ffi::clGetProgramInfo(program, CL_PROGRAM_BINARY_SIZES, n_bytes, sizes.as_mut_ptr() as *mut c_void, std::ptr::null_mut()) };
+    let st = unsafe {
+        ffi::clGetProgramInfo(
+            program,
+            CL_PROGRAM_BINARY_SIZES,
+            n_bytes,
+            sizes.as_mut_ptr() as *mut c_void,
+            std::ptr::null_mut(),
+        )
+    };
     if st != CL_SUCCESS {
         return Err(st);
     }
@@ -109,8 +130,21 @@ fn binaries(program: Handle, want_value: bool, call: &impl Fn(usize, *mut c_void
     for sz in &sizes {
         bins.push(crate::rt::out_buffer(Some(*sz))?);
     }
-    let mut ptrs: Vec<*mut u8> = bins.iter_mut().map(|b| if b.is_empty() { std::ptr::null_mut() } else { b.as_mut_ptr() }).collect();
-    let st = call(n * 8, ptrs.as_mut_ptr() as *mut c_void, std::ptr::null_mut());
+    let mut ptrs: Vec<*mut u8> = bins
+        .iter_mut()
+        .map(|b| {
+            if b.is_empty() {
+                std::ptr::null_mut()
+            } else {
+                b.as_mut_ptr()
+            }
+        })
+        .collect();
+    let st = call(
+        n * 8,
+        ptrs.as_mut_ptr() as *mut c_void,
+        std::ptr::null_mut(),
+    );
     if st != CL_SUCCESS {
         return Err(st);
     }

@@ -15,7 +15,14 @@ pub mod vendors;
 pub mod worker;
 
 /// The generated decoders and dispatch (see `crates/apigen`).
-#[allow(non_snake_case, unused_mut, unused_variables, unused_parens, clippy::all, clippy::undocumented_unsafe_blocks)]
+#[allow(
+    non_snake_case,
+    unused_mut,
+    unused_variables,
+    unused_parens,
+    clippy::all,
+    clippy::undocumented_unsafe_blocks
+)]
 pub mod generated {
     include!(concat!(env!("OUT_DIR"), "/server_gen.rs"));
 }

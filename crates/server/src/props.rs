@@ -36,7 +36,10 @@ pub fn resolve(s: &Session, kind: Props, props: Option<Vec<u64>>) -> Result<Opti
 
 /// The reverse, for CL_CONTEXT_PROPERTIES values going back to the client.
 pub fn export_context_props(s: &Session, bytes: &mut [u8]) {
-    let mut words: Vec<u64> = bytes.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect();
+    let mut words: Vec<u64> = bytes
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+        .collect();
     let mut i = 0;
     while i + 1 < words.len() && words[i] != 0 {
         if words[i] == CL_CONTEXT_PLATFORM {

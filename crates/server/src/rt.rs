@@ -62,7 +62,11 @@ pub fn check_slot(obj: Handle, op: Op) -> Result<(), i32> {
 /// Registers an object a call just created under the id the client chose.
 pub fn bind_created(s: &Session, id: u64, kind: HandleKind, obj: Handle, errcode: i32) -> i32 {
     if obj.is_null() {
-        return if errcode == CL_SUCCESS { CL_OUT_OF_RESOURCES } else { errcode };
+        return if errcode == CL_SUCCESS {
+            CL_OUT_OF_RESOURCES
+        } else {
+            errcode
+        };
     }
     if errcode != CL_SUCCESS {
         // Some drivers return an object together with an error (PoCL's clCreateContextFromType
@@ -82,16 +86,31 @@ fn track_memory(s: &Session, mem: Handle) {
     let mut size: usize = 0;
     // SAFETY: `mem` is a live memory object; the outputs are local variables of the right size.
     unsafe {
-        ffi::clGetMemObjectInfo(mem, CL_MEM_ASSOCIATED_MEMOBJECT, 8, &mut parent as *mut Handle as *mut c_void, std::ptr::null_mut());
+        ffi::clGetMemObjectInfo(
+            mem,
+            CL_MEM_ASSOCIATED_MEMOBJECT,
+            8,
+            &mut parent as *mut Handle as *mut c_void,
+            std::ptr::null_mut(),
+        );
         if !parent.is_null() {
             return; // a sub-buffer shares its parent's memory
         }
-        if ffi::clGetMemObjectInfo(mem, CL_MEM_SIZE, 8, &mut size as *mut usize as *mut c_void, std::ptr::null_mut()) != CL_SUCCESS {
+        if ffi::clGetMemObjectInfo(
+            mem,
+            CL_MEM_SIZE,
+            8,
+            &mut size as *mut usize as *mut c_void,
+            std::ptr::null_mut(),
+        ) != CL_SUCCESS
+        {
             return;
         }
     }
     s.mem_bytes.fetch_add(size as i64, Ordering::Relaxed);
     crate::callbacks::on_mem_destroyed(mem, move || {
-        crate::worker::session().mem_bytes.fetch_sub(size as i64, Ordering::Relaxed);
+        crate::worker::session()
+            .mem_bytes
+            .fetch_sub(size as i64, Ordering::Relaxed);
     });
 }

@@ -53,14 +53,26 @@ impl Session {
         if id == 0 {
             return Ok(std::ptr::null_mut());
         }
-        match self.handles.lock().unwrap_or_else(|p| p.into_inner()).by_id.get(&id) {
+        match self
+            .handles
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .by_id
+            .get(&id)
+        {
             Some((k, p)) if *k == kind => Ok(*p as Handle),
             _ => Err(kind.invalid_code()),
         }
     }
 
     /// Resolves a list; `count` must match what the client sent.
-    pub fn resolve_list(&self, ids: Option<&[u64]>, count: usize, kind: HandleKind, code: i32) -> Result<Option<Vec<Handle>>, i32> {
+    pub fn resolve_list(
+        &self,
+        ids: Option<&[u64]>,
+        count: usize,
+        kind: HandleKind,
+        code: i32,
+    ) -> Result<Option<Vec<Handle>>, i32> {
         let Some(ids) = ids else { return Ok(None) };
         if ids.len() != count {
             return Err(CL_INVALID_VALUE);
@@ -155,15 +167,27 @@ mod tests {
         s.check_new_id(5).unwrap();
         s.bind(5, HandleKind::Mem, fake);
         assert_eq!(s.resolve(5, HandleKind::Mem, false), Ok(fake));
-        assert_eq!(s.resolve(5, HandleKind::Kernel, false), Err(CL_INVALID_KERNEL));
-        assert_eq!(s.resolve(6, HandleKind::Mem, false), Err(CL_INVALID_MEM_OBJECT));
+        assert_eq!(
+            s.resolve(5, HandleKind::Kernel, false),
+            Err(CL_INVALID_KERNEL)
+        );
+        assert_eq!(
+            s.resolve(6, HandleKind::Mem, false),
+            Err(CL_INVALID_MEM_OBJECT)
+        );
         assert_eq!(s.check_new_id(5), Err(CL_INVALID_VALUE));
         assert_eq!(s.check_new_id(SERVER_ID_BIT | 1), Err(CL_INVALID_VALUE));
         assert_eq!(s.export(HandleKind::Mem, fake), 5);
         let other = Session::default();
-        assert_eq!(other.resolve(5, HandleKind::Mem, false), Err(CL_INVALID_MEM_OBJECT));
+        assert_eq!(
+            other.resolve(5, HandleKind::Mem, false),
+            Err(CL_INVALID_MEM_OBJECT)
+        );
         s.forget(5);
-        assert_eq!(s.resolve(5, HandleKind::Mem, false), Err(CL_INVALID_MEM_OBJECT));
+        assert_eq!(
+            s.resolve(5, HandleKind::Mem, false),
+            Err(CL_INVALID_MEM_OBJECT)
+        );
         let dev = s.export(HandleKind::Device, 0x2000 as Handle);
         assert_ne!(dev & SERVER_ID_BIT, 0);
         assert_eq!(s.export(HandleKind::Device, 0x2000 as Handle), dev);

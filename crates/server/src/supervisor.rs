@@ -17,9 +17,17 @@ use wormhole_transport::link::read_frame;
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error("cannot listen on {path}")]
-    Listen { path: PathBuf, #[source] source: std::io::Error },
+    Listen {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot prepare the runtime directory {path}")]
-    Runtime { path: PathBuf, #[source] source: std::io::Error },
+    Runtime {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 struct Worker {
@@ -34,11 +42,25 @@ type Workers = Arc<Mutex<HashMap<u32, Worker>>>;
 
 /// Runs the server in the foreground until killed.
 pub fn serve(config: Config) -> Result<(), ServeError> {
-    let dir = config.socket.parent().map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
-    std::fs::create_dir_all(&dir).map_err(|source| ServeError::Runtime { path: dir.clone(), source })?;
-    let vendors = crate::vendors::filtered_vendor_dir(&dir).map_err(|source| ServeError::Runtime { path: dir.clone(), source })?;
+    let dir = config
+        .socket
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
+    std::fs::create_dir_all(&dir).map_err(|source| ServeError::Runtime {
+        path: dir.clone(),
+        source,
+    })?;
+    let vendors =
+        crate::vendors::filtered_vendor_dir(&dir).map_err(|source| ServeError::Runtime {
+            path: dir.clone(),
+            source,
+        })?;
     let _ = std::fs::remove_file(&config.socket);
-    let listener = UnixListener::bind(&config.socket).map_err(|source| ServeError::Listen { path: config.socket.clone(), source })?;
+    let listener = UnixListener::bind(&config.socket).map_err(|source| ServeError::Listen {
+        path: config.socket.clone(),
+        source,
+    })?;
     tracing::info!(socket = %config.socket.display(), "wormhole server listening");
     let workers: Workers = Arc::default();
     {
@@ -65,7 +87,12 @@ fn refuse(stream: &UnixStream, reason: &str) {
     let _ = (&*stream).write_all(&w.finish(FLAG_REPLY, 0));
 }
 
-fn accept(config: &Config, vendors: &std::path::Path, workers: &Workers, stream: UnixStream) -> std::io::Result<()> {
+fn accept(
+    config: &Config,
+    vendors: &std::path::Path,
+    workers: &Workers,
+    stream: UnixStream,
+) -> std::io::Result<()> {
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut body = Vec::new();
     let h = match read_frame(&mut &stream, &mut body) {
@@ -80,7 +107,10 @@ fn accept(config: &Config, vendors: &std::path::Path, workers: &Workers, stream:
         control::STATUS => return status(workers, &stream),
         control::HELLO => {}
         other => {
-            refuse(&stream, &format!("unexpected opcode {other:#06x} instead of HELLO"));
+            refuse(
+                &stream,
+                &format!("unexpected opcode {other:#06x} instead of HELLO"),
+            );
             return Ok(());
         }
     }
@@ -89,7 +119,13 @@ fn accept(config: &Config, vendors: &std::path::Path, workers: &Workers, stream:
     match hello {
         Ok((v, api)) if v == VERSION && api == API_OPENCL.as_bytes() => {}
         Ok((v, api)) => {
-            refuse(&stream, &format!("unsupported version {v} or API {:?}", String::from_utf8_lossy(&api)));
+            refuse(
+                &stream,
+                &format!(
+                    "unsupported version {v} or API {:?}",
+                    String::from_utf8_lossy(&api)
+                ),
+            );
             return Ok(());
         }
         Err(e) => {
@@ -98,10 +134,14 @@ fn accept(config: &Config, vendors: &std::path::Path, workers: &Workers, stream:
         }
     }
     if workers.lock().unwrap_or_else(|p| p.into_inner()).len() >= config.max_sessions {
-        refuse(&stream, &format!("server is at its limit of {} sessions", config.max_sessions));
+        refuse(
+            &stream,
+            &format!("server is at its limit of {} sessions", config.max_sessions),
+        );
         return Ok(());
     }
-    let cred = nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials).ok();
+    let cred =
+        nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials).ok();
     let (stats_ours, stats_theirs) = UnixStream::pair()?;
     let session_fd = stream.as_raw_fd();
     let stats_fd = stats_theirs.as_raw_fd();
@@ -124,10 +164,21 @@ fn accept(config: &Config, vendors: &std::path::Path, workers: &Workers, stream:
     }
     let child = cmd.spawn()?;
     let pid = child.id();
-    tracing::info!(worker = pid, peer_pid = cred.map(|c| c.pid()), peer_uid = cred.map(|c| c.uid()), "session started");
+    tracing::info!(
+        worker = pid,
+        peer_pid = cred.map(|c| c.pid()),
+        peer_uid = cred.map(|c| c.uid()),
+        "session started"
+    );
     workers.lock().unwrap_or_else(|p| p.into_inner()).insert(
         pid,
-        Worker { child, stats: stats_ours, peer_pid: cred.map(|c| c.pid()), peer_uid: cred.map(|c| c.uid()), started: Instant::now() },
+        Worker {
+            child,
+            stats: stats_ours,
+            peer_pid: cred.map(|c| c.pid()),
+            peer_uid: cred.map(|c| c.uid()),
+            started: Instant::now(),
+        },
     );
     Ok(())
 }

@@ -32,7 +32,9 @@ pub fn filtered_vendor_dir(dir: &Path) -> std::io::Result<PathBuf> {
             if path.extension().and_then(|x| x.to_str()) != Some("icd") {
                 continue;
             }
-            let Ok(text) = std::fs::read_to_string(&path) else { continue };
+            let Ok(text) = std::fs::read_to_string(&path) else {
+                continue;
+            };
             if is_wormhole(&text) || is_wormhole(&e.file_name().to_string_lossy()) {
                 tracing::debug!(entry = %path.display(), "skipping Wormhole's own ICD");
                 continue;

@@ -11,7 +11,9 @@ use std::time::Duration;
 use wormhole_protocol::{control, DecodeError, Op, Reader, Writer, FLAG_ASYNC, FLAG_REPLY};
 use wormhole_transport::link::read_frame;
 use wormhole_transport::unix::send_frame_with_fds;
-use wormhole_transport::{FrameLink, FutexWaiter, Layout, Region, ShmLink, SpinPolicy, TransportError};
+use wormhole_transport::{
+    FrameLink, FutexWaiter, Layout, Region, ShmLink, SpinPolicy, TransportError,
+};
 
 static SESSION: OnceLock<Session> = OnceLock::new();
 
@@ -42,20 +44,27 @@ pub fn run(sock: UnixStream, stats: Option<UnixStream>, layout: Layout) -> Resul
     let region = Arc::new(region);
     // The process ends with its client, so lanes need not poll for liveness: they sleep until
     // the client writes (no CPU while the tenant is idle).
-    let policy = SpinPolicy { spin: Duration::from_micros(50), sleep_slice: Duration::from_secs(3600) };
+    let policy = SpinPolicy {
+        spin: Duration::from_micros(50),
+        sleep_slice: Duration::from_secs(3600),
+    };
     for lane in 0..layout.lanes {
         let region = region.clone();
-        std::thread::Builder::new().name(format!("lane-{lane}")).spawn(move || {
-            let (req, rep) = region.lane(lane).expect("lane within layout");
-            let link = ShmLink::new(rep, req, Arc::new(FutexWaiter), policy, Arc::new(|| true));
-            if let Err(e) = serve_lane(link) {
-                tracing::error!(lane, "ending session: {e}");
-                std::process::exit(3);
-            }
-        })?;
+        std::thread::Builder::new()
+            .name(format!("lane-{lane}"))
+            .spawn(move || {
+                let (req, rep) = region.lane(lane).expect("lane within layout");
+                let link = ShmLink::new(rep, req, Arc::new(FutexWaiter), policy, Arc::new(|| true));
+                if let Err(e) = serve_lane(link) {
+                    tracing::error!(lane, "ending session: {e}");
+                    std::process::exit(3);
+                }
+            })?;
     }
     if let Some(stats) = stats {
-        std::thread::Builder::new().name("stats".into()).spawn(move || serve_stats(stats))?;
+        std::thread::Builder::new()
+            .name("stats".into())
+            .spawn(move || serve_stats(stats))?;
     }
     // The control socket carries callbacks to the client; from the client it only ever carries
     // EOF, which ends the session.
@@ -92,7 +101,10 @@ fn serve_lane(mut link: ShmLink) -> Result<(), LaneError> {
                 None => Err(DecodeError::UnknownOp(h.opcode)),
             }
         };
-        res.map_err(|source| LaneError::Malformed { op: h.opcode, source })?;
+        res.map_err(|source| LaneError::Malformed {
+            op: h.opcode,
+            source,
+        })?;
         if h.flags & FLAG_ASYNC == 0 {
             link.send(&w.finish(FLAG_REPLY, h.seq))?;
         }
@@ -104,7 +116,11 @@ fn serve_stats(mut sock: UnixStream) {
     let mut body = Vec::new();
     while read_frame(&mut sock, &mut body).is_ok() {
         let s = session();
-        let objects: Vec<String> = s.object_counts().iter().map(|(k, n)| format!("\"{k:?}\":{n}")).collect();
+        let objects: Vec<String> = s
+            .object_counts()
+            .iter()
+            .map(|(k, n)| format!("\"{k:?}\":{n}"))
+            .collect();
         let json = format!(
             "{{\"pid\":{},\"calls\":{},\"mem_bytes\":{},\"objects\":{{{}}}}}",
             std::process::id(),

@@ -27,12 +27,28 @@ pub struct ShmLink {
 }
 
 impl ShmLink {
-    pub fn new(tx: Ring, rx: Ring, waiter: Arc<dyn Waiter>, policy: SpinPolicy, alive: Liveness) -> ShmLink {
-        ShmLink { tx, rx, waiter, policy, alive }
+    pub fn new(
+        tx: Ring,
+        rx: Ring,
+        waiter: Arc<dyn Waiter>,
+        policy: SpinPolicy,
+        alive: Liveness,
+    ) -> ShmLink {
+        ShmLink {
+            tx,
+            rx,
+            waiter,
+            policy,
+            alive,
+        }
     }
 
     fn ctx(&self) -> WaitCtx<'_> {
-        WaitCtx { waiter: &*self.waiter, policy: self.policy, peer_alive: &*self.alive }
+        WaitCtx {
+            waiter: &*self.waiter,
+            policy: self.policy,
+            peer_alive: &*self.alive,
+        }
     }
 
     /// Blocks until a frame starts arriving (spin, then sleep).
@@ -88,7 +104,9 @@ pub fn read_frame(s: &mut impl Read, body: &mut Vec<u8>) -> Result<FrameHeader, 
 pub(crate) fn eof_is_gone(e: std::io::Error) -> TransportError {
     use std::io::ErrorKind::*;
     match e.kind() {
-        UnexpectedEof | BrokenPipe | ConnectionReset | ConnectionAborted => TransportError::PeerGone,
+        UnexpectedEof | BrokenPipe | ConnectionReset | ConnectionAborted => {
+            TransportError::PeerGone
+        }
         _ => TransportError::Io(e),
     }
 }

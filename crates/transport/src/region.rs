@@ -62,7 +62,10 @@ impl Default for Layout {
     fn default() -> Self {
         // 16 lanes (one per application thread that calls OpenCL, so one thread's blocking call
         // never stalls another's) of 2 x 256 KiB.
-        Layout { lanes: 16, ring_capacity: 256 * 1024 }
+        Layout {
+            lanes: 16,
+            ring_capacity: 256 * 1024,
+        }
     }
 }
 
@@ -77,7 +80,10 @@ pub struct Region {
 impl Region {
     /// Creates a fresh region in an anonymous memfd (server side of a local session).
     pub fn create_memfd(layout: Layout) -> Result<Region, TransportError> {
-        let fd = nix::sys::memfd::memfd_create(c"wormhole-session", nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC)?;
+        let fd = nix::sys::memfd::memfd_create(
+            c"wormhole-session",
+            nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC,
+        )?;
         let file = File::from(fd);
         file.set_len(layout.total_size())?;
         Self::init(file, layout)
@@ -85,7 +91,12 @@ impl Region {
 
     /// Creates (or re-initialises) a region in a file, e.g. the backing file of an ivshmem device.
     pub fn create_file(path: &std::path::Path, layout: Layout) -> Result<Region, TransportError> {
-        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
         if file.metadata()?.len() < layout.total_size() {
             file.set_len(layout.total_size())?;
         }
@@ -98,7 +109,10 @@ impl Region {
         // SAFETY: the mapping is at least total_size bytes long and we are its only user yet.
         unsafe {
             std::ptr::write_bytes(region.map.as_mut_ptr(), 0, layout.total_size() as usize);
-            std::ptr::write(region.map.as_mut_ptr() as *mut RegionHeader, layout.header());
+            std::ptr::write(
+                region.map.as_mut_ptr() as *mut RegionHeader,
+                layout.header(),
+            );
         }
         Ok(region)
     }
@@ -112,26 +126,44 @@ impl Region {
         let map = MmapRaw::map_raw(&file)?;
         let size = map.len() as u64;
         if size < std::mem::size_of::<RegionHeader>() as u64 {
-            return Err(TransportError::Layout("region smaller than its header".into()));
+            return Err(TransportError::Layout(
+                "region smaller than its header".into(),
+            ));
         }
         // SAFETY: the mapping holds at least a header; read it once into a private copy.
-        let h: RegionHeader = unsafe { std::ptr::read_volatile(map.as_ptr() as *const RegionHeader) };
-        let layout = Layout { lanes: h.lanes, ring_capacity: h.ring_capacity };
+        let h: RegionHeader =
+            unsafe { std::ptr::read_volatile(map.as_ptr() as *const RegionHeader) };
+        let layout = Layout {
+            lanes: h.lanes,
+            ring_capacity: h.ring_capacity,
+        };
         if h.magic != REGION_MAGIC || h.version != REGION_VERSION {
             return Err(TransportError::Layout("bad magic or version".into()));
         }
-        if h.lanes == 0 || h.lanes > 1024 || !h.ring_capacity.is_power_of_two() || h.ring_capacity < 4096 || h.ring_capacity > (1 << 30) {
-            return Err(TransportError::Layout(format!("implausible geometry {h:?}")));
+        if h.lanes == 0
+            || h.lanes > 1024
+            || !h.ring_capacity.is_power_of_two()
+            || h.ring_capacity < 4096
+            || h.ring_capacity > (1 << 30)
+        {
+            return Err(TransportError::Layout(format!(
+                "implausible geometry {h:?}"
+            )));
         }
         if layout.header() != h || layout.total_size() > size {
-            return Err(TransportError::Layout(format!("header {h:?} does not fit a {size}-byte mapping")));
+            return Err(TransportError::Layout(format!(
+                "header {h:?} does not fit a {size}-byte mapping"
+            )));
         }
         Ok(Region { map, layout, file })
     }
 
     /// Maps a raw file (ivshmem BAR or backing file) that the creator already initialised.
     pub fn open_path(path: &std::path::Path) -> Result<Region, TransportError> {
-        let file = std::fs::OpenOptions::new().read(true).write(true).open(path)?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)?;
         Self::open_file(file)
     }
 
@@ -165,7 +197,10 @@ impl Region {
             let rep_ctrl = p.add(CTRL_SIZE) as *const RingCtrl;
             let req_data = p.add(PAGE as usize);
             let rep_data = req_data.add(cap as usize);
-            Some((Ring::new(req_ctrl, req_data, cap), Ring::new(rep_ctrl, rep_data, cap)))
+            Some((
+                Ring::new(req_ctrl, req_data, cap),
+                Ring::new(rep_ctrl, rep_data, cap),
+            ))
         }
     }
 }
@@ -182,7 +217,10 @@ mod tests {
 
     #[test]
     fn peer_view_validates_and_matches() {
-        let layout = Layout { lanes: 2, ring_capacity: 4096 };
+        let layout = Layout {
+            lanes: 2,
+            ring_capacity: 4096,
+        };
         let a = Region::create_memfd(layout).unwrap();
         let b = Region::open_file(a.file().try_clone().unwrap()).unwrap();
         assert_eq!(b.layout(), layout);
@@ -192,11 +230,15 @@ mod tests {
     #[test]
     fn garbage_region_is_rejected() {
         let f = tempfile_with(&[0xAB; 8192]);
-        assert!(matches!(Region::open_file(f), Err(TransportError::Layout(_))));
+        assert!(matches!(
+            Region::open_file(f),
+            Err(TransportError::Layout(_))
+        ));
     }
 
     fn tempfile_with(bytes: &[u8]) -> File {
-        let fd = nix::sys::memfd::memfd_create(c"t", nix::sys::memfd::MemFdCreateFlag::empty()).unwrap();
+        let fd =
+            nix::sys::memfd::memfd_create(c"t", nix::sys::memfd::MemFdCreateFlag::empty()).unwrap();
         let mut f = File::from(fd);
         std::io::Write::write_all(&mut f, bytes).unwrap();
         f

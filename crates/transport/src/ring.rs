@@ -78,7 +78,11 @@ impl Ring {
     /// Bytes readable now (consumer side).
     pub fn readable(&self) -> Result<u64, TransportError> {
         let c = self.ctrl();
-        let n = c.head.0.load(Ordering::Acquire).wrapping_sub(c.tail.0.load(Ordering::Relaxed));
+        let n = c
+            .head
+            .0
+            .load(Ordering::Acquire)
+            .wrapping_sub(c.tail.0.load(Ordering::Relaxed));
         if n > self.cap {
             return Err(TransportError::Corrupt("ring holds more than its capacity"));
         }
@@ -87,7 +91,11 @@ impl Ring {
 
     fn writable(&self) -> Result<u64, TransportError> {
         let c = self.ctrl();
-        let used = c.head.0.load(Ordering::Relaxed).wrapping_sub(c.tail.0.load(Ordering::Acquire));
+        let used = c
+            .head
+            .0
+            .load(Ordering::Relaxed)
+            .wrapping_sub(c.tail.0.load(Ordering::Acquire));
         if used > self.cap {
             return Err(TransportError::Corrupt("ring holds more than its capacity"));
         }
@@ -114,7 +122,9 @@ impl Ring {
                 std::ptr::copy_nonoverlapping(data.as_ptr(), self.data.add(off), first);
                 std::ptr::copy_nonoverlapping(data.as_ptr().add(first), self.data, n - first);
             }
-            c.head.0.store(head.wrapping_add(n as u64), Ordering::Release);
+            c.head
+                .0
+                .store(head.wrapping_add(n as u64), Ordering::Release);
             wake_if_waiting(&c.consumer_waiting.0, w);
             data = &data[n..];
         }
@@ -141,7 +151,9 @@ impl Ring {
                 std::ptr::copy_nonoverlapping(self.data.add(off), buf.as_mut_ptr(), first);
                 std::ptr::copy_nonoverlapping(self.data, buf.as_mut_ptr().add(first), n - first);
             }
-            c.tail.0.store(tail.wrapping_add(n as u64), Ordering::Release);
+            c.tail
+                .0
+                .store(tail.wrapping_add(n as u64), Ordering::Release);
             wake_if_waiting(&c.producer_waiting.0, w);
             buf = &mut buf[n..];
         }
@@ -153,7 +165,9 @@ impl Ring {
         if self.readable()? > 0 {
             return Ok(());
         }
-        wait_until(&self.ctrl().consumer_waiting.0, w, || Ok(self.readable()? > 0))
+        wait_until(&self.ctrl().consumer_waiting.0, w, || {
+            Ok(self.readable()? > 0)
+        })
     }
 }
 
@@ -178,7 +192,7 @@ fn wait_until(
             return Ok(());
         }
         i = i.wrapping_add(1);
-        if i % 64 == 0 && start.elapsed() >= w.policy.spin {
+        if i.is_multiple_of(64) && start.elapsed() >= w.policy.spin {
             break;
         }
         std::hint::spin_loop();
@@ -219,17 +233,28 @@ mod tests {
 
     #[test]
     fn streams_more_than_capacity_across_threads() {
-        let mut mem = Mem { ctrl: Box::default(), data: vec![0; 64] };
+        let mut mem = Mem {
+            ctrl: Box::default(),
+            data: vec![0; 64],
+        };
         let r = ring(&mut mem);
         let payload: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
         let expect = payload.clone();
         let alive = || true;
         std::thread::scope(|s| {
             s.spawn(|| {
-                let w = WaitCtx { waiter: &FutexWaiter, policy: SpinPolicy::default(), peer_alive: &alive };
+                let w = WaitCtx {
+                    waiter: &FutexWaiter,
+                    policy: SpinPolicy::default(),
+                    peer_alive: &alive,
+                };
                 r.write_all(&payload, &w).unwrap();
             });
-            let w = WaitCtx { waiter: &FutexWaiter, policy: SpinPolicy::default(), peer_alive: &alive };
+            let w = WaitCtx {
+                waiter: &FutexWaiter,
+                policy: SpinPolicy::default(),
+                peer_alive: &alive,
+            };
             let mut got = vec![0; expect.len()];
             r.read_exact(&mut got, &w).unwrap();
             assert_eq!(got, expect);
@@ -238,24 +263,44 @@ mod tests {
 
     #[test]
     fn corrupt_counters_are_reported_not_followed() {
-        let mut mem = Mem { ctrl: Box::default(), data: vec![0; 64] };
+        let mut mem = Mem {
+            ctrl: Box::default(),
+            data: vec![0; 64],
+        };
         mem.ctrl.head.0.store(1000, Ordering::Relaxed);
         let r = ring(&mut mem);
         let alive = || true;
-        let w = WaitCtx { waiter: &FutexWaiter, policy: SpinPolicy::default(), peer_alive: &alive };
+        let w = WaitCtx {
+            waiter: &FutexWaiter,
+            policy: SpinPolicy::default(),
+            peer_alive: &alive,
+        };
         let mut b = [0u8; 4];
-        assert!(matches!(r.read_exact(&mut b, &w), Err(TransportError::Corrupt(_))));
+        assert!(matches!(
+            r.read_exact(&mut b, &w),
+            Err(TransportError::Corrupt(_))
+        ));
     }
 
     #[test]
     fn a_dead_peer_ends_the_wait() {
-        let mut mem = Mem { ctrl: Box::default(), data: vec![0; 64] };
+        let mut mem = Mem {
+            ctrl: Box::default(),
+            data: vec![0; 64],
+        };
         let r = ring(&mut mem);
         let alive = || false;
-        let w = WaitCtx { waiter: &FutexWaiter, policy: SpinPolicy::default(), peer_alive: &alive };
+        let w = WaitCtx {
+            waiter: &FutexWaiter,
+            policy: SpinPolicy::default(),
+            peer_alive: &alive,
+        };
         let mut b = [0u8; 4];
         let t = Instant::now();
-        assert!(matches!(r.read_exact(&mut b, &w), Err(TransportError::PeerGone)));
+        assert!(matches!(
+            r.read_exact(&mut b, &w),
+            Err(TransportError::PeerGone)
+        ));
         assert!(t.elapsed().as_secs() < 1);
     }
 }

@@ -57,7 +57,9 @@ pub struct PollWaiter {
 
 impl Default for PollWaiter {
     fn default() -> Self {
-        PollWaiter { max_sleep: Duration::from_millis(2) }
+        PollWaiter {
+            max_sleep: Duration::from_millis(2),
+        }
     }
 }
 
@@ -85,6 +87,9 @@ impl Default for SpinPolicy {
     fn default() -> Self {
         // 50 µs covers a forwarded call's server work in the common case; 50 ms bounds how late
         // a dead peer is noticed (well under the 1 s a waiting call may take to fail).
-        SpinPolicy { spin: Duration::from_micros(50), sleep_slice: Duration::from_millis(50) }
+        SpinPolicy {
+            spin: Duration::from_micros(50),
+            sleep_slice: Duration::from_millis(50),
+        }
     }
 }

@@ -6,7 +6,12 @@ const ARG_HANDLE: u8 = 2;
 
 /// A kernel argument may be a memory object, sampler or queue handle (a pointer-sized value
 /// that is the address of a live object of ours): those travel as ids.
-pub unsafe extern "C" fn clSetKernelArg(kernel: Handle, index: u32, size: usize, value: *const c_void) -> i32 {
+pub unsafe extern "C" fn clSetKernelArg(
+    kernel: Handle,
+    index: u32,
+    size: usize,
+    value: *const c_void,
+) -> i32 {
     rt::entry_status(|| {
         // SAFETY: the application's handle.
         let k = unsafe { obj(kernel, HandleKind::Kernel) }?;
@@ -20,7 +25,9 @@ pub unsafe extern "C" fn clSetKernelArg(kernel: Handle, index: u32, size: usize,
             let handle = if size == std::mem::size_of::<Handle>() {
                 // SAFETY: `value` points to `size` (= pointer-size) readable bytes.
                 let v = unsafe { *(value as *const usize) };
-                objects::live_object(v).filter(|(k, _)| matches!(k, HandleKind::Mem | HandleKind::Sampler | HandleKind::Queue))
+                objects::live_object(v).filter(|(k, _)| {
+                    matches!(k, HandleKind::Mem | HandleKind::Sampler | HandleKind::Queue)
+                })
             } else {
                 None
             };

@@ -31,7 +31,15 @@ unsafe fn wait_list(w: &mut Writer, n: u32, list: *const Handle) -> Result<(), C
         return Err(ClErr(CL_INVALID_EVENT_WAIT_LIST));
     }
     // SAFETY: `list` holds `n` events.
-    unsafe { rt::encode_handles(w, list, n as usize, HandleKind::Event, CL_INVALID_EVENT_WAIT_LIST) }
+    unsafe {
+        rt::encode_handles(
+            w,
+            list,
+            n as usize,
+            HandleKind::Event,
+            CL_INVALID_EVENT_WAIT_LIST,
+        )
+    }
 }
 
 /// Allocates the id of the event an enqueue returns (0: the application wants none).

@@ -2,7 +2,13 @@ use super::*;
 use std::ffi::{c_char, CStr};
 use wormhole_protocol::{Op, Reader};
 
-pub unsafe extern "C" fn clCreateProgramWithSource(context: Handle, count: u32, strings: *const *const c_char, lengths: *const usize, errcode_ret: *mut i32) -> Handle {
+pub unsafe extern "C" fn clCreateProgramWithSource(
+    context: Handle,
+    count: u32,
+    strings: *const *const c_char,
+    lengths: *const usize,
+    errcode_ret: *mut i32,
+) -> Handle {
     rt::entry_handle(errcode_ret, || {
         // SAFETY: the application's handle.
         let ctx = unsafe { obj(context, HandleKind::Context) }?;
@@ -20,10 +26,20 @@ pub unsafe extern "C" fn clCreateProgramWithSource(context: Handle, count: u32, 
             if s.is_null() {
                 return Err(ClErr(CL_INVALID_VALUE));
             }
-            // SAFETY: as above; a zero length means NUL-terminated.
-            let len = if lengths.is_null() { 0 } else { unsafe { *lengths.add(i) } };
-            // SAFETY: the string has `len` bytes, or is NUL-terminated.
-            let bytes = if len == 0 { unsafe { CStr::from_ptr(s) }.to_bytes() } else { unsafe { std::slice::from_raw_parts(s as *const u8, len) } };
+            let len = if lengths.is_null() {
+                0
+            } else {
+                // SAFETY: `lengths` holds `count` entries.
+                unsafe { *lengths.add(i) }
+            };
+            // A zero length means NUL-terminated.
+            let bytes = if len == 0 {
+                // SAFETY: per the API, a NUL-terminated string.
+                unsafe { CStr::from_ptr(s) }.to_bytes()
+            } else {
+                // SAFETY: per the API, `len` bytes.
+                unsafe { std::slice::from_raw_parts(s as *const u8, len) }
+            };
             w.bytes(bytes);
         }
         let reply = rt::call(w)?;
@@ -34,7 +50,15 @@ pub unsafe extern "C" fn clCreateProgramWithSource(context: Handle, count: u32, 
     })
 }
 
-pub unsafe extern "C" fn clCreateProgramWithBinary(context: Handle, num_devices: u32, device_list: *const Handle, lengths: *const usize, binaries: *const *const u8, binary_status: *mut i32, errcode_ret: *mut i32) -> Handle {
+pub unsafe extern "C" fn clCreateProgramWithBinary(
+    context: Handle,
+    num_devices: u32,
+    device_list: *const Handle,
+    lengths: *const usize,
+    binaries: *const *const u8,
+    binary_status: *mut i32,
+    errcode_ret: *mut i32,
+) -> Handle {
     rt::entry_handle(errcode_ret, || {
         // SAFETY: the application's handle.
         let ctx = unsafe { obj(context, HandleKind::Context) }?;
@@ -47,7 +71,15 @@ pub unsafe extern "C" fn clCreateProgramWithBinary(context: Handle, num_devices:
         w.u64(new_id);
         w.u64(ctx.id);
         // SAFETY: `device_list` holds `n` devices.
-        unsafe { rt::encode_handles(&mut w, device_list, n, HandleKind::Device, CL_INVALID_DEVICE) }?;
+        unsafe {
+            rt::encode_handles(
+                &mut w,
+                device_list,
+                n,
+                HandleKind::Device,
+                CL_INVALID_DEVICE,
+            )
+        }?;
         w.u32(num_devices);
         for i in 0..n {
             // SAFETY: `lengths` and `binaries` hold `n` entries.

@@ -11,7 +11,13 @@ use wormhole_protocol::{Op, Reader};
 const READ_INLINE: u8 = 0;
 
 /// Sends a read and puts its data where `scatter` says (now, or at the next sync point).
-fn finish_read(w: Writer, read_id: u64, event: *mut Handle, ev_id: u64, scatter: Scatter) -> Result<i32, ClErr> {
+fn finish_read(
+    w: Writer,
+    read_id: u64,
+    event: *mut Handle,
+    ev_id: u64,
+    scatter: Scatter,
+) -> Result<i32, ClErr> {
     let reply = rt::call(w)?;
     let mut r = Reader::new(&reply);
     let st = r.i32()?;
@@ -44,10 +50,25 @@ fn finish_write(w: Writer, event: *mut Handle, ev_id: u64, blocking: u32) -> Res
     Ok(st)
 }
 
-pub unsafe extern "C" fn clEnqueueReadBuffer(queue: Handle, buffer: Handle, blocking: u32, offset: usize, size: usize, ptr: *mut c_void, n: u32, list: *const Handle, event: *mut Handle) -> i32 {
+pub unsafe extern "C" fn clEnqueueReadBuffer(
+    queue: Handle,
+    buffer: Handle,
+    blocking: u32,
+    offset: usize,
+    size: usize,
+    ptr: *mut c_void,
+    n: u32,
+    list: *const Handle,
+    event: *mut Handle,
+) -> i32 {
     rt::entry_status(|| {
         // SAFETY: the application's handles and lists.
-        let (q, b) = unsafe { (obj(queue, HandleKind::Queue)?, obj(buffer, HandleKind::Mem)?) };
+        let (q, b) = unsafe {
+            (
+                obj(queue, HandleKind::Queue)?,
+                obj(buffer, HandleKind::Mem)?,
+            )
+        };
         if ptr.is_null() {
             return Err(ClErr(CL_INVALID_VALUE));
         }
@@ -63,14 +84,35 @@ pub unsafe extern "C" fn clEnqueueReadBuffer(queue: Handle, buffer: Handle, bloc
         let read_id = rt::alloc_id();
         w.u64(ev_id);
         w.u64(read_id);
-        finish_read(w, read_id, event, ev_id, Scatter::Plain { dst: ptr as usize })
+        finish_read(
+            w,
+            read_id,
+            event,
+            ev_id,
+            Scatter::Plain { dst: ptr as usize },
+        )
     })
 }
 
-pub unsafe extern "C" fn clEnqueueWriteBuffer(queue: Handle, buffer: Handle, blocking: u32, offset: usize, size: usize, ptr: *const c_void, n: u32, list: *const Handle, event: *mut Handle) -> i32 {
+pub unsafe extern "C" fn clEnqueueWriteBuffer(
+    queue: Handle,
+    buffer: Handle,
+    blocking: u32,
+    offset: usize,
+    size: usize,
+    ptr: *const c_void,
+    n: u32,
+    list: *const Handle,
+    event: *mut Handle,
+) -> i32 {
     rt::entry_status(|| {
         // SAFETY: the application's handles and lists.
-        let (q, b) = unsafe { (obj(queue, HandleKind::Queue)?, obj(buffer, HandleKind::Mem)?) };
+        let (q, b) = unsafe {
+            (
+                obj(queue, HandleKind::Queue)?,
+                obj(buffer, HandleKind::Mem)?,
+            )
+        };
         let mut w = rt::request(Op::clEnqueueWriteBuffer);
         w.u64(q.id);
         w.u64(b.id);
@@ -78,7 +120,9 @@ pub unsafe extern "C" fn clEnqueueWriteBuffer(queue: Handle, buffer: Handle, blo
         w.usize(offset);
         w.usize(size);
         // SAFETY: the application promises `size` readable bytes at `ptr`.
-        w.opt_bytes((!ptr.is_null()).then(|| unsafe { std::slice::from_raw_parts(ptr as *const u8, size) }));
+        w.opt_bytes(
+            (!ptr.is_null()).then(|| unsafe { std::slice::from_raw_parts(ptr as *const u8, size) }),
+        );
         // SAFETY: as above.
         unsafe { wait_list(&mut w, n, list) }?;
         let ev_id = event_id(event);
@@ -93,9 +137,23 @@ fn rows_of(span: &Span, region: [usize; 3], elem: usize) -> Vec<(usize, usize)> 
     rows
 }
 
-unsafe fn rect_common(w: &mut Writer, queue: Handle, buffer: Handle, blocking: u32, bo: *const usize, ho: *const usize, rg: *const usize, pitches: [usize; 4]) -> Result<(Span, [usize; 3]), ClErr> {
+unsafe fn rect_common(
+    w: &mut Writer,
+    queue: Handle,
+    buffer: Handle,
+    blocking: u32,
+    bo: *const usize,
+    ho: *const usize,
+    rg: *const usize,
+    pitches: [usize; 4],
+) -> Result<(Span, [usize; 3]), ClErr> {
     // SAFETY: the application's handles and triples.
-    let (q, b) = unsafe { (obj(queue, HandleKind::Queue)?, obj(buffer, HandleKind::Mem)?) };
+    let (q, b) = unsafe {
+        (
+            obj(queue, HandleKind::Queue)?,
+            obj(buffer, HandleKind::Mem)?,
+        )
+    };
     // SAFETY: as above.
     let (bo, ho, rg) = unsafe { (triple(bo)?, triple(ho)?, triple(rg)?) };
     let span = rect_span(ho, rg, pitches[2], pitches[3], 1).ok_or(ClErr(CL_INVALID_VALUE))?;
@@ -111,14 +169,40 @@ unsafe fn rect_common(w: &mut Writer, queue: Handle, buffer: Handle, blocking: u
     Ok((span, rg))
 }
 
-pub unsafe extern "C" fn clEnqueueReadBufferRect(queue: Handle, buffer: Handle, blocking: u32, buffer_origin: *const usize, host_origin: *const usize, region: *const usize, brp: usize, bsp: usize, hrp: usize, hsp: usize, ptr: *mut c_void, n: u32, list: *const Handle, event: *mut Handle) -> i32 {
+pub unsafe extern "C" fn clEnqueueReadBufferRect(
+    queue: Handle,
+    buffer: Handle,
+    blocking: u32,
+    buffer_origin: *const usize,
+    host_origin: *const usize,
+    region: *const usize,
+    brp: usize,
+    bsp: usize,
+    hrp: usize,
+    hsp: usize,
+    ptr: *mut c_void,
+    n: u32,
+    list: *const Handle,
+    event: *mut Handle,
+) -> i32 {
     rt::entry_status(|| {
         if ptr.is_null() {
             return Err(ClErr(CL_INVALID_VALUE));
         }
         let mut w = rt::request(Op::clEnqueueReadBufferRect);
         // SAFETY: the application's arguments.
-        let (span, rg) = unsafe { rect_common(&mut w, queue, buffer, blocking, buffer_origin, host_origin, region, [brp, bsp, hrp, hsp]) }?;
+        let (span, rg) = unsafe {
+            rect_common(
+                &mut w,
+                queue,
+                buffer,
+                blocking,
+                buffer_origin,
+                host_origin,
+                region,
+                [brp, bsp, hrp, hsp],
+            )
+        }?;
         // SAFETY: as above.
         unsafe { wait_list(&mut w, n, list) }?;
         let ev_id = event_id(event);
@@ -126,20 +210,57 @@ pub unsafe extern "C" fn clEnqueueReadBufferRect(queue: Handle, buffer: Handle, 
         w.u64(ev_id);
         w.u64(read_id);
         let dst = ptr as usize + span.start;
-        finish_read(w, read_id, event, ev_id, Scatter::Rows { dst, rows: rows_of(&span, rg, 1) })
+        finish_read(
+            w,
+            read_id,
+            event,
+            ev_id,
+            Scatter::Rows {
+                dst,
+                rows: rows_of(&span, rg, 1),
+            },
+        )
     })
 }
 
-pub unsafe extern "C" fn clEnqueueWriteBufferRect(queue: Handle, buffer: Handle, blocking: u32, buffer_origin: *const usize, host_origin: *const usize, region: *const usize, brp: usize, bsp: usize, hrp: usize, hsp: usize, ptr: *const c_void, n: u32, list: *const Handle, event: *mut Handle) -> i32 {
+pub unsafe extern "C" fn clEnqueueWriteBufferRect(
+    queue: Handle,
+    buffer: Handle,
+    blocking: u32,
+    buffer_origin: *const usize,
+    host_origin: *const usize,
+    region: *const usize,
+    brp: usize,
+    bsp: usize,
+    hrp: usize,
+    hsp: usize,
+    ptr: *const c_void,
+    n: u32,
+    list: *const Handle,
+    event: *mut Handle,
+) -> i32 {
     rt::entry_status(|| {
         if ptr.is_null() {
             return Err(ClErr(CL_INVALID_VALUE));
         }
         let mut w = rt::request(Op::clEnqueueWriteBufferRect);
         // SAFETY: the application's arguments.
-        let (span, _) = unsafe { rect_common(&mut w, queue, buffer, blocking, buffer_origin, host_origin, region, [brp, bsp, hrp, hsp]) }?;
+        let (span, _) = unsafe {
+            rect_common(
+                &mut w,
+                queue,
+                buffer,
+                blocking,
+                buffer_origin,
+                host_origin,
+                region,
+                [brp, bsp, hrp, hsp],
+            )
+        }?;
         // SAFETY: the rect's host footprint lies in the application's memory.
-        w.bytes(unsafe { std::slice::from_raw_parts((ptr as *const u8).add(span.start), span.len) });
+        w.bytes(unsafe {
+            std::slice::from_raw_parts((ptr as *const u8).add(span.start), span.len)
+        });
         // SAFETY: as above.
         unsafe { wait_list(&mut w, n, list) }?;
         let ev_id = event_id(event);
@@ -159,22 +280,44 @@ fn image_meta(image: Handle, o: &objects::ClObject) -> Result<(u32, usize), ClEr
     let mut ty = 0u32;
     // SAFETY: valid handle and local outputs of the sizes passed.
     unsafe {
-        let st = crate::generated::wire_clGetImageInfo(image, CL_IMAGE_ELEMENT_SIZE, 8, &mut elem as *mut usize as *mut c_void, std::ptr::null_mut());
+        let st = crate::generated::wire_clGetImageInfo(
+            image,
+            CL_IMAGE_ELEMENT_SIZE,
+            8,
+            &mut elem as *mut usize as *mut c_void,
+            std::ptr::null_mut(),
+        );
         if st != CL_SUCCESS {
             return Err(ClErr(st));
         }
-        crate::generated::wire_clGetMemObjectInfo(image, CL_MEM_TYPE, 4, &mut ty as *mut u32 as *mut c_void, std::ptr::null_mut());
+        crate::generated::wire_clGetMemObjectInfo(
+            image,
+            CL_MEM_TYPE,
+            4,
+            &mut ty as *mut u32 as *mut c_void,
+            std::ptr::null_mut(),
+        );
     }
     Ok((ty, elem))
 }
 
-unsafe fn image_common(w: &mut Writer, queue: Handle, image: Handle, blocking: u32, origin: *const usize, region: *const usize, row_pitch: usize, slice_pitch: usize) -> Result<(Span, [usize; 3], usize), ClErr> {
+unsafe fn image_common(
+    w: &mut Writer,
+    queue: Handle,
+    image: Handle,
+    blocking: u32,
+    origin: *const usize,
+    region: *const usize,
+    row_pitch: usize,
+    slice_pitch: usize,
+) -> Result<(Span, [usize; 3], usize), ClErr> {
     // SAFETY: the application's handles and triples.
     let (q, i) = unsafe { (obj(queue, HandleKind::Queue)?, obj(image, HandleKind::Mem)?) };
     // SAFETY: as above.
     let (origin, region) = unsafe { (triple(origin)?, triple(region)?) };
     let (ty, elem) = image_meta(image, i)?;
-    let (span, rows) = image_span(ty, region, row_pitch, slice_pitch, elem).ok_or(ClErr(CL_INVALID_VALUE))?;
+    let (span, rows) =
+        image_span(ty, region, row_pitch, slice_pitch, elem).ok_or(ClErr(CL_INVALID_VALUE))?;
     w.u64(q.id);
     w.u64(i.id);
     w.u32(blocking);
@@ -185,32 +328,87 @@ unsafe fn image_common(w: &mut Writer, queue: Handle, image: Handle, blocking: u
     Ok((span, rows, elem))
 }
 
-pub unsafe extern "C" fn clEnqueueReadImage(queue: Handle, image: Handle, blocking: u32, origin: *const usize, region: *const usize, row_pitch: usize, slice_pitch: usize, ptr: *mut c_void, n: u32, list: *const Handle, event: *mut Handle) -> i32 {
+pub unsafe extern "C" fn clEnqueueReadImage(
+    queue: Handle,
+    image: Handle,
+    blocking: u32,
+    origin: *const usize,
+    region: *const usize,
+    row_pitch: usize,
+    slice_pitch: usize,
+    ptr: *mut c_void,
+    n: u32,
+    list: *const Handle,
+    event: *mut Handle,
+) -> i32 {
     rt::entry_status(|| {
         if ptr.is_null() {
             return Err(ClErr(CL_INVALID_VALUE));
         }
         let mut w = rt::request(Op::clEnqueueReadImage);
         // SAFETY: the application's arguments.
-        let (span, rows, elem) = unsafe { image_common(&mut w, queue, image, blocking, origin, region, row_pitch, slice_pitch) }?;
+        let (span, rows, elem) = unsafe {
+            image_common(
+                &mut w,
+                queue,
+                image,
+                blocking,
+                origin,
+                region,
+                row_pitch,
+                slice_pitch,
+            )
+        }?;
         // SAFETY: as above.
         unsafe { wait_list(&mut w, n, list) }?;
         let ev_id = event_id(event);
         let read_id = rt::alloc_id();
         w.u64(ev_id);
         w.u64(read_id);
-        finish_read(w, read_id, event, ev_id, Scatter::Rows { dst: ptr as usize, rows: rows_of(&span, rows, elem) })
+        finish_read(
+            w,
+            read_id,
+            event,
+            ev_id,
+            Scatter::Rows {
+                dst: ptr as usize,
+                rows: rows_of(&span, rows, elem),
+            },
+        )
     })
 }
 
-pub unsafe extern "C" fn clEnqueueWriteImage(queue: Handle, image: Handle, blocking: u32, origin: *const usize, region: *const usize, row_pitch: usize, slice_pitch: usize, ptr: *const c_void, n: u32, list: *const Handle, event: *mut Handle) -> i32 {
+pub unsafe extern "C" fn clEnqueueWriteImage(
+    queue: Handle,
+    image: Handle,
+    blocking: u32,
+    origin: *const usize,
+    region: *const usize,
+    row_pitch: usize,
+    slice_pitch: usize,
+    ptr: *const c_void,
+    n: u32,
+    list: *const Handle,
+    event: *mut Handle,
+) -> i32 {
     rt::entry_status(|| {
         if ptr.is_null() {
             return Err(ClErr(CL_INVALID_VALUE));
         }
         let mut w = rt::request(Op::clEnqueueWriteImage);
         // SAFETY: the application's arguments.
-        let (span, _, _) = unsafe { image_common(&mut w, queue, image, blocking, origin, region, row_pitch, slice_pitch) }?;
+        let (span, _, _) = unsafe {
+            image_common(
+                &mut w,
+                queue,
+                image,
+                blocking,
+                origin,
+                region,
+                row_pitch,
+                slice_pitch,
+            )
+        }?;
         // SAFETY: the image region's host footprint lies in the application's memory.
         w.bytes(unsafe { std::slice::from_raw_parts(ptr as *const u8, span.len) });
         // SAFETY: as above.
@@ -235,7 +433,15 @@ static MAPS: Mutex<Vec<MapEntry>> = Mutex::new(Vec::new());
 
 /// Finishes a map: the data goes to the application's host memory (USE_HOST_PTR buffers) or to
 /// fresh memory the client owns until the unmap.
-fn finish_map(w: Writer, o: &objects::ClObject, offset: usize, flags: u64, token: u64, event: *mut Handle, ev_id: u64) -> Result<(*mut c_void, [usize; 2]), ClErr> {
+fn finish_map(
+    w: Writer,
+    o: &objects::ClObject,
+    offset: usize,
+    flags: u64,
+    token: u64,
+    event: *mut Handle,
+    ev_id: u64,
+) -> Result<(*mut c_void, [usize; 2]), ClErr> {
     let reply = rt::call(w)?;
     let mut r = Reader::new(&reply);
     let st = r.i32()?;
@@ -245,11 +451,14 @@ fn finish_map(w: Writer, o: &objects::ClObject, offset: usize, flags: u64, token
     let pitches = [r.usize()?, r.usize()?];
     let data = r.bytes()?;
     let len = data.len();
-    let use_host = o.mem.filter(|m| m.flags & CL_MEM_USE_HOST_PTR != 0 && m.host_ptr != 0 && m.image.is_none());
+    let use_host = o
+        .mem
+        .filter(|m| m.flags & CL_MEM_USE_HOST_PTR != 0 && m.host_ptr != 0 && m.image.is_none());
     let (ptr, owned) = match use_host {
         Some(m) => ((m.host_ptr + offset) as *mut u8, None),
         None => {
-            let layout = Layout::from_size_align(len.max(1), 128).map_err(|_| ClErr(CL_OUT_OF_HOST_MEMORY))?;
+            let layout = Layout::from_size_align(len.max(1), 128)
+                .map_err(|_| ClErr(CL_OUT_OF_HOST_MEMORY))?;
             // SAFETY: non-zero size.
             let p = unsafe { std::alloc::alloc_zeroed(layout) };
             if p.is_null() {
@@ -263,17 +472,42 @@ fn finish_map(w: Writer, o: &objects::ClObject, offset: usize, flags: u64, token
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr, len) };
     }
     let writes = flags & (CL_MAP_WRITE | CL_MAP_WRITE_INVALIDATE_REGION) != 0;
-    MAPS.lock().unwrap_or_else(|p| p.into_inner()).push(MapEntry { ptr: ptr as usize, mem_id: o.id, token, len: if len == 0 { 0 } else { len }, writes, owned });
+    MAPS.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(MapEntry {
+            ptr: ptr as usize,
+            mem_id: o.id,
+            token,
+            len: if len == 0 { 0 } else { len },
+            writes,
+            owned,
+        });
     // SAFETY: the application's `cl_event *` or NULL.
     unsafe { set_event(event, ev_id) };
     rt::after_sync();
     Ok((ptr as *mut c_void, pitches))
 }
 
-pub unsafe extern "C" fn clEnqueueMapBuffer(queue: Handle, buffer: Handle, blocking: u32, flags: u64, offset: usize, size: usize, n: u32, list: *const Handle, event: *mut Handle, errcode_ret: *mut i32) -> *mut c_void {
+pub unsafe extern "C" fn clEnqueueMapBuffer(
+    queue: Handle,
+    buffer: Handle,
+    blocking: u32,
+    flags: u64,
+    offset: usize,
+    size: usize,
+    n: u32,
+    list: *const Handle,
+    event: *mut Handle,
+    errcode_ret: *mut i32,
+) -> *mut c_void {
     rt::entry_handle(errcode_ret, || {
         // SAFETY: the application's handles.
-        let (q, b) = unsafe { (obj(queue, HandleKind::Queue)?, obj(buffer, HandleKind::Mem)?) };
+        let (q, b) = unsafe {
+            (
+                obj(queue, HandleKind::Queue)?,
+                obj(buffer, HandleKind::Mem)?,
+            )
+        };
         let mut w = rt::request(Op::clEnqueueMapBuffer);
         w.u64(q.id);
         w.u64(b.id);
@@ -291,7 +525,20 @@ pub unsafe extern "C" fn clEnqueueMapBuffer(queue: Handle, buffer: Handle, block
     })
 }
 
-pub unsafe extern "C" fn clEnqueueMapImage(queue: Handle, image: Handle, blocking: u32, flags: u64, origin: *const usize, region: *const usize, row_pitch: *mut usize, slice_pitch: *mut usize, n: u32, list: *const Handle, event: *mut Handle, errcode_ret: *mut i32) -> *mut c_void {
+pub unsafe extern "C" fn clEnqueueMapImage(
+    queue: Handle,
+    image: Handle,
+    blocking: u32,
+    flags: u64,
+    origin: *const usize,
+    region: *const usize,
+    row_pitch: *mut usize,
+    slice_pitch: *mut usize,
+    n: u32,
+    list: *const Handle,
+    event: *mut Handle,
+    errcode_ret: *mut i32,
+) -> *mut c_void {
     rt::entry_handle(errcode_ret, || {
         // SAFETY: the application's handles and triples.
         let (q, i) = unsafe { (obj(queue, HandleKind::Queue)?, obj(image, HandleKind::Mem)?) };
@@ -325,13 +572,28 @@ pub unsafe extern "C" fn clEnqueueMapImage(queue: Handle, image: Handle, blockin
     })
 }
 
-pub unsafe extern "C" fn clEnqueueUnmapMemObject(queue: Handle, memobj: Handle, mapped: *mut c_void, n: u32, list: *const Handle, event: *mut Handle) -> i32 {
+pub unsafe extern "C" fn clEnqueueUnmapMemObject(
+    queue: Handle,
+    memobj: Handle,
+    mapped: *mut c_void,
+    n: u32,
+    list: *const Handle,
+    event: *mut Handle,
+) -> i32 {
     rt::entry_status(|| {
         // SAFETY: the application's handles.
-        let (q, m) = unsafe { (obj(queue, HandleKind::Queue)?, obj(memobj, HandleKind::Mem)?) };
+        let (q, m) = unsafe {
+            (
+                obj(queue, HandleKind::Queue)?,
+                obj(memobj, HandleKind::Mem)?,
+            )
+        };
         let entry = {
             let mut maps = MAPS.lock().unwrap_or_else(|p| p.into_inner());
-            let i = maps.iter().position(|e| e.ptr == mapped as usize && e.mem_id == m.id).ok_or(ClErr(CL_INVALID_VALUE))?;
+            let i = maps
+                .iter()
+                .position(|e| e.ptr == mapped as usize && e.mem_id == m.id)
+                .ok_or(ClErr(CL_INVALID_VALUE))?;
             maps.swap_remove(i)
         };
         let mut w = rt::request(Op::clEnqueueUnmapMemObject);
@@ -339,7 +601,11 @@ pub unsafe extern "C" fn clEnqueueUnmapMemObject(queue: Handle, memobj: Handle, 
         w.u64(m.id);
         w.u64(entry.token);
         // SAFETY: the mapped range holds `len` bytes the application may have written.
-        w.opt_bytes(entry.writes.then(|| unsafe { std::slice::from_raw_parts(entry.ptr as *const u8, entry.len) }));
+        w.opt_bytes(
+            entry
+                .writes
+                .then(|| unsafe { std::slice::from_raw_parts(entry.ptr as *const u8, entry.len) }),
+        );
         let res = (|| {
             // SAFETY: as above.
             unsafe { wait_list(&mut w, n, list) }?;

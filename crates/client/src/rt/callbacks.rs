@@ -21,7 +21,18 @@ pub fn register(kind: CallbackKind, f: *const c_void, user_data: *mut c_void) ->
         return 0;
     }
     let id = alloc_id();
-    TABLE.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashMap::new).insert(id, Entry { kind, f: f as usize, user_data: user_data as usize });
+    TABLE
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .insert(
+            id,
+            Entry {
+                kind,
+                f: f as usize,
+                user_data: user_data as usize,
+            },
+        );
     id
 }
 
@@ -41,7 +52,11 @@ pub fn deliver(body: &[u8]) {
         let Some(t) = t.as_mut() else { return };
         // Context notifications may come many times; every other callback fires once.
         if kind == CallbackKind::ContextNotify as u8 {
-            t.get(&id).map(|e| Entry { kind: e.kind, f: e.f, user_data: e.user_data })
+            t.get(&id).map(|e| Entry {
+                kind: e.kind,
+                f: e.f,
+                user_data: e.user_data,
+            })
         } else {
             t.remove(&id)
         }
@@ -60,7 +75,14 @@ pub fn deliver(body: &[u8]) {
             // SAFETY: `f` is the application's function of this signature.
             let f: ContextFn = unsafe { std::mem::transmute::<usize, ContextFn>(e.f) };
             // SAFETY: arguments as the API specifies; the buffers outlive the call.
-            unsafe { f(info.as_ptr(), private.as_ptr() as *const c_void, private.len(), ud) };
+            unsafe {
+                f(
+                    info.as_ptr(),
+                    private.as_ptr() as *const c_void,
+                    private.len(),
+                    ud,
+                )
+            };
         }
         CallbackKind::ProgramNotify => {
             // clLinkProgram's callback may overtake the reply that creates the program's

@@ -35,7 +35,13 @@ pub fn entry_status(f: impl FnOnce() -> Result<i32, ClErr>) -> i32 {
 }
 
 /// Runs an entry point that returns an object and reports through `errcode_ret`.
-pub fn entry_handle(errcode_ret: *mut i32, f: impl FnOnce() -> Result<*mut c_void, ClErr>) -> *mut c_void {
+// `errcode_ret` comes straight from the application's call, which OpenCL requires to be a valid
+// `cl_int *` or NULL; every caller is itself an `unsafe extern "C"` entry point.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
+pub fn entry_handle(
+    errcode_ret: *mut i32,
+    f: impl FnOnce() -> Result<*mut c_void, ClErr>,
+) -> *mut c_void {
     let (h, code) = match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(h)) => (h, CL_SUCCESS),
         Ok(Err(ClErr(code))) => (std::ptr::null_mut(), code),
@@ -59,7 +65,9 @@ pub fn call(w: Writer) -> Result<Vec<u8>, ClErr> {
 }
 
 pub fn log_unsupported(what: &str) {
-    connection::log(&format!("{what} is not forwarded by Wormhole; returning CL_INVALID_OPERATION"));
+    connection::log(&format!(
+        "{what} is not forwarded by Wormhole; returning CL_INVALID_OPERATION"
+    ));
 }
 
 /// The id of an application handle. NULL travels as 0 (the server's driver then reports what
@@ -73,14 +81,22 @@ pub unsafe fn id_of(h: *mut c_void, kind: HandleKind, _nullable: bool) -> Result
         return Ok(0);
     }
     // SAFETY: per the contract.
-    unsafe { objects::get(h, kind) }.map(|o| o.id).ok_or(ClErr(kind.invalid_code()))
+    unsafe { objects::get(h, kind) }
+        .map(|o| o.id)
+        .ok_or(ClErr(kind.invalid_code()))
 }
 
 /// Encodes an array of `count` handles (absent when the pointer is NULL).
 ///
 /// # Safety
 /// `list` must be NULL or point to `count` handles.
-pub unsafe fn encode_handles(w: &mut Writer, list: *const *mut c_void, count: usize, kind: HandleKind, code: i32) -> Result<(), ClErr> {
+pub unsafe fn encode_handles(
+    w: &mut Writer,
+    list: *const *mut c_void,
+    count: usize,
+    kind: HandleKind,
+    code: i32,
+) -> Result<(), ClErr> {
     if list.is_null() {
         w.opt_u64s(None);
         return Ok(());
@@ -136,7 +152,11 @@ pub unsafe fn cstr_in<'a>(p: *const c_char) -> Option<&'a [u8]> {
 
 /// # Safety
 /// `p` must be NULL or point to `count` strings (each NULL or NUL-terminated).
-pub unsafe fn encode_strs(w: &mut Writer, p: *const *const c_char, count: usize) -> Result<(), ClErr> {
+pub unsafe fn encode_strs(
+    w: &mut Writer,
+    p: *const *const c_char,
+    count: usize,
+) -> Result<(), ClErr> {
     w.bool(!p.is_null());
     if p.is_null() {
         return Ok(());
@@ -170,7 +190,12 @@ pub unsafe fn copy_out(r: &mut Reader<'_>, dst: *mut u8, cap: Option<usize>) -> 
 ///
 /// # Safety
 /// `dst` must point to `cap` writable handles.
-pub unsafe fn read_handles(r: &mut Reader<'_>, dst: *mut *mut c_void, cap: usize, kind: HandleKind) -> Result<(), ClErr> {
+pub unsafe fn read_handles(
+    r: &mut Reader<'_>,
+    dst: *mut *mut c_void,
+    cap: usize,
+    kind: HandleKind,
+) -> Result<(), ClErr> {
     let n = r.u32()? as usize;
     for i in 0..n {
         let id = r.u64()?;

@@ -11,7 +11,10 @@ pub enum Scatter {
     /// Contiguous bytes at `dst`.
     Plain { dst: usize },
     /// Rows of `row_bytes` at `dst + offset` for each offset (rect and image reads).
-    Rows { dst: usize, rows: Vec<(usize, usize)> },
+    Rows {
+        dst: usize,
+        rows: Vec<(usize, usize)>,
+    },
 }
 
 // SAFETY: the addresses are the application's buffers, handed to OpenCL for this read.
@@ -20,7 +23,10 @@ unsafe impl Send for Scatter {}
 static PENDING: Mutex<Vec<(u64, Scatter)>> = Mutex::new(Vec::new());
 
 pub fn defer(read_id: u64, s: Scatter) {
-    PENDING.lock().unwrap_or_else(|p| p.into_inner()).push((read_id, s));
+    PENDING
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push((read_id, s));
 }
 
 /// Writes `data` where the read wanted it.
@@ -30,12 +36,20 @@ pub fn defer(read_id: u64, s: Scatter) {
 pub unsafe fn scatter(s: &Scatter, data: &[u8]) {
     match s {
         // SAFETY: the application's buffer holds the read's size, which is data.len().
-        Scatter::Plain { dst } => unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), *dst as *mut u8, data.len()) },
+        Scatter::Plain { dst } => unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), *dst as *mut u8, data.len())
+        },
         Scatter::Rows { dst, rows } => {
             for (off, n) in rows {
                 if off + n <= data.len() {
                     // SAFETY: the row lies inside the read's host footprint.
-                    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().add(*off), (*dst + *off) as *mut u8, *n) };
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            data.as_ptr().add(*off),
+                            (*dst + *off) as *mut u8,
+                            *n,
+                        )
+                    };
                 }
             }
         }
@@ -61,14 +75,18 @@ pub fn collect() {
     let mut r = Reader::new(&reply);
     let Ok(n) = r.u32() else { return };
     for _ in 0..n {
-        let (Ok(id), Ok(state)) = (r.u64(), r.u8()) else { return };
+        let (Ok(id), Ok(state)) = (r.u64(), r.u8()) else {
+            return;
+        };
         let data = if state == 1 { r.bytes().ok() } else { None };
         if state == 0 {
             continue;
         }
         let entry = {
             let mut p = PENDING.lock().unwrap_or_else(|p| p.into_inner());
-            p.iter().position(|(i, _)| *i == id).map(|i| p.swap_remove(i))
+            p.iter()
+                .position(|(i, _)| *i == id)
+                .map(|i| p.swap_remove(i))
         };
         if let (Some((_, s)), Some(d)) = (entry, data) {
             // SAFETY: the scatter was recorded for exactly this read.

@@ -41,7 +41,8 @@ pub unsafe fn encode(w: &mut Writer, kind: Props, p: *const u64) -> Result<(), C
             }
             Props::Context if key == CL_CONTEXT_PLATFORM => {
                 // SAFETY: the value is a platform handle the application got from OpenCL.
-                let id = unsafe { id_of(at(i + 1) as *mut c_void, HandleKind::Platform, false) }.map_err(|_| ClErr(CL_INVALID_PLATFORM))?;
+                let id = unsafe { id_of(at(i + 1) as *mut c_void, HandleKind::Platform, false) }
+                    .map_err(|_| ClErr(CL_INVALID_PLATFORM))?;
                 words.push(id);
             }
             _ => words.push(at(i + 1)),

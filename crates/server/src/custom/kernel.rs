@@ -26,7 +26,13 @@ pub fn clSetKernelArg(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result
     let run = || -> Result<i32, i32> {
         let kernel = s.resolve(kernel, HandleKind::Kernel, false)?;
         crate::rt::check_slot(kernel, wormhole_protocol::Op::clSetKernelArg)?;
-        let mut obj: Handle = std::ptr::null_mut();
+        // A handle argument is passed as a pointer to the real object, which must outlive the call.
+        let obj: Handle = match handle {
+            Some((kind, id)) => s
+                .resolve(id, kind, true)
+                .map_err(|_| CL_INVALID_ARG_VALUE)?,
+            None => std::ptr::null_mut(),
+        };
         let value: *const c_void = match (bytes, handle) {
             (Some(b), _) => {
                 if b.len() != size {
@@ -34,10 +40,7 @@ pub fn clSetKernelArg(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result
                 }
                 b.as_ptr() as *const c_void
             }
-            (_, Some((kind, id))) => {
-                obj = s.resolve(id, kind, true).map_err(|_| CL_INVALID_ARG_VALUE)?;
-                &obj as *const Handle as *const c_void
-            }
+            (_, Some(_)) => &obj as *const Handle as *const c_void,
             _ => std::ptr::null(),
         };
         // SAFETY: `value` points to `size` readable bytes (checked above) or to a local handle.

@@ -40,7 +40,11 @@ impl Drop for Shadow {
 /// The host pointer to pass the driver: the client's data (copied, or shadowed for
 /// USE_HOST_PTR), a dummy non-null pointer when the client passed one without data (the driver
 /// then reports the native error for the flags), or NULL.
-fn host_ptr(flags: u64, nonnull: bool, data: Option<&[u8]>) -> Result<(*mut c_void, Option<Shadow>), i32> {
+fn host_ptr(
+    flags: u64,
+    nonnull: bool,
+    data: Option<&[u8]>,
+) -> Result<(*mut c_void, Option<Shadow>), i32> {
     static DUMMY: [u8; 8] = [0; 8];
     match data {
         Some(d) if flags & CL_MEM_USE_HOST_PTR != 0 => {
@@ -59,10 +63,19 @@ fn keep_shadow(mem: Handle, shadow: Option<Shadow>) {
     }
 }
 
-fn create_buffer(s: &Session, r: &mut Reader<'_>, w: &mut Writer, with_props: bool) -> Result<(), DecodeError> {
+fn create_buffer(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+    with_props: bool,
+) -> Result<(), DecodeError> {
     let new_id = r.u64()?;
     let context = r.u64()?;
-    let props = if with_props { crate::props::decode(r, wormhole_protocol::Props::Plain)? } else { None };
+    let props = if with_props {
+        crate::props::decode(r, wormhole_protocol::Props::Plain)?
+    } else {
+        None
+    };
     let flags = r.u64()?;
     let size = r.usize()?;
     let nonnull = r.bool()?;
@@ -81,7 +94,16 @@ fn create_buffer(s: &Session, r: &mut Reader<'_>, w: &mut Writer, with_props: bo
         // SAFETY: `hp` is NULL, a dummy, or `size` bytes of data; props end with 0.
         let mem = unsafe {
             if with_props {
-                ffi::clCreateBufferWithProperties(context, props.as_ref().map_or(std::ptr::null_mut(), |p| p.as_ptr() as *mut c_void), flags, size, hp, &mut err)
+                ffi::clCreateBufferWithProperties(
+                    context,
+                    props
+                        .as_ref()
+                        .map_or(std::ptr::null_mut(), |p| p.as_ptr() as *mut c_void),
+                    flags,
+                    size,
+                    hp,
+                    &mut err,
+                )
             } else {
                 ffi::clCreateBuffer(context, flags, size, hp, &mut err)
             }
@@ -100,7 +122,11 @@ pub fn clCreateBuffer(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result
     create_buffer(s, r, w, false)
 }
 
-pub fn clCreateBufferWithProperties(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
+pub fn clCreateBufferWithProperties(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
     create_buffer(s, r, w, true)
 }
 
@@ -126,9 +152,26 @@ fn create_image(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), D
     let context = r.u64()?;
     let props = crate::props::decode(r, wormhole_protocol::Props::Plain)?;
     let flags = r.u64()?;
-    let format = if r.bool()? { Some([r.u32()?, r.u32()?]) } else { None };
+    let format = if r.bool()? {
+        Some([r.u32()?, r.u32()?])
+    } else {
+        None
+    };
     let desc = if r.bool()? {
-        Some((r.u32()?, [r.usize()?, r.usize()?, r.usize()?, r.usize()?, r.usize()?, r.usize()?], r.u32()?, r.u32()?, r.u64()?))
+        Some((
+            r.u32()?,
+            [
+                r.usize()?,
+                r.usize()?,
+                r.usize()?,
+                r.usize()?,
+                r.usize()?,
+                r.usize()?,
+            ],
+            r.u32()?,
+            r.u32()?,
+            r.u64()?,
+        ))
     } else {
         None
     };
@@ -149,19 +192,33 @@ fn create_image(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), D
                 slice_pitch: d[5],
                 num_mip_levels,
                 num_samples,
-                mem_object: s.resolve(buf, HandleKind::Mem, true).map_err(|_| CL_INVALID_IMAGE_DESCRIPTOR)?,
+                mem_object: s
+                    .resolve(buf, HandleKind::Mem, true)
+                    .map_err(|_| CL_INVALID_IMAGE_DESCRIPTOR)?,
             }),
             None => None,
         };
         let (hp, shadow) = host_ptr(flags, nonnull, data)?;
-        let fmt_ptr = format.as_ref().map_or(std::ptr::null_mut(), |f| f.as_ptr() as *mut c_void);
-        let desc_ptr = desc.as_ref().map_or(std::ptr::null_mut(), |d| d as *const ImageDesc as *mut c_void);
+        let fmt_ptr = format
+            .as_ref()
+            .map_or(std::ptr::null_mut(), |f| f.as_ptr() as *mut c_void);
+        let desc_ptr = desc.as_ref().map_or(std::ptr::null_mut(), |d| {
+            d as *const ImageDesc as *mut c_void
+        });
         let mut err = CL_SUCCESS;
         // SAFETY: format and descriptor are local structs of the C layout; `hp` as in buffers
         // (the client sent the bytes the descriptor implies).
         let mem = unsafe {
             match &props {
-                Some(p) => ffi::clCreateImageWithProperties(context, p.as_ptr() as *mut c_void, flags, fmt_ptr, desc_ptr, hp, &mut err),
+                Some(p) => ffi::clCreateImageWithProperties(
+                    context,
+                    p.as_ptr() as *mut c_void,
+                    flags,
+                    fmt_ptr,
+                    desc_ptr,
+                    hp,
+                    &mut err,
+                ),
                 None => ffi::clCreateImage(context, flags, fmt_ptr, desc_ptr, hp, &mut err),
             }
         };
@@ -178,7 +235,11 @@ fn create_image(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), D
 pub fn clCreateImage(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
     create_image(s, r, w)
 }
-pub fn clCreateImageWithProperties(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
+pub fn clCreateImageWithProperties(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
     create_image(s, r, w)
 }
 pub fn clCreateImage2D(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {

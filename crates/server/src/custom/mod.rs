@@ -27,7 +27,12 @@ impl WaitList {
 
     pub fn resolve(&self, s: &Session) -> Result<(u32, Option<Vec<Handle>>), i32> {
         let n = self.0.as_ref().map_or(0, |v| v.len());
-        let list = s.resolve_list(self.0.as_deref(), n, HandleKind::Event, wormhole_protocol::cl::CL_INVALID_EVENT_WAIT_LIST)?;
+        let list = s.resolve_list(
+            self.0.as_deref(),
+            n,
+            HandleKind::Event,
+            wormhole_protocol::cl::CL_INVALID_EVENT_WAIT_LIST,
+        )?;
         Ok((n as u32, list))
     }
 }

@@ -5,7 +5,11 @@ use wormhole_protocol::{cl::*, Writer};
 
 const MAX_PARTS: usize = 1 << 16;
 
-pub fn clCreateProgramWithSource(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
+pub fn clCreateProgramWithSource(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
     let new_id = r.u64()?;
     let context = r.u64()?;
     let count = r.u32()? as usize;
@@ -22,8 +26,22 @@ pub fn clCreateProgramWithSource(s: &Session, r: &mut Reader<'_>, w: &mut Writer
         let lens: Vec<usize> = parts.iter().map(|p| p.len()).collect();
         let mut err = CL_SUCCESS;
         // SAFETY: `count` strings with explicit lengths, all borrowed from the request.
-        let p = unsafe { ffi::clCreateProgramWithSource(context, count as u32, ptrs.as_ptr() as *mut c_void, lens.as_ptr() as *mut c_void, &mut err) };
-        w.i32(crate::rt::bind_created(s, new_id, HandleKind::Program, p, err));
+        let p = unsafe {
+            ffi::clCreateProgramWithSource(
+                context,
+                count as u32,
+                ptrs.as_ptr() as *mut c_void,
+                lens.as_ptr() as *mut c_void,
+                &mut err,
+            )
+        };
+        w.i32(crate::rt::bind_created(
+            s,
+            new_id,
+            HandleKind::Program,
+            p,
+            err,
+        ));
         Ok(())
     };
     if let Err(e) = run() {
@@ -32,7 +50,11 @@ pub fn clCreateProgramWithSource(s: &Session, r: &mut Reader<'_>, w: &mut Writer
     Ok(())
 }
 
-pub fn clCreateProgramWithBinary(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
+pub fn clCreateProgramWithBinary(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
     let new_id = r.u64()?;
     let context = r.u64()?;
     let devices = r.opt_u64s()?;
@@ -61,11 +83,21 @@ pub fn clCreateProgramWithBinary(s: &Session, r: &mut Reader<'_>, w: &mut Writer
                 list_ptr(&devs) as *mut c_void,
                 lens.as_ptr() as *mut c_void,
                 ptrs.as_ptr() as *mut c_void,
-                if want_status && count >= n { statuses.as_mut_ptr() as *mut c_void } else { std::ptr::null_mut() },
+                if want_status && count >= n {
+                    statuses.as_mut_ptr() as *mut c_void
+                } else {
+                    std::ptr::null_mut()
+                },
                 &mut err,
             )
         };
-        Ok(crate::rt::bind_created(s, new_id, HandleKind::Program, p, err))
+        Ok(crate::rt::bind_created(
+            s,
+            new_id,
+            HandleKind::Program,
+            p,
+            err,
+        ))
     };
     let status = run(&mut statuses).unwrap_or_else(|e| e);
     w.i32(status);

@@ -28,7 +28,10 @@ impl EventOut {
         if id != 0 {
             s.check_new_id(id)?;
         }
-        Ok(EventOut { id, ev: std::ptr::null_mut() })
+        Ok(EventOut {
+            id,
+            ev: std::ptr::null_mut(),
+        })
     }
     /// The pointer to hand the driver; `force` asks for an event even if the client wants none.
     fn ptr(&mut self, force: bool) -> *mut Handle {
@@ -56,7 +59,10 @@ struct Target {
 }
 
 fn target(s: &Session, queue: u64, mem: u64) -> Result<Target, i32> {
-    Ok(Target { queue: s.resolve(queue, HandleKind::Queue, false)?, mem: s.resolve(mem, HandleKind::Mem, false)? })
+    Ok(Target {
+        queue: s.resolve(queue, HandleKind::Queue, false)?,
+        mem: s.resolve(mem, HandleKind::Mem, false)?,
+    })
 }
 
 type ReadCall<'a> = dyn Fn(u32, *mut c_void, u32, *const Handle, *mut Handle) -> i32 + 'a;
@@ -64,7 +70,16 @@ type ReadCall<'a> = dyn Fn(u32, *mut c_void, u32, *const Handle, *mut Handle) ->
 /// The common part of every read: blocking reads go straight into the reply, non-blocking ones
 /// into a staging buffer kept under `read_id`.
 #[allow(clippy::too_many_arguments)]
-fn read_common(s: &Session, w: &mut Writer, blocking: u32, wl: &WaitList, event_id: u64, read_id: u64, len: usize, call: &ReadCall<'_>) -> Result<(), i32> {
+fn read_common(
+    s: &Session,
+    w: &mut Writer,
+    blocking: u32,
+    wl: &WaitList,
+    event_id: u64,
+    read_id: u64,
+    len: usize,
+    call: &ReadCall<'_>,
+) -> Result<(), i32> {
     if len > MAX_TRANSFER {
         return Err(CL_OUT_OF_RESOURCES);
     }
@@ -75,7 +90,13 @@ fn read_common(s: &Session, w: &mut Writer, blocking: u32, wl: &WaitList, event_
         w.i32(CL_SUCCESS);
         w.u8(READ_INLINE);
         let buf = w.bytes_in_place(len);
-        let st = call(CL_TRUE, buf.as_mut_ptr() as *mut c_void, n, list_ptr(&list), ev.ptr(false));
+        let st = call(
+            CL_TRUE,
+            buf.as_mut_ptr() as *mut c_void,
+            n,
+            list_ptr(&list),
+            ev.ptr(false),
+        );
         if st != CL_SUCCESS {
             w.rewind(mark);
             return Err(st);
@@ -85,12 +106,21 @@ fn read_common(s: &Session, w: &mut Writer, blocking: u32, wl: &WaitList, event_
         return Ok(());
     }
     let mut data = vec![0u8; len];
-    let st = call(CL_FALSE, data.as_mut_ptr() as *mut c_void, n, list_ptr(&list), ev.ptr(true));
+    let st = call(
+        CL_FALSE,
+        data.as_mut_ptr() as *mut c_void,
+        n,
+        list_ptr(&list),
+        ev.ptr(true),
+    );
     if st != CL_SUCCESS {
         return Err(st);
     }
     let event = ev.finish(s);
-    s.pending_reads.lock().unwrap_or_else(|p| p.into_inner()).insert(read_id, PendingRead { data, event });
+    s.pending_reads
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(read_id, PendingRead { data, event });
     w.i32(CL_SUCCESS);
     w.u8(READ_DEFERRED);
     Ok(())
@@ -106,18 +136,37 @@ fn release_own(_event_id: u64, ev: Handle) {
 
 type WriteCall<'a> = dyn Fn(u32, *const c_void, u32, *const Handle, *mut Handle) -> i32 + 'a;
 
-fn write_common(s: &Session, blocking: u32, wl: &WaitList, event_id: u64, data: &[u8], call: &WriteCall<'_>) -> Result<i32, i32> {
+fn write_common(
+    s: &Session,
+    blocking: u32,
+    wl: &WaitList,
+    event_id: u64,
+    data: &[u8],
+    call: &WriteCall<'_>,
+) -> Result<i32, i32> {
     let (n, list) = wl.resolve(s)?;
     let mut ev = EventOut::new(s, event_id)?;
     if blocking != 0 {
-        let st = call(CL_TRUE, data.as_ptr() as *const c_void, n, list_ptr(&list), ev.ptr(false));
+        let st = call(
+            CL_TRUE,
+            data.as_ptr() as *const c_void,
+            n,
+            list_ptr(&list),
+            ev.ptr(false),
+        );
         if st == CL_SUCCESS {
             release_own(event_id, ev.finish(s));
         }
         return Ok(st);
     }
     let staging = data.to_vec();
-    let st = call(CL_FALSE, staging.as_ptr() as *const c_void, n, list_ptr(&list), ev.ptr(true));
+    let st = call(
+        CL_FALSE,
+        staging.as_ptr() as *const c_void,
+        n,
+        list_ptr(&list),
+        ev.ptr(true),
+    );
     if st != CL_SUCCESS {
         return Ok(st);
     }
@@ -128,17 +177,43 @@ fn write_common(s: &Session, blocking: u32, wl: &WaitList, event_id: u64, data: 
     Ok(CL_SUCCESS)
 }
 
-pub fn clEnqueueReadBuffer(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
-    let (queue, mem, blocking, offset, size) = (r.u64()?, r.u64()?, r.u32()?, r.usize()?, r.usize()?);
+pub fn clEnqueueReadBuffer(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let (queue, mem, blocking, offset, size) =
+        (r.u64()?, r.u64()?, r.u32()?, r.usize()?, r.usize()?);
     let wl = WaitList::decode(r)?;
     let (event_id, read_id) = (r.u64()?, r.u64()?);
     r.finish()?;
     let run = |w: &mut Writer| -> Result<(), i32> {
         let t = target(s, queue, mem)?;
-        read_common(s, w, blocking, &wl, event_id, read_id, size, &|b, p, n, l, e| {
-            // SAFETY: `p` holds `size` bytes; list and event pointers come from read_common.
-            unsafe { ffi::clEnqueueReadBuffer(t.queue, t.mem, b, offset, size, p, n, l as *mut c_void, e as *mut c_void) }
-        })
+        read_common(
+            s,
+            w,
+            blocking,
+            &wl,
+            event_id,
+            read_id,
+            size,
+            &|b, p, n, l, e| {
+                // SAFETY: `p` holds `size` bytes; list and event pointers come from read_common.
+                unsafe {
+                    ffi::clEnqueueReadBuffer(
+                        t.queue,
+                        t.mem,
+                        b,
+                        offset,
+                        size,
+                        p,
+                        n,
+                        l as *mut c_void,
+                        e as *mut c_void,
+                    )
+                }
+            },
+        )
     };
     if let Err(e) = run(w) {
         w.i32(e);
@@ -146,8 +221,13 @@ pub fn clEnqueueReadBuffer(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> R
     Ok(())
 }
 
-pub fn clEnqueueWriteBuffer(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
-    let (queue, mem, blocking, offset, size) = (r.u64()?, r.u64()?, r.u32()?, r.usize()?, r.usize()?);
+pub fn clEnqueueWriteBuffer(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let (queue, mem, blocking, offset, size) =
+        (r.u64()?, r.u64()?, r.u32()?, r.usize()?, r.usize()?);
     let data = r.opt_bytes_ref()?;
     let wl = WaitList::decode(r)?;
     let event_id = r.u64()?;
@@ -162,12 +242,36 @@ pub fn clEnqueueWriteBuffer(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> 
                 let mut ev: Handle = std::ptr::null_mut();
                 let (n, list) = wl.resolve(s)?;
                 // SAFETY: a NULL host pointer is rejected by the driver before any access.
-                return Ok(unsafe { ffi::clEnqueueWriteBuffer(t.queue, t.mem, blocking, offset, size, std::ptr::null_mut(), n, list_ptr(&list) as *mut c_void, &mut ev as *mut Handle as *mut c_void) });
+                return Ok(unsafe {
+                    ffi::clEnqueueWriteBuffer(
+                        t.queue,
+                        t.mem,
+                        blocking,
+                        offset,
+                        size,
+                        std::ptr::null_mut(),
+                        n,
+                        list_ptr(&list) as *mut c_void,
+                        &mut ev as *mut Handle as *mut c_void,
+                    )
+                });
             }
         };
         write_common(s, blocking, &wl, event_id, data, &|b, p, n, l, e| {
             // SAFETY: `p` holds `size` bytes that live until the write completes.
-            unsafe { ffi::clEnqueueWriteBuffer(t.queue, t.mem, b, offset, size, p as *mut c_void, n, l as *mut c_void, e as *mut c_void) }
+            unsafe {
+                ffi::clEnqueueWriteBuffer(
+                    t.queue,
+                    t.mem,
+                    b,
+                    offset,
+                    size,
+                    p as *mut c_void,
+                    n,
+                    l as *mut c_void,
+                    e as *mut c_void,
+                )
+            }
         })
     };
     w.i32(run().unwrap_or_else(|e| e));
@@ -185,10 +289,21 @@ fn rect_args(r: &mut Reader<'_>) -> Result<(RectArgs, [usize; 3]), DecodeError> 
     let host_origin = triple(r)?;
     let region = triple(r)?;
     let pitches = [r.usize()?, r.usize()?, r.usize()?, r.usize()?];
-    Ok((RectArgs { buffer_origin, region, pitches }, host_origin))
+    Ok((
+        RectArgs {
+            buffer_origin,
+            region,
+            pitches,
+        },
+        host_origin,
+    ))
 }
 
-pub fn clEnqueueReadBufferRect(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
+pub fn clEnqueueReadBufferRect(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
     let (queue, mem, blocking) = (r.u64()?, r.u64()?, r.u32()?);
     let (a, host_origin) = rect_args(r)?;
     let wl = WaitList::decode(r)?;
@@ -196,15 +311,40 @@ pub fn clEnqueueReadBufferRect(s: &Session, r: &mut Reader<'_>, w: &mut Writer) 
     r.finish()?;
     let run = |w: &mut Writer| -> Result<(), i32> {
         let t = target(s, queue, mem)?;
-        let span = rect_span(host_origin, a.region, a.pitches[2], a.pitches[3], 1).ok_or(CL_INVALID_VALUE)?;
-        read_common(s, w, blocking, &wl, event_id, read_id, span.len, &|b, p, n, l, e| {
-            let zero = [0usize; 3];
-            // SAFETY: `p` holds span.len bytes: the footprint of `region` from host origin 0
-            // with the span's pitches.
-            unsafe {
-                ffi::clEnqueueReadBufferRect(t.queue, t.mem, b, a.buffer_origin.as_ptr() as *mut c_void, zero.as_ptr() as *mut c_void, a.region.as_ptr() as *mut c_void, a.pitches[0], a.pitches[1], span.row, span.slice, p, n, l as *mut c_void, e as *mut c_void)
-            }
-        })
+        let span = rect_span(host_origin, a.region, a.pitches[2], a.pitches[3], 1)
+            .ok_or(CL_INVALID_VALUE)?;
+        read_common(
+            s,
+            w,
+            blocking,
+            &wl,
+            event_id,
+            read_id,
+            span.len,
+            &|b, p, n, l, e| {
+                let zero = [0usize; 3];
+                // SAFETY: `p` holds span.len bytes: the footprint of `region` from host origin 0
+                // with the span's pitches.
+                unsafe {
+                    ffi::clEnqueueReadBufferRect(
+                        t.queue,
+                        t.mem,
+                        b,
+                        a.buffer_origin.as_ptr() as *mut c_void,
+                        zero.as_ptr() as *mut c_void,
+                        a.region.as_ptr() as *mut c_void,
+                        a.pitches[0],
+                        a.pitches[1],
+                        span.row,
+                        span.slice,
+                        p,
+                        n,
+                        l as *mut c_void,
+                        e as *mut c_void,
+                    )
+                }
+            },
+        )
     };
     if let Err(e) = run(w) {
         w.i32(e);
@@ -212,7 +352,11 @@ pub fn clEnqueueReadBufferRect(s: &Session, r: &mut Reader<'_>, w: &mut Writer) 
     Ok(())
 }
 
-pub fn clEnqueueWriteBufferRect(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
+pub fn clEnqueueWriteBufferRect(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
     let (queue, mem, blocking) = (r.u64()?, r.u64()?, r.u32()?);
     let (a, host_origin) = rect_args(r)?;
     let data = r.bytes()?;
@@ -221,7 +365,8 @@ pub fn clEnqueueWriteBufferRect(s: &Session, r: &mut Reader<'_>, w: &mut Writer)
     r.finish()?;
     let run = || -> Result<i32, i32> {
         let t = target(s, queue, mem)?;
-        let span = rect_span(host_origin, a.region, a.pitches[2], a.pitches[3], 1).ok_or(CL_INVALID_VALUE)?;
+        let span = rect_span(host_origin, a.region, a.pitches[2], a.pitches[3], 1)
+            .ok_or(CL_INVALID_VALUE)?;
         if data.len() != span.len {
             return Err(CL_INVALID_VALUE);
         }
@@ -229,7 +374,22 @@ pub fn clEnqueueWriteBufferRect(s: &Session, r: &mut Reader<'_>, w: &mut Writer)
             let zero = [0usize; 3];
             // SAFETY: `p` holds the span's bytes, as for reads.
             unsafe {
-                ffi::clEnqueueWriteBufferRect(t.queue, t.mem, b, a.buffer_origin.as_ptr() as *mut c_void, zero.as_ptr() as *mut c_void, a.region.as_ptr() as *mut c_void, a.pitches[0], a.pitches[1], span.row, span.slice, p as *mut c_void, n, l as *mut c_void, e as *mut c_void)
+                ffi::clEnqueueWriteBufferRect(
+                    t.queue,
+                    t.mem,
+                    b,
+                    a.buffer_origin.as_ptr() as *mut c_void,
+                    zero.as_ptr() as *mut c_void,
+                    a.region.as_ptr() as *mut c_void,
+                    a.pitches[0],
+                    a.pitches[1],
+                    span.row,
+                    span.slice,
+                    p as *mut c_void,
+                    n,
+                    l as *mut c_void,
+                    e as *mut c_void,
+                )
             }
         })
     };
@@ -243,16 +403,36 @@ fn image_info(img: Handle) -> Result<(usize, u32), i32> {
     let mut ty = 0u32;
     // SAFETY: live memory object; outputs are locals of the sizes passed.
     unsafe {
-        let st = ffi::clGetImageInfo(img, CL_IMAGE_ELEMENT_SIZE, 8, &mut elem as *mut usize as *mut c_void, std::ptr::null_mut());
+        let st = ffi::clGetImageInfo(
+            img,
+            CL_IMAGE_ELEMENT_SIZE,
+            8,
+            &mut elem as *mut usize as *mut c_void,
+            std::ptr::null_mut(),
+        );
         if st != CL_SUCCESS {
-            return Err(if st == CL_INVALID_MEM_OBJECT { st } else { CL_INVALID_MEM_OBJECT });
+            return Err(if st == CL_INVALID_MEM_OBJECT {
+                st
+            } else {
+                CL_INVALID_MEM_OBJECT
+            });
         }
-        ffi::clGetMemObjectInfo(img, CL_MEM_TYPE, 4, &mut ty as *mut u32 as *mut c_void, std::ptr::null_mut());
+        ffi::clGetMemObjectInfo(
+            img,
+            CL_MEM_TYPE,
+            4,
+            &mut ty as *mut u32 as *mut c_void,
+            std::ptr::null_mut(),
+        );
     }
     Ok((elem, ty))
 }
 
-pub fn clEnqueueReadImage(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
+pub fn clEnqueueReadImage(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
     let (queue, mem, blocking) = (r.u64()?, r.u64()?, r.u32()?);
     let (origin, region) = (triple(r)?, triple(r)?);
     let (row_pitch, slice_pitch) = (r.usize()?, r.usize()?);
@@ -262,11 +442,35 @@ pub fn clEnqueueReadImage(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Re
     let run = |w: &mut Writer| -> Result<(), i32> {
         let t = target(s, queue, mem)?;
         let (elem, ty) = image_info(t.mem)?;
-        let (span, _) = image_span(ty, region, row_pitch, slice_pitch, elem).ok_or(CL_INVALID_VALUE)?;
-        read_common(s, w, blocking, &wl, event_id, read_id, span.len, &|b, p, n, l, e| {
-            // SAFETY: `p` holds the region's host footprint with the pitches passed.
-            unsafe { ffi::clEnqueueReadImage(t.queue, t.mem, b, origin.as_ptr() as *mut c_void, region.as_ptr() as *mut c_void, row_pitch, slice_pitch, p, n, l as *mut c_void, e as *mut c_void) }
-        })
+        let (span, _) =
+            image_span(ty, region, row_pitch, slice_pitch, elem).ok_or(CL_INVALID_VALUE)?;
+        read_common(
+            s,
+            w,
+            blocking,
+            &wl,
+            event_id,
+            read_id,
+            span.len,
+            &|b, p, n, l, e| {
+                // SAFETY: `p` holds the region's host footprint with the pitches passed.
+                unsafe {
+                    ffi::clEnqueueReadImage(
+                        t.queue,
+                        t.mem,
+                        b,
+                        origin.as_ptr() as *mut c_void,
+                        region.as_ptr() as *mut c_void,
+                        row_pitch,
+                        slice_pitch,
+                        p,
+                        n,
+                        l as *mut c_void,
+                        e as *mut c_void,
+                    )
+                }
+            },
+        )
     };
     if let Err(e) = run(w) {
         w.i32(e);
@@ -274,7 +478,11 @@ pub fn clEnqueueReadImage(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Re
     Ok(())
 }
 
-pub fn clEnqueueWriteImage(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
+pub fn clEnqueueWriteImage(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
     let (queue, mem, blocking) = (r.u64()?, r.u64()?, r.u32()?);
     let (origin, region) = (triple(r)?, triple(r)?);
     let (row_pitch, slice_pitch) = (r.usize()?, r.usize()?);
@@ -285,13 +493,28 @@ pub fn clEnqueueWriteImage(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> R
     let run = || -> Result<i32, i32> {
         let t = target(s, queue, mem)?;
         let (elem, ty) = image_info(t.mem)?;
-        let (span, _) = image_span(ty, region, row_pitch, slice_pitch, elem).ok_or(CL_INVALID_VALUE)?;
+        let (span, _) =
+            image_span(ty, region, row_pitch, slice_pitch, elem).ok_or(CL_INVALID_VALUE)?;
         if data.len() != span.len {
             return Err(CL_INVALID_VALUE);
         }
         write_common(s, blocking, &wl, event_id, data, &|b, p, n, l, e| {
             // SAFETY: `p` holds the region's host footprint.
-            unsafe { ffi::clEnqueueWriteImage(t.queue, t.mem, b, origin.as_ptr() as *mut c_void, region.as_ptr() as *mut c_void, row_pitch, slice_pitch, p as *mut c_void, n, l as *mut c_void, e as *mut c_void) }
+            unsafe {
+                ffi::clEnqueueWriteImage(
+                    t.queue,
+                    t.mem,
+                    b,
+                    origin.as_ptr() as *mut c_void,
+                    region.as_ptr() as *mut c_void,
+                    row_pitch,
+                    slice_pitch,
+                    p as *mut c_void,
+                    n,
+                    l as *mut c_void,
+                    e as *mut c_void,
+                )
+            }
         })
     };
     w.i32(run().unwrap_or_else(|e| e));
@@ -300,7 +523,21 @@ pub fn clEnqueueWriteImage(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> R
 
 /// Maps on the server (always blocking, so the data can travel now), remembers the mapping
 /// under the client's token and sends the mapped bytes unless the map invalidates them.
-fn map_common(s: &Session, w: &mut Writer, flags: u64, token: u64, mem: Handle, wl: &WaitList, event_id: u64, call: &dyn Fn(u32, *const Handle, *mut Handle, &mut i32) -> (*mut c_void, usize, [usize; 2])) -> Result<(), i32> {
+/// Maps with (wait count, wait list, event out, errcode) and returns (pointer, bytes, pitches).
+type MapCall<'a> =
+    dyn Fn(u32, *const Handle, *mut Handle, &mut i32) -> (*mut c_void, usize, [usize; 2]) + 'a;
+
+#[allow(clippy::too_many_arguments)]
+fn map_common(
+    s: &Session,
+    w: &mut Writer,
+    flags: u64,
+    token: u64,
+    mem: Handle,
+    wl: &WaitList,
+    event_id: u64,
+    call: &MapCall<'_>,
+) -> Result<(), i32> {
     let (n, list) = wl.resolve(s)?;
     let mut ev = EventOut::new(s, event_id)?;
     let mut err = CL_SUCCESS;
@@ -312,7 +549,10 @@ fn map_common(s: &Session, w: &mut Writer, flags: u64, token: u64, mem: Handle, 
         return Err(CL_OUT_OF_RESOURCES);
     }
     release_own(event_id, ev.finish(s));
-    s.mappings.lock().unwrap_or_else(|p| p.into_inner()).insert(token, Mapping { mem, ptr, len });
+    s.mappings
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(token, Mapping { mem, ptr, len });
     w.i32(CL_SUCCESS);
     w.u64(pitches[0] as u64);
     w.u64(pitches[1] as u64);
@@ -325,8 +565,19 @@ fn map_common(s: &Session, w: &mut Writer, flags: u64, token: u64, mem: Handle, 
     Ok(())
 }
 
-pub fn clEnqueueMapBuffer(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
-    let (queue, mem, _blocking, flags, offset, size) = (r.u64()?, r.u64()?, r.u32()?, r.u64()?, r.usize()?, r.usize()?);
+pub fn clEnqueueMapBuffer(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let (queue, mem, _blocking, flags, offset, size) = (
+        r.u64()?,
+        r.u64()?,
+        r.u32()?,
+        r.u64()?,
+        r.usize()?,
+        r.usize()?,
+    );
     let wl = WaitList::decode(r)?;
     let (event_id, token) = (r.u64()?, r.u64()?);
     r.finish()?;
@@ -337,7 +588,20 @@ pub fn clEnqueueMapBuffer(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Re
         }
         map_common(s, w, flags, token, t.mem, &wl, event_id, &|n, l, e, err| {
             // SAFETY: plain blocking map; list and event pointers come from map_common.
-            let p = unsafe { ffi::clEnqueueMapBuffer(t.queue, t.mem, CL_TRUE, flags, offset, size, n, l as *mut c_void, e as *mut c_void, err) };
+            let p = unsafe {
+                ffi::clEnqueueMapBuffer(
+                    t.queue,
+                    t.mem,
+                    CL_TRUE,
+                    flags,
+                    offset,
+                    size,
+                    n,
+                    l as *mut c_void,
+                    e as *mut c_void,
+                    err,
+                )
+            };
             (p, size, [0, 0])
         })
     };
@@ -347,7 +611,11 @@ pub fn clEnqueueMapBuffer(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Re
     Ok(())
 }
 
-pub fn clEnqueueMapImage(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
+pub fn clEnqueueMapImage(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
     let (queue, mem, _blocking, flags) = (r.u64()?, r.u64()?, r.u32()?, r.u64()?);
     let (origin, region) = (triple(r)?, triple(r)?);
     let wl = WaitList::decode(r)?;
@@ -360,7 +628,22 @@ pub fn clEnqueueMapImage(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Res
             let mut row = 0usize;
             let mut slice = 0usize;
             // SAFETY: plain blocking map; pitches are locals.
-            let p = unsafe { ffi::clEnqueueMapImage(t.queue, t.mem, CL_TRUE, flags, origin.as_ptr() as *mut c_void, region.as_ptr() as *mut c_void, &mut row as *mut usize as *mut c_void, &mut slice as *mut usize as *mut c_void, n, l as *mut c_void, e as *mut c_void, err) };
+            let p = unsafe {
+                ffi::clEnqueueMapImage(
+                    t.queue,
+                    t.mem,
+                    CL_TRUE,
+                    flags,
+                    origin.as_ptr() as *mut c_void,
+                    region.as_ptr() as *mut c_void,
+                    &mut row as *mut usize as *mut c_void,
+                    &mut slice as *mut usize as *mut c_void,
+                    n,
+                    l as *mut c_void,
+                    e as *mut c_void,
+                    err,
+                )
+            };
             let len = image_span(ty, region, row, slice, elem).map_or(0, |(s, _)| s.len);
             (p, len, [row, slice])
         })
@@ -371,7 +654,11 @@ pub fn clEnqueueMapImage(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Res
     Ok(())
 }
 
-pub fn clEnqueueUnmapMemObject(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
+pub fn clEnqueueUnmapMemObject(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
     let (queue, mem, token) = (r.u64()?, r.u64()?, r.u64()?);
     let data = r.opt_bytes_ref()?;
     let wl = WaitList::decode(r)?;
@@ -380,9 +667,17 @@ pub fn clEnqueueUnmapMemObject(s: &Session, r: &mut Reader<'_>, w: &mut Writer) 
     let run = || -> Result<i32, i32> {
         let t = target(s, queue, mem)?;
         let (n, list) = wl.resolve(s)?;
-        let m = s.mappings.lock().unwrap_or_else(|p| p.into_inner()).remove(&token).ok_or(CL_INVALID_VALUE)?;
+        let m = s
+            .mappings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&token)
+            .ok_or(CL_INVALID_VALUE)?;
         if m.mem != t.mem {
-            s.mappings.lock().unwrap_or_else(|p| p.into_inner()).insert(token, m);
+            s.mappings
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(token, m);
             return Err(CL_INVALID_VALUE);
         }
         if let Some(d) = data {
@@ -394,7 +689,16 @@ pub fn clEnqueueUnmapMemObject(s: &Session, r: &mut Reader<'_>, w: &mut Writer) 
         }
         let mut ev = EventOut::new(s, event_id)?;
         // SAFETY: unmapping what the driver mapped for this memory object.
-        let st = unsafe { ffi::clEnqueueUnmapMemObject(t.queue, t.mem, m.ptr, n, list_ptr(&list) as *mut c_void, ev.ptr(false) as *mut c_void) };
+        let st = unsafe {
+            ffi::clEnqueueUnmapMemObject(
+                t.queue,
+                t.mem,
+                m.ptr,
+                n,
+                list_ptr(&list) as *mut c_void,
+                ev.ptr(false) as *mut c_void,
+            )
+        };
         if st == CL_SUCCESS {
             release_own(event_id, ev.finish(s));
         }
@@ -420,7 +724,15 @@ pub fn collect(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), De
         let status = pending.get(&id).map(|p| {
             let mut st: i32 = 1;
             // SAFETY: a live event we hold a reference to; the output is a local i32.
-            unsafe { ffi::clGetEventInfo(p.event, CL_EVENT_COMMAND_EXECUTION_STATUS, 4, &mut st as *mut i32 as *mut c_void, std::ptr::null_mut()) };
+            unsafe {
+                ffi::clGetEventInfo(
+                    p.event,
+                    CL_EVENT_COMMAND_EXECUTION_STATUS,
+                    4,
+                    &mut st as *mut i32 as *mut c_void,
+                    std::ptr::null_mut(),
+                )
+            };
             st
         });
         match status {

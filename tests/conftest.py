@@ -5,13 +5,15 @@ import json
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 import time
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-WH = ROOT / "target" / "release" / "wh"
+# WORMHOLE_WH lets a developer run the tests against another build (e.g. target/debug/wh).
+WH = pathlib.Path(os.environ.get("WORMHOLE_WH", ROOT / "target" / "release" / "wh"))
 C_DIR = ROOT / "tests" / "c"
 
 
@@ -30,9 +32,10 @@ def c_programs(tmp_path_factory):
 class Server:
     """`wh serve` on a private socket, in its own process group (workers included)."""
 
-    def __init__(self, tmp: pathlib.Path, extra_env=None):
+    def __init__(self, tmp: pathlib.Path, extra_env=None, tcp=False):
         self.dir = tmp
         self.socket = str(tmp / "wh.sock")
+        self.tcp = f"127.0.0.1:{free_port()}" if tcp else None
         self.log = tmp / "server.log"
         self.extra_env = extra_env or {}
         self.proc = None
@@ -41,12 +44,14 @@ class Server:
         e = dict(os.environ)
         e.update(self.extra_env)
         e["WORMHOLE_SOCKET"] = self.socket
+        if self.tcp:
+            e["WORMHOLE_SERVER"] = f"tcp://{self.tcp}"
         e.update(kw)
         return e
 
     def start(self):
         self.proc = subprocess.Popen(
-            [str(WH), "serve", "--socket", self.socket],
+            [str(WH), "serve", "--socket", self.socket] + (["--tcp", self.tcp] if self.tcp else []),
             stdout=subprocess.DEVNULL,
             stderr=open(self.log, "w"),
             env=self.env(),
@@ -82,8 +87,23 @@ class Server:
         return sorted(s["worker"] for s in self.status()["sessions"])
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.fixture
 def server(tmp_path):
+    """A server reached over the local shared-memory transport."""
     s = Server(tmp_path).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(params=["shm", "tcp"])
+def any_server(request, tmp_path):
+    """The same server, reached over shared memory and over TCP (loopback)."""
+    s = Server(tmp_path, tcp=request.param == "tcp").start()
     yield s
     s.stop()

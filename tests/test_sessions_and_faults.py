@@ -46,7 +46,8 @@ def test_two_sessions_two_workers(server, c_programs):
 
 
 @pytest.mark.parametrize("victim", ["worker", "whole server"])
-def test_server_death_fails_blocking_call_fast(server, c_programs, victim):
+def test_server_death_fails_blocking_call_fast(any_server, c_programs, victim):
+    server = any_server
     p = start_blocked(server, c_programs)
     (worker,) = wait_for(server.worker_pids)
     t0 = time.monotonic()

@@ -33,6 +33,9 @@ enum Cmd {
         /// Most sessions served at once.
         #[arg(long)]
         max_sessions: Option<usize>,
+        /// Also accept sessions over TCP at this address (e.g. 127.0.0.1:7700).
+        #[arg(long)]
+        tcp: Option<String>,
     },
     /// Run PROGRAM with the OpenCL ICD loader pointed at Wormhole only.
     Run {
@@ -54,6 +57,8 @@ enum Cmd {
         lanes: u32,
         #[arg(long)]
         ring_kib: u64,
+        #[arg(long, default_value = "unix")]
+        transport: String,
     },
 }
 
@@ -119,6 +124,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             config,
             socket,
             max_sessions,
+            tcp,
         } => {
             let mut c = match config {
                 Some(p) => Config::load(&p)?,
@@ -130,14 +136,29 @@ fn run(cli: Cli) -> Result<(), CliError> {
             if let Some(m) = max_sessions {
                 c.max_sessions = m;
             }
+            if tcp.is_some() {
+                c.tcp = tcp;
+            }
             c.validate()?;
             wormhole_server::supervisor::serve(c)?;
             Ok(())
         }
-        Cmd::Worker { lanes, ring_kib } => {
-            // SAFETY: the supervisor hands the session socket as fd 3 and the stats socket as
-            // fd 4 (dup2 before exec); nothing else in this process owns them.
-            let (sock, stats) = unsafe { (UnixStream::from_raw_fd(3), UnixStream::from_raw_fd(4)) };
+        Cmd::Worker {
+            lanes,
+            ring_kib,
+            transport,
+        } => {
+            // SAFETY: the supervisor hands the stats socket as fd 4 (dup2 before exec); nothing
+            // else in this process owns it.
+            let stats = unsafe { UnixStream::from_raw_fd(4) };
+            if transport == "tcp" {
+                // SAFETY: as above, the session's TCP stream is fd 3.
+                let sock = unsafe { std::net::TcpStream::from_raw_fd(3) };
+                wormhole_server::worker::run_tcp(sock, Some(stats), lanes)?;
+                return Ok(());
+            }
+            // SAFETY: as above, the session's Unix socket is fd 3.
+            let sock = unsafe { UnixStream::from_raw_fd(3) };
             let layout = wormhole_transport::Layout {
                 lanes,
                 ring_capacity: ring_kib * 1024,

@@ -1,26 +1,50 @@
-//! The client's session with the server: connect, receive the shared region, map the lanes,
-//! and run the thread that delivers callbacks and notices when the server goes away.
+//! The client's session with the server. Locally: connect to the Unix socket, receive the
+//! shared region, map its lanes, and keep the socket for callbacks and liveness. Remotely
+//! (`WORMHOLE_SERVER=tcp://host:port`): one TCP stream carries every lane's frames, tagged with
+//! the lane, plus callbacks. Either way each application thread uses its own lane.
 
 use std::cell::Cell;
+use std::io::Write;
+use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{mpsc, Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 use wormhole_protocol::{control, FrameHeader, Reader, Writer, API_OPENCL, FLAG_REPLY, VERSION};
+use wormhole_transport::link::read_frame;
 use wormhole_transport::unix::recv_frame_with_fds;
 use wormhole_transport::{FrameLink, FutexWaiter, Region, ShmLink, SpinPolicy, TransportError};
 
-pub struct Lane {
+/// One lane of the shared region.
+pub struct ShmLane {
     link: ShmLink,
     seq: u32,
-    reply: Vec<u8>,
+}
+
+/// One lane of a TCP session: the reply the reader thread handed over, and who waits for it.
+#[derive(Default)]
+struct TcpSlot {
+    busy: Mutex<u32>,
+    reply: Mutex<Option<(FrameHeader, Vec<u8>)>>,
+    ready: Condvar,
+}
+
+enum Transport {
+    Shm {
+        lanes: Vec<Mutex<ShmLane>>,
+        _region: Arc<Region>,
+    },
+    Tcp {
+        writer: Mutex<TcpStream>,
+        slots: Arc<Vec<TcpSlot>>,
+    },
 }
 
 pub struct Connection {
-    lanes: Vec<Mutex<Lane>>,
+    transport: Transport,
+    lanes: usize,
     dead: Arc<AtomicBool>,
     pid: u32,
-    _region: Arc<Region>,
 }
 
 static CONNECTION: OnceLock<Option<Connection>> = OnceLock::new();
@@ -57,7 +81,56 @@ impl std::fmt::Display for ConnectError {
     }
 }
 
+fn hello() -> Vec<u8> {
+    let mut hello = Writer::new(control::HELLO);
+    hello.u8(VERSION);
+    hello.bytes(API_OPENCL.as_bytes());
+    hello.finish(0, 0)
+}
+
+/// Checks the server's first answer: WELCOME (returns its lane count) or REFUSED.
+fn welcome(h: &FrameHeader, body: &[u8]) -> Result<u32, ConnectError> {
+    let mut r = Reader::new(body);
+    match h.opcode {
+        control::WELCOME => {
+            let _session = r.u64();
+            r.u32()
+                .ok()
+                .filter(|n| (1..=1024).contains(n))
+                .ok_or_else(|| ConnectError("malformed WELCOME from the server".into()))
+        }
+        control::REFUSED => {
+            let reason = r
+                .bytes()
+                .map(|b| String::from_utf8_lossy(b).into_owned())
+                .unwrap_or_default();
+            Err(ConnectError(format!(
+                "the server refused the session: {reason}"
+            )))
+        }
+        other => Err(ConnectError(format!(
+            "unexpected answer {other:#06x} from the server"
+        ))),
+    }
+}
+
+// Starting a worker and its OpenCL platform takes a moment; a server that never answers must
+// not hang the application.
+const WELCOME_TIMEOUT: Duration = Duration::from_secs(20);
+
 fn connect() -> Result<Connection, ConnectError> {
+    match std::env::var("WORMHOLE_SERVER") {
+        Ok(s) if !s.is_empty() => match s.strip_prefix("tcp://") {
+            Some(addr) => connect_tcp(addr),
+            None => Err(ConnectError(format!(
+                "WORMHOLE_SERVER={s}: expected tcp://host:port"
+            ))),
+        },
+        _ => connect_local(),
+    }
+}
+
+fn connect_local() -> Result<Connection, ConnectError> {
     let path = wormhole_protocol::default_socket_path();
     let sock = UnixStream::connect(&path).map_err(|e| {
         ConnectError(format!(
@@ -65,35 +138,15 @@ fn connect() -> Result<Connection, ConnectError> {
             path.display()
         ))
     })?;
-    let mut hello = Writer::new(control::HELLO);
-    hello.u8(VERSION);
-    hello.bytes(API_OPENCL.as_bytes());
-    std::io::Write::write_all(&mut &sock, &hello.finish(0, 0))
+    (&sock)
+        .write_all(&hello())
         .map_err(|e| ConnectError(format!("server hung up during HELLO: {e}")))?;
-    // Starting a worker and its OpenCL platform takes a moment; a server that never answers
-    // must not hang the application.
-    sock.set_read_timeout(Some(Duration::from_secs(20))).ok();
+    sock.set_read_timeout(Some(WELCOME_TIMEOUT)).ok();
     let mut body = Vec::new();
     let (h, mut fds) = recv_frame_with_fds(&sock, &mut body)
         .map_err(|e| ConnectError(format!("no answer from the server: {e}")))?;
     sock.set_read_timeout(None).ok();
-    match h.opcode {
-        control::WELCOME => {}
-        control::REFUSED => {
-            let reason = Reader::new(&body)
-                .bytes()
-                .map(|b| String::from_utf8_lossy(b).into_owned())
-                .unwrap_or_default();
-            return Err(ConnectError(format!(
-                "the server refused the session: {reason}"
-            )));
-        }
-        other => {
-            return Err(ConnectError(format!(
-                "unexpected answer {other:#06x} from the server"
-            )))
-        }
-    }
+    welcome(&h, &body)?;
     let fd = fds
         .pop()
         .ok_or_else(|| ConnectError("the server sent no shared region".into()))?;
@@ -105,10 +158,10 @@ fn connect() -> Result<Connection, ConnectError> {
         Arc::new(move || !dead.load(Ordering::Relaxed))
     };
     let waiter = Arc::new(FutexWaiter);
-    let lanes = (0..region.layout().lanes)
+    let lanes: Vec<Mutex<ShmLane>> = (0..region.layout().lanes)
         .map(|i| {
             let (req, rep) = region.lane(i).expect("lane in layout");
-            Mutex::new(Lane {
+            Mutex::new(ShmLane {
                 link: ShmLink::new(
                     req,
                     rep,
@@ -117,40 +170,124 @@ fn connect() -> Result<Connection, ConnectError> {
                     alive.clone(),
                 ),
                 seq: 0,
-                reply: Vec::new(),
             })
         })
         .collect();
+    let n = lanes.len();
     {
         let dead = dead.clone();
         std::thread::Builder::new()
             .name("wormhole-events".into())
-            .spawn(move || events(sock, dead))
+            .spawn(move || {
+                let mut body = Vec::new();
+                loop {
+                    match read_frame(&mut &sock, &mut body) {
+                        Ok(h) if h.opcode == control::CALLBACK => {
+                            crate::rt::callbacks::deliver(&body)
+                        }
+                        Ok(h) => log(&format!(
+                            "ignoring unexpected frame {:#06x} from the server",
+                            h.opcode
+                        )),
+                        Err(_) => break,
+                    }
+                }
+                mark_dead(&dead, || {});
+            })
             .map_err(|e| ConnectError(format!("cannot start the callback thread: {e}")))?;
     }
     Ok(Connection {
-        lanes,
+        transport: Transport::Shm {
+            lanes,
+            _region: region,
+        },
+        lanes: n,
         dead,
         pid: std::process::id(),
-        _region: region,
     })
 }
 
-/// Delivers callbacks until the server closes the session, then marks it dead so every
-/// waiting call fails instead of hanging.
-fn events(sock: UnixStream, dead: Arc<AtomicBool>) {
+fn connect_tcp(addr: &str) -> Result<Connection, ConnectError> {
+    use std::net::ToSocketAddrs;
+    let target = addr
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| ConnectError(format!("cannot resolve {addr}")))?;
+    let sock = TcpStream::connect_timeout(&target, Duration::from_secs(5)).map_err(|e| {
+        ConnectError(format!(
+            "cannot reach the Wormhole server at tcp://{addr} ({e})"
+        ))
+    })?;
+    sock.set_nodelay(true).ok();
+    (&sock)
+        .write_all(&hello())
+        .map_err(|e| ConnectError(format!("server hung up during HELLO: {e}")))?;
+    sock.set_read_timeout(Some(WELCOME_TIMEOUT)).ok();
     let mut body = Vec::new();
-    loop {
-        match wormhole_transport::link::read_frame(&mut &sock, &mut body) {
-            Ok(h) if h.opcode == control::CALLBACK => crate::rt::callbacks::deliver(&body),
-            Ok(h) => log(&format!(
-                "ignoring unexpected frame {:#06x} from the server",
-                h.opcode
-            )),
-            Err(_) => break,
-        }
+    let h = read_frame(&mut &sock, &mut body)
+        .map_err(|e| ConnectError(format!("no answer from the server: {e}")))?;
+    sock.set_read_timeout(None).ok();
+    let n = welcome(&h, &body)? as usize;
+    let slots: Arc<Vec<TcpSlot>> = Arc::new((0..n).map(|_| TcpSlot::default()).collect());
+    let dead = Arc::new(AtomicBool::new(false));
+    let reader = sock
+        .try_clone()
+        .map_err(|e| ConnectError(format!("cannot share the TCP stream: {e}")))?;
+    // Callbacks run on their own thread: they may call OpenCL, whose replies the reader delivers.
+    let (cb_tx, cb_rx) = mpsc::channel::<Vec<u8>>();
+    std::thread::Builder::new()
+        .name("wormhole-callbacks".into())
+        .spawn(move || {
+            for body in cb_rx {
+                crate::rt::callbacks::deliver(&body);
+            }
+        })
+        .map_err(|e| ConnectError(format!("cannot start the callback thread: {e}")))?;
+    {
+        let (dead, slots) = (dead.clone(), slots.clone());
+        std::thread::Builder::new()
+            .name("wormhole-tcp".into())
+            .spawn(move || {
+                let mut reader = std::io::BufReader::with_capacity(1 << 16, reader);
+                loop {
+                    let mut body = Vec::new();
+                    match read_frame(&mut reader, &mut body) {
+                        Ok(h) if h.opcode == control::CALLBACK => {
+                            let _ = cb_tx.send(body);
+                        }
+                        Ok(h) => match slots.get(usize::from(h.lane)) {
+                            Some(slot) => {
+                                *slot.reply.lock().unwrap_or_else(|p| p.into_inner()) =
+                                    Some((h, body));
+                                slot.ready.notify_all();
+                            }
+                            None => {
+                                log("frame for an unknown lane; closing the session");
+                                break;
+                            }
+                        },
+                        Err(_) => break,
+                    }
+                }
+                mark_dead(&dead, || slots.iter().for_each(|s| s.ready.notify_all()));
+            })
+            .map_err(|e| ConnectError(format!("cannot start the TCP reader: {e}")))?;
     }
+    Ok(Connection {
+        transport: Transport::Tcp {
+            writer: Mutex::new(sock),
+            slots,
+        },
+        lanes: n,
+        dead,
+        pid: std::process::id(),
+    })
+}
+
+fn mark_dead(dead: &AtomicBool, wake: impl FnOnce()) {
     dead.store(true, Ordering::SeqCst);
+    wake();
     log("the server closed the session; further OpenCL calls fail with CL_OUT_OF_RESOURCES");
 }
 
@@ -167,38 +304,34 @@ static WARNED: AtomicU32 = AtomicU32::new(0);
 impl Connection {
     /// Sends a request on this thread's lane and returns the reply body.
     pub fn call(&self, w: Writer) -> Result<Vec<u8>, CallError> {
-        self.exchange(w, true).map(|r| r.unwrap_or_default())
-    }
-
-    fn exchange(&self, w: Writer, wait: bool) -> Result<Option<Vec<u8>>, CallError> {
         if self.dead.load(Ordering::Relaxed) || std::process::id() != self.pid {
             return Err(CallError::Unavailable);
         }
         let idx = MY_LANE.with(|l| match l.get() {
             Some(i) => i,
             None => {
-                let i = NEXT_LANE.fetch_add(1, Ordering::Relaxed) % self.lanes.len();
+                let i = NEXT_LANE.fetch_add(1, Ordering::Relaxed) % self.lanes;
                 l.set(Some(i));
                 i
             }
         });
-        let mut lane = self.lanes[idx].lock().unwrap_or_else(|p| p.into_inner());
-        lane.seq = lane.seq.wrapping_add(1);
-        let seq = lane.seq;
-        let frame = w.finish(0, seq);
-        let res = (|| -> Result<Option<Vec<u8>>, TransportError> {
-            lane.link.send(&frame)?;
-            if !wait {
-                return Ok(None);
+        let res = match &self.transport {
+            Transport::Shm { lanes, .. } => {
+                let mut lane = lanes[idx].lock().unwrap_or_else(|p| p.into_inner());
+                lane.seq = lane.seq.wrapping_add(1);
+                let seq = lane.seq;
+                let frame = w.finish(0, seq);
+                (|| {
+                    lane.link.send(&frame)?;
+                    let mut reply = Vec::new();
+                    let h = lane.link.recv(&mut reply)?;
+                    check_reply(&h, seq)?;
+                    Ok(reply)
+                })()
             }
-            let mut reply = std::mem::take(&mut lane.reply);
-            let h: FrameHeader = lane.link.recv(&mut reply)?;
-            if h.flags & FLAG_REPLY == 0 || h.seq != seq {
-                return Err(TransportError::Corrupt("reply does not match the request"));
-            }
-            Ok(Some(reply))
-        })();
-        res.map_err(|e| {
+            Transport::Tcp { writer, slots } => self.call_tcp(writer, &slots[idx], idx, w),
+        };
+        res.map_err(|e: TransportError| {
             self.dead.store(true, Ordering::SeqCst);
             if WARNED.fetch_add(1, Ordering::Relaxed) == 0 {
                 log(&format!("lost the server mid-call: {e}"));
@@ -206,4 +339,44 @@ impl Connection {
             CallError::Broken
         })
     }
+
+    fn call_tcp(
+        &self,
+        writer: &Mutex<TcpStream>,
+        slot: &TcpSlot,
+        idx: usize,
+        w: Writer,
+    ) -> Result<Vec<u8>, TransportError> {
+        let mut busy = slot.busy.lock().unwrap_or_else(|p| p.into_inner());
+        *busy = busy.wrapping_add(1);
+        let seq = *busy;
+        let frame = w.finish_on(idx as u16, 0, seq);
+        writer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .write_all(&frame)
+            .map_err(|_| TransportError::PeerGone)?;
+        let mut reply = slot.reply.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some((h, body)) = reply.take() {
+                check_reply(&h, seq)?;
+                return Ok(body);
+            }
+            if self.dead.load(Ordering::SeqCst) {
+                return Err(TransportError::PeerGone);
+            }
+            reply = slot
+                .ready
+                .wait_timeout(reply, Duration::from_millis(100))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+}
+
+fn check_reply(h: &FrameHeader, seq: u32) -> Result<(), TransportError> {
+    if h.flags & FLAG_REPLY == 0 || h.seq != seq {
+        return Err(TransportError::Corrupt("reply does not match the request"));
+    }
+    Ok(())
 }

@@ -32,12 +32,15 @@ pub mod control {
     pub const REFUSED: u16 = 0xF005;
 }
 
-/// `magic u16 | version u8 | flags u8 | opcode u16 | reserved u16 | len u32 | seq u32`,
-/// little-endian. `len` counts the body only, so a peer can skip a frame it does not know.
+/// `magic u16 | version u8 | flags u8 | opcode u16 | lane u16 | len u32 | seq u32`,
+/// little-endian. `len` counts the body only, so a peer can skip a frame it does not know;
+/// `lane` says which of the session's lanes a frame belongs to on transports that multiplex
+/// lanes over one stream (TCP).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FrameHeader {
     pub flags: u8,
     pub opcode: u16,
+    pub lane: u16,
     pub len: u32,
     pub seq: u32,
 }
@@ -49,6 +52,7 @@ impl FrameHeader {
         b[2] = VERSION;
         b[3] = self.flags;
         b[4..6].copy_from_slice(&self.opcode.to_le_bytes());
+        b[6..8].copy_from_slice(&self.lane.to_le_bytes());
         b[8..12].copy_from_slice(&self.len.to_le_bytes());
         b[12..16].copy_from_slice(&self.seq.to_le_bytes());
         b
@@ -70,6 +74,7 @@ impl FrameHeader {
         Ok(FrameHeader {
             flags: b[3],
             opcode: u16::from_le_bytes([b[4], b[5]]),
+            lane: u16::from_le_bytes([b[6], b[7]]),
             len,
             seq: u32::from_le_bytes([b[12], b[13], b[14], b[15]]),
         })
@@ -85,6 +90,7 @@ mod tests {
         let h = FrameHeader {
             flags: FLAG_REPLY,
             opcode: 0x1234,
+            lane: 3,
             len: 99,
             seq: 7,
         };
@@ -99,6 +105,7 @@ mod tests {
         let mut b = FrameHeader {
             flags: 0,
             opcode: 1,
+            lane: 0,
             len: 1,
             seq: 1,
         }
@@ -111,6 +118,7 @@ mod tests {
         let mut b = FrameHeader {
             flags: 0,
             opcode: 1,
+            lane: 0,
             len: 1,
             seq: 1,
         }
@@ -123,6 +131,7 @@ mod tests {
         let mut b = FrameHeader {
             flags: 0,
             opcode: 1,
+            lane: 0,
             len: 0,
             seq: 1,
         }

@@ -50,12 +50,18 @@ impl Writer {
     }
 
     /// Fills in the header and returns the whole frame.
-    pub fn finish(mut self, flags: u8, seq: u32) -> Vec<u8> {
+    pub fn finish(self, flags: u8, seq: u32) -> Vec<u8> {
+        self.finish_on(0, flags, seq)
+    }
+
+    /// As [`Writer::finish`], for lane `lane` of a multiplexed stream.
+    pub fn finish_on(mut self, lane: u16, flags: u8, seq: u32) -> Vec<u8> {
         let len = self.body_len();
         debug_assert!(len <= MAX_BODY as usize);
         let h = FrameHeader {
             flags,
             opcode: self.opcode,
+            lane,
             len: len as u32,
             seq,
         };

@@ -5,15 +5,17 @@ use crate::generated::ffi;
 use crate::session::Handle;
 use std::ffi::{c_char, c_void, CStr};
 use std::io::Write;
-use std::os::unix::net::UnixStream;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use wormhole_protocol::{control, CallbackKind, Writer};
 
-static SINK: OnceLock<Mutex<UnixStream>> = OnceLock::new();
+/// Where callback frames go: the session's control socket, or (TCP) the session's one stream,
+/// shared with replies, hence the lock around whole frames.
+pub type Sink = Arc<Mutex<dyn Write + Send>>;
 
-/// Where callback frames go (the session's control socket).
-pub fn set_sink(s: UnixStream) {
-    let _ = SINK.set(Mutex::new(s));
+static SINK: OnceLock<Sink> = OnceLock::new();
+
+pub fn set_sink(s: Sink) {
+    let _ = SINK.set(s);
 }
 
 struct Ctx {

@@ -4,6 +4,7 @@
 use crate::config::Config;
 use std::collections::HashMap;
 use std::io::Write;
+use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
@@ -67,10 +68,30 @@ pub fn serve(config: Config) -> Result<(), ServeError> {
         let workers = workers.clone();
         std::thread::spawn(move || reap(workers));
     }
+    if let Some(addr) = &config.tcp {
+        let tcp = TcpListener::bind(addr).map_err(|source| ServeError::Listen {
+            path: addr.into(),
+            source,
+        })?;
+        tracing::warn!(%addr, "listening on TCP: sessions there are not authenticated yet; bind to loopback or a trusted network only");
+        let (config, vendors, workers) = (config.clone(), vendors.clone(), workers.clone());
+        std::thread::spawn(move || {
+            for conn in tcp.incoming() {
+                match conn {
+                    Ok(stream) => {
+                        if let Err(e) = accept(&config, &vendors, &workers, Conn::Tcp(stream)) {
+                            tracing::warn!("session not started: {e}");
+                        }
+                    }
+                    Err(e) => tracing::warn!("accept failed: {e}"),
+                }
+            }
+        });
+    }
     for conn in listener.incoming() {
         match conn {
             Ok(stream) => {
-                if let Err(e) = accept(&config, &vendors, &workers, stream) {
+                if let Err(e) = accept(&config, &vendors, &workers, Conn::Unix(stream)) {
                     tracing::warn!("session not started: {e}");
                 }
             }
@@ -80,22 +101,58 @@ pub fn serve(config: Config) -> Result<(), ServeError> {
     Ok(())
 }
 
-fn refuse(stream: &UnixStream, reason: &str) {
+/// A client connection on either listener.
+enum Conn {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Conn {
+    fn set_read_timeout(&self, d: Option<Duration>) -> std::io::Result<()> {
+        match self {
+            Conn::Unix(s) => s.set_read_timeout(d),
+            Conn::Tcp(s) => s.set_read_timeout(d),
+        }
+    }
+    fn read_frame(
+        &self,
+        body: &mut Vec<u8>,
+    ) -> Result<wormhole_protocol::FrameHeader, wormhole_transport::TransportError> {
+        match self {
+            Conn::Unix(s) => read_frame(&mut &*s, body),
+            Conn::Tcp(s) => read_frame(&mut &*s, body),
+        }
+    }
+    fn write_all(&self, b: &[u8]) -> std::io::Result<()> {
+        match self {
+            Conn::Unix(s) => (&*s).write_all(b),
+            Conn::Tcp(s) => (&*s).write_all(b),
+        }
+    }
+    fn fd(&self) -> i32 {
+        match self {
+            Conn::Unix(s) => s.as_raw_fd(),
+            Conn::Tcp(s) => s.as_raw_fd(),
+        }
+    }
+}
+
+fn refuse(stream: &Conn, reason: &str) {
     tracing::warn!(reason, "refusing a client");
     let mut w = Writer::new(control::REFUSED);
     w.bytes(reason.as_bytes());
-    let _ = (&*stream).write_all(&w.finish(FLAG_REPLY, 0));
+    let _ = stream.write_all(&w.finish(FLAG_REPLY, 0));
 }
 
 fn accept(
     config: &Config,
     vendors: &std::path::Path,
     workers: &Workers,
-    stream: UnixStream,
+    stream: Conn,
 ) -> std::io::Result<()> {
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut body = Vec::new();
-    let h = match read_frame(&mut &stream, &mut body) {
+    let h = match stream.read_frame(&mut body) {
         Ok(h) => h,
         Err(e) => {
             refuse(&stream, &format!("no valid HELLO: {e}"));
@@ -104,7 +161,13 @@ fn accept(
     };
     stream.set_read_timeout(None)?;
     match h.opcode {
-        control::STATUS => return status(workers, &stream),
+        control::STATUS => match &stream {
+            Conn::Unix(s) => return status(workers, s),
+            Conn::Tcp(_) => {
+                refuse(&stream, "status is only served on the local socket");
+                return Ok(());
+            }
+        },
         control::HELLO => {}
         other => {
             refuse(
@@ -140,10 +203,18 @@ fn accept(
         );
         return Ok(());
     }
-    let cred =
-        nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials).ok();
+    let cred = match &stream {
+        Conn::Unix(s) => {
+            nix::sys::socket::getsockopt(s, nix::sys::socket::sockopt::PeerCredentials).ok()
+        }
+        Conn::Tcp(_) => None,
+    };
+    let transport = match &stream {
+        Conn::Unix(_) => "unix",
+        Conn::Tcp(_) => "tcp",
+    };
     let (stats_ours, stats_theirs) = UnixStream::pair()?;
-    let session_fd = stream.as_raw_fd();
+    let session_fd = stream.fd();
     let stats_fd = stats_theirs.as_raw_fd();
     let mut cmd = Command::new(std::env::current_exe()?);
     cmd.arg("worker")
@@ -151,6 +222,8 @@ fn accept(
         .arg(config.lanes.to_string())
         .arg("--ring-kib")
         .arg(config.ring_kib.to_string())
+        .arg("--transport")
+        .arg(transport)
         .env("OCL_ICD_VENDORS", vendors)
         .env("WORMHOLE_NAME_PREFIX", &config.name_prefix);
     // SAFETY: dup2 is async-signal-safe; the source descriptors stay open until after spawn.

@@ -4,11 +4,14 @@
 
 use crate::session::Session;
 use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::sync::{Arc, OnceLock};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::Duration;
-use wormhole_protocol::{control, DecodeError, Op, Reader, Writer, FLAG_ASYNC, FLAG_REPLY};
+use wormhole_protocol::{
+    control, DecodeError, FrameHeader, Op, Reader, Writer, FLAG_ASYNC, FLAG_REPLY,
+};
 use wormhole_transport::link::read_frame;
 use wormhole_transport::unix::send_frame_with_fds;
 use wormhole_transport::{
@@ -39,7 +42,7 @@ pub fn run(sock: UnixStream, stats: Option<UnixStream>, layout: Layout) -> Resul
     w.u32(layout.lanes);
     w.u64(layout.ring_capacity);
     send_frame_with_fds(&sock, &w.finish(0, 0), &[region.file().as_raw_fd()])?;
-    crate::callbacks::set_sink(sock.try_clone()?);
+    crate::callbacks::set_sink(Arc::new(Mutex::new(sock.try_clone()?)));
 
     let region = Arc::new(region);
     // The process ends with its client, so lanes need not poll for liveness: they sleep until
@@ -85,29 +88,112 @@ enum LaneError {
     Malformed { op: u16, source: DecodeError },
 }
 
-fn serve_lane(mut link: ShmLink) -> Result<(), LaneError> {
+/// Runs one request; returns the reply frame unless the client asked for none.
+fn handle(h: &FrameHeader, body: &[u8]) -> Result<Option<Vec<u8>>, LaneError> {
     let s = session();
+    s.calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut w = Writer::new(h.opcode);
+    let mut r = Reader::new(body);
+    let res = if h.opcode == control::COLLECT {
+        crate::custom::collect(s, &mut r, &mut w)
+    } else {
+        match Op::from_u16(h.opcode) {
+            Some(op) => crate::generated::dispatch(s, op, &mut r, &mut w),
+            None => Err(DecodeError::UnknownOp(h.opcode)),
+        }
+    };
+    res.map_err(|source| LaneError::Malformed {
+        op: h.opcode,
+        source,
+    })?;
+    Ok((h.flags & FLAG_ASYNC == 0).then(|| w.finish_on(h.lane, FLAG_REPLY, h.seq)))
+}
+
+fn serve_lane(mut link: ShmLink) -> Result<(), LaneError> {
     let mut body = Vec::new();
     loop {
         let h = link.recv(&mut body)?;
-        s.calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mut w = Writer::new(h.opcode);
-        let mut r = Reader::new(&body);
-        let res = if h.opcode == control::COLLECT {
-            crate::custom::collect(s, &mut r, &mut w)
-        } else {
-            match Op::from_u16(h.opcode) {
-                Some(op) => crate::generated::dispatch(s, op, &mut r, &mut w),
-                None => Err(DecodeError::UnknownOp(h.opcode)),
+        if let Some(reply) = handle(&h, &body)? {
+            link.send(&reply)?;
+        }
+    }
+}
+
+/// Serves one session over a TCP stream: frames of all lanes share it, each lane's requests run
+/// on their own thread (started on first use) so one lane's blocking call never stalls another.
+pub fn run_tcp(
+    stream: TcpStream,
+    stats: Option<UnixStream>,
+    lanes: u32,
+) -> Result<(), WorkerError> {
+    stream.set_nodelay(true)?;
+    let writer = Arc::new(Mutex::new(stream.try_clone()?));
+    let mut w = Writer::new(control::WELCOME);
+    w.u64(u64::from(std::process::id()));
+    w.u32(lanes);
+    w.u64(0);
+    writer
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .write_all(&w.finish(0, 0))?;
+    crate::callbacks::set_sink(writer.clone());
+    if let Some(stats) = stats {
+        std::thread::Builder::new()
+            .name("stats".into())
+            .spawn(move || serve_stats(stats))?;
+    }
+    let mut queues: Vec<Option<mpsc::Sender<(FrameHeader, Vec<u8>)>>> =
+        (0..lanes).map(|_| None).collect();
+    let mut reader = std::io::BufReader::with_capacity(1 << 16, stream);
+    loop {
+        let mut body = Vec::new();
+        let h = match read_frame(&mut reader, &mut body) {
+            Ok(h) => h,
+            Err(TransportError::PeerGone) => return Ok(()),
+            Err(e) => {
+                tracing::error!("ending session: {e}");
+                std::process::exit(3);
             }
         };
-        res.map_err(|source| LaneError::Malformed {
-            op: h.opcode,
-            source,
-        })?;
-        if h.flags & FLAG_ASYNC == 0 {
-            link.send(&w.finish(FLAG_REPLY, h.seq))?;
-        }
+        let Some(slot) = queues.get_mut(usize::from(h.lane)) else {
+            tracing::error!(
+                lane = h.lane,
+                "ending session: frame for a lane that does not exist"
+            );
+            std::process::exit(3);
+        };
+        let tx = match slot {
+            Some(tx) => tx,
+            None => {
+                let (tx, rx) = mpsc::channel::<(FrameHeader, Vec<u8>)>();
+                let writer = writer.clone();
+                std::thread::Builder::new()
+                    .name(format!("lane-{}", h.lane))
+                    .spawn(move || {
+                        for (h, body) in rx {
+                            match handle(&h, &body) {
+                                Ok(Some(reply)) => {
+                                    if writer
+                                        .lock()
+                                        .unwrap_or_else(|p| p.into_inner())
+                                        .write_all(&reply)
+                                        .is_err()
+                                    {
+                                        return;
+                                    }
+                                }
+                                Ok(None) => {}
+                                Err(e) => {
+                                    tracing::error!(lane = h.lane, "ending session: {e}");
+                                    std::process::exit(3);
+                                }
+                            }
+                        }
+                    })?;
+                slot.insert(tx)
+            }
+        };
+        let _ = tx.send((h, body));
     }
 }
 

@@ -119,6 +119,9 @@ fn serve_lane(mut link: ShmLink) -> Result<(), LaneError> {
     }
 }
 
+/// Requests waiting for a lane's thread.
+type LaneQueue = mpsc::Sender<(FrameHeader, Vec<u8>)>;
+
 /// Serves one session over a TCP stream: frames of all lanes share it, each lane's requests run
 /// on their own thread (started on first use) so one lane's blocking call never stalls another.
 pub fn run_tcp(
@@ -142,8 +145,7 @@ pub fn run_tcp(
             .name("stats".into())
             .spawn(move || serve_stats(stats))?;
     }
-    let mut queues: Vec<Option<mpsc::Sender<(FrameHeader, Vec<u8>)>>> =
-        (0..lanes).map(|_| None).collect();
+    let mut queues: Vec<Option<LaneQueue>> = (0..lanes).map(|_| None).collect();
     let mut reader = std::io::BufReader::with_capacity(1 << 16, stream);
     loop {
         let mut body = Vec::new();

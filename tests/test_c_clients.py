@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-PROGRAMS = ["vector_add", "multithread", "callbacks", "errors"]
+PROGRAMS = ["vector_add", "multithread", "callbacks", "errors", "svm"]
 
 
 @pytest.mark.parametrize("name", PROGRAMS)

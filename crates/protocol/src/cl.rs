@@ -130,3 +130,7 @@ pub const CL_FLOAT: u32 = 0x10DE;
 pub const CL_UNORM_INT24: u32 = 0x10DF;
 pub const CL_UNORM_INT_101010_2: u32 = 0x10E0;
 pub const CL_IMAGE_FORMAT_NOT_SUPPORTED: i32 = -10;
+pub const CL_DEVICE_SVM_COARSE_GRAIN_BUFFER: u64 = 1 << 0;
+pub const CL_MEM_SVM_FINE_GRAIN_BUFFER: u64 = 1 << 10;
+pub const CL_MEM_SVM_ATOMICS: u64 = 1 << 11;
+pub const CL_KERNEL_EXEC_INFO_SVM_PTRS: u32 = 0x11B6;

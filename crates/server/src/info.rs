@@ -75,9 +75,14 @@ fn rewrite(s: &Session, op: Op, param: u32, kind: InfoValue, buf: &mut Vec<u8>) 
             named.extend_from_slice(buf);
             *buf = named;
         }
-        // Shared virtual memory and native kernels would need the client's address space on the
-        // device: not forwarded (README), so not advertised.
-        (Op::clGetDeviceInfo, CL_DEVICE_SVM_CAPABILITIES) => buf.iter_mut().for_each(|b| *b = 0),
+        // Coarse-grained SVM is forwarded (custom/svm.rs); fine-grained SVM and atomics would
+        // need memory both processes see coherently, so they are not advertised.
+        (Op::clGetDeviceInfo, CL_DEVICE_SVM_CAPABILITIES) if buf.len() == 8 => {
+            let v = u64::from_le_bytes(buf[..8].try_into().unwrap_or([0; 8]))
+                & CL_DEVICE_SVM_COARSE_GRAIN_BUFFER;
+            buf.copy_from_slice(&v.to_le_bytes());
+        }
+        // Native kernels would run client code in the server: not forwarded (README).
         (Op::clGetDeviceInfo, CL_DEVICE_EXECUTION_CAPABILITIES) if buf.len() == 8 => {
             let v =
                 u64::from_le_bytes(buf[..8].try_into().unwrap_or([0; 8])) & !CL_EXEC_NATIVE_KERNEL;

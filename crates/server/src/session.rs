@@ -35,6 +35,8 @@ pub struct Session {
     handles: Mutex<HandleTable>,
     pub pending_reads: Mutex<HashMap<u64, PendingRead>>,
     pub mappings: Mutex<HashMap<u64, Mapping>>,
+    /// Shared virtual memory allocations of this session: start → length.
+    pub svm: Mutex<std::collections::BTreeMap<usize, usize>>,
     /// Bytes of device memory held by live memory objects (tracked by destructor callbacks).
     pub mem_bytes: AtomicI64,
     pub calls: AtomicU64,
@@ -149,6 +151,16 @@ impl Session {
         let mut v: Vec<_> = counts.into_iter().collect();
         v.sort_by_key(|(k, _)| *k as u8);
         v
+    }
+
+    /// Whether [ptr, ptr+len) lies inside one SVM allocation of this session. Kernels get SVM
+    /// pointers as raw addresses, so nothing else may pass.
+    pub fn svm_contains(&self, ptr: usize, len: usize) -> bool {
+        let svm = self.svm.lock().unwrap_or_else(|p| p.into_inner());
+        match svm.range(..=ptr).next_back() {
+            Some((start, n)) => ptr.checked_add(len).is_some_and(|end| end <= start + n),
+            None => false,
+        }
     }
 
     pub fn mem_bytes(&self) -> i64 {

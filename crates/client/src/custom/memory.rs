@@ -33,7 +33,12 @@ unsafe fn create_buffer(
     w.u64(flags);
     w.usize(size);
     w.bool(!host_ptr.is_null());
-    let data = if wants_host_data(flags, host_ptr) && size > 0 {
+    // A buffer over shared virtual memory uses that memory (same address on the server).
+    let svm = flags & CL_MEM_USE_HOST_PTR != 0
+        && !host_ptr.is_null()
+        && super::svm::is_svm(host_ptr as usize, size);
+    w.u64(if svm { host_ptr as u64 } else { 0 });
+    let data = if !svm && wants_host_data(flags, host_ptr) && size > 0 {
         // SAFETY: with USE/COPY_HOST_PTR the application promises `size` readable bytes.
         Some(unsafe { std::slice::from_raw_parts(host_ptr as *const u8, size) })
     } else {

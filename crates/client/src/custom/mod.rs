@@ -5,11 +5,13 @@
 mod kernel;
 mod memory;
 mod program;
+mod svm;
 mod transfer;
 
 pub use kernel::*;
 pub use memory::*;
 pub use program::*;
+pub use svm::*;
 pub use transfer::*;
 
 use crate::objects;

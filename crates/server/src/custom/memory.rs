@@ -79,6 +79,7 @@ fn create_buffer(
     let flags = r.u64()?;
     let size = r.usize()?;
     let nonnull = r.bool()?;
+    let svm_ptr = r.u64()?;
     let data = r.opt_bytes_ref()?;
     r.finish()?;
     let run = || -> Result<i32, i32> {
@@ -89,7 +90,17 @@ fn create_buffer(
                 return Err(CL_INVALID_VALUE);
             }
         }
-        let (hp, shadow) = host_ptr(flags, nonnull, data)?;
+        let (hp, shadow) = if svm_ptr != 0 {
+            // A buffer over shared virtual memory uses that memory itself (same address on
+            // both sides), once it is known to be this session's.
+            let p = usize::try_from(svm_ptr).map_err(|_| CL_INVALID_HOST_PTR)?;
+            if !s.svm_contains(p, size) {
+                return Err(CL_INVALID_HOST_PTR);
+            }
+            (p as *mut c_void, None)
+        } else {
+            host_ptr(flags, nonnull, data)?
+        };
         let mut err = CL_SUCCESS;
         // SAFETY: `hp` is NULL, a dummy, or `size` bytes of data; props end with 0.
         let mem = unsafe {

@@ -7,13 +7,16 @@
 mod kernel;
 mod memory;
 mod program;
+mod svm;
 mod transfer;
 
 pub use kernel::*;
 pub use memory::*;
 pub use program::*;
+pub use svm::*;
 pub use transfer::*;
 
+use crate::generated::ffi;
 use crate::session::{Handle, Session};
 use wormhole_protocol::{DecodeError, HandleKind, Reader};
 
@@ -44,4 +47,60 @@ pub(crate) fn list_ptr(l: &Option<Vec<Handle>>) -> *const Handle {
 /// Reads three size_t values.
 pub(crate) fn triple(r: &mut Reader<'_>) -> Result<[usize; 3], DecodeError> {
     Ok([r.usize()?, r.usize()?, r.usize()?])
+}
+
+/// The `cl_event *event` output of an enqueue, under the id the client chose (0: none).
+pub(crate) struct EventOut {
+    id: u64,
+    ev: Handle,
+}
+
+impl EventOut {
+    pub(crate) fn new(s: &Session, id: u64) -> Result<EventOut, i32> {
+        if id != 0 {
+            s.check_new_id(id)?;
+        }
+        Ok(EventOut {
+            id,
+            ev: std::ptr::null_mut(),
+        })
+    }
+    /// The pointer to hand the driver; `force` asks for an event even if the client wants none.
+    pub(crate) fn ptr(&mut self, force: bool) -> *mut Handle {
+        if self.id != 0 || force {
+            &mut self.ev
+        } else {
+            std::ptr::null_mut()
+        }
+    }
+    /// Publishes the event to the client; returns the event if the client did not ask for it
+    /// (the caller owns that reference).
+    pub(crate) fn finish(self, s: &Session) -> Handle {
+        if self.id != 0 && !self.ev.is_null() {
+            s.bind(self.id, HandleKind::Event, self.ev);
+            // SAFETY: a live event; the caller's extra reference is released by whoever keeps it.
+            unsafe { ffi::clRetainEvent(self.ev) };
+        }
+        self.ev
+    }
+}
+
+pub(crate) struct Target {
+    pub(crate) queue: Handle,
+    pub(crate) mem: Handle,
+}
+
+pub(crate) fn target(s: &Session, queue: u64, mem: u64) -> Result<Target, i32> {
+    Ok(Target {
+        queue: s.resolve(queue, HandleKind::Queue, false)?,
+        mem: s.resolve(mem, HandleKind::Mem, false)?,
+    })
+}
+
+/// Drops the extra reference `EventOut::finish` leaves when nobody keeps the event.
+pub(crate) fn release_own(_event_id: u64, ev: Handle) {
+    if !ev.is_null() {
+        // SAFETY: we hold one reference to this live event and give it up.
+        unsafe { ffi::clReleaseEvent(ev) };
+    }
 }

@@ -17,54 +17,6 @@ const MAX_TRANSFER: usize = (wormhole_protocol::MAX_BODY as usize) - 4096;
 pub const READ_INLINE: u8 = 0;
 pub const READ_DEFERRED: u8 = 1;
 
-/// The `cl_event *event` output of an enqueue, under the id the client chose (0: none).
-struct EventOut {
-    id: u64,
-    ev: Handle,
-}
-
-impl EventOut {
-    fn new(s: &Session, id: u64) -> Result<EventOut, i32> {
-        if id != 0 {
-            s.check_new_id(id)?;
-        }
-        Ok(EventOut {
-            id,
-            ev: std::ptr::null_mut(),
-        })
-    }
-    /// The pointer to hand the driver; `force` asks for an event even if the client wants none.
-    fn ptr(&mut self, force: bool) -> *mut Handle {
-        if self.id != 0 || force {
-            &mut self.ev
-        } else {
-            std::ptr::null_mut()
-        }
-    }
-    /// Publishes the event to the client; returns the event if the client did not ask for it
-    /// (the caller owns that reference).
-    fn finish(self, s: &Session) -> Handle {
-        if self.id != 0 && !self.ev.is_null() {
-            s.bind(self.id, HandleKind::Event, self.ev);
-            // SAFETY: a live event; the caller's extra reference is released by whoever keeps it.
-            unsafe { ffi::clRetainEvent(self.ev) };
-        }
-        self.ev
-    }
-}
-
-struct Target {
-    queue: Handle,
-    mem: Handle,
-}
-
-fn target(s: &Session, queue: u64, mem: u64) -> Result<Target, i32> {
-    Ok(Target {
-        queue: s.resolve(queue, HandleKind::Queue, false)?,
-        mem: s.resolve(mem, HandleKind::Mem, false)?,
-    })
-}
-
 type ReadCall<'a> = dyn Fn(u32, *mut c_void, u32, *const Handle, *mut Handle) -> i32 + 'a;
 
 /// The common part of every read: blocking reads go straight into the reply, non-blocking ones
@@ -124,14 +76,6 @@ fn read_common(
     w.i32(CL_SUCCESS);
     w.u8(READ_DEFERRED);
     Ok(())
-}
-
-/// Drops the extra reference `EventOut::finish` leaves when nobody keeps the event.
-fn release_own(_event_id: u64, ev: Handle) {
-    if !ev.is_null() {
-        // SAFETY: we hold one reference to this live event and give it up.
-        unsafe { ffi::clReleaseEvent(ev) };
-    }
 }
 
 type WriteCall<'a> = dyn Fn(u32, *const c_void, u32, *const Handle, *mut Handle) -> i32 + 'a;

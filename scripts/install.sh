@@ -43,4 +43,5 @@ fi
 
 echo "install: building Wormhole (release)"
 cargo build --release --workspace --quiet
+gcc -O2 -o target/release/wh-bench-client bench/bench_client.c -lOpenCL
 echo "install: done ($(pwd)/target/release/wh)"

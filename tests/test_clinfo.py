@@ -17,6 +17,11 @@ def test_clinfo_matches_native(server):
     for n, f in zip(native, forwarded):
         if n == f:
             continue
+        if "Global memory size" in n:
+            # PoCL derives this from the memory free when it starts: close, not equal.
+            a, b = int(n.split()[3]), int(f.split()[3])
+            assert abs(a - b) <= 0.25 * max(a, b), f"{n} vs {f}"
+            continue
         if "Device Name" in n:
             assert f.replace("Wormhole \u2192 ", "") == n
             devices += 1

@@ -121,8 +121,15 @@ fn emit_stub(s: &mut String, f: &Func) {
     if matches!(f.ret, Ret::Handle(_)) {
         s.push_str("        let new_id = rt::alloc_id();\n        w.u64(new_id);\n");
     }
+    // An info query asks for the whole value; the client applies the caller's buffer size.
+    let info_skip = f.info.then(|| info_params(f));
     for (i, p) in f.params.iter().enumerate() {
         let n = &p.name;
+        if let Some((val, cap, sr)) = &info_skip {
+            if n == val || n == cap || n == sr {
+                continue;
+            }
+        }
         match &p.kind {
             Kind::Scalar(Scalar::U32) => {
                 let _ = writeln!(s, "        w.u32({n});");
@@ -137,6 +144,14 @@ fn emit_stub(s: &mut String, f: &Func) {
                 let _ = writeln!(s, "        w.u64({n} as u64);");
             }
             Kind::Handle { kind, nullable } => {
+                if f.asynchronous && !nullable {
+                    // No reply will carry the driver's verdict on NULL: give it here.
+                    let _ = writeln!(
+                        s,
+                        "        if {n}.is_null() {{ return Err(ClErr(HandleKind::{}.invalid_code())); }}",
+                        handle_variant(kind)
+                    );
+                }
                 let _ = writeln!(
                     s,
                     "        w.u64(rt::id_of({n}, HandleKind::{}, {nullable})?);",
@@ -214,7 +229,18 @@ fn emit_stub(s: &mut String, f: &Func) {
             handle_variant(k)
         );
     }
-    s.push_str("        let reply = rt::call(w)?;\n        let mut r = Reader::new(&reply);\n        let status = r.i32()?;\n");
+    if f.info {
+        let _ = writeln!(
+            s,
+            "        let reply = rt::info::query(Op::{}, param_name, w)?;",
+            f.name
+        );
+    } else if f.asynchronous {
+        s.push_str("        let reply = rt::call_async(w)?;\n");
+    } else {
+        s.push_str("        let reply = rt::call(w)?;\n");
+    }
+    s.push_str("        let mut r = Reader::new(&reply);\n        let status = r.i32()?;\n");
     if let Some(k) = &f.release {
         let h = first_handle(f).expect("release has a handle");
         let _ = writeln!(

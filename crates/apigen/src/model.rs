@@ -21,6 +21,8 @@ pub struct Func {
     pub release: Option<String>,
     /// A synchronisation point: data of finished non-blocking reads is collected after it.
     pub sync: bool,
+    /// Sent without waiting for the reply: every error it can return is checked in the client.
+    pub asynchronous: bool,
     pub ret: Ret,
     pub params: Vec<Param>,
 }
@@ -215,6 +217,7 @@ fn parse_func(line: &str) -> Result<Func, String> {
         retain: None,
         release: None,
         sync: false,
+        asynchronous: false,
         ret: Ret::Int,
         params: Vec::new(),
     };
@@ -224,6 +227,7 @@ fn parse_func(line: &str) -> Result<Func, String> {
             "@info" => func.info = true,
             "@client_entry" => func.client_entry = true,
             "@sync" => func.sync = true,
+            "@async" => func.asynchronous = true,
             "->" => {
                 let r = rest.next().ok_or("missing return kind after ->")?;
                 func.ret = match *r {

@@ -55,8 +55,14 @@ fn emit_handler(s: &mut String, f: &Func) {
     if matches!(f.ret, Ret::Handle(_)) {
         s.push_str("    let new_id = r.u64()?;\n");
     }
+    let info_skip = f.info.then(|| info_params(f));
     for p in &f.params {
         let n = &p.name;
+        if let Some((val, cap, sr)) = &info_skip {
+            if n == val || n == cap || n == sr {
+                continue;
+            }
+        }
         let line = match &p.kind {
             Kind::Scalar(Scalar::U32) => format!("let {n} = r.u32()?;"),
             Kind::Scalar(Scalar::I32) => format!("let {n} = r.i32()?;"),
@@ -143,7 +149,7 @@ fn emit_handler(s: &mut String, f: &Func) {
                     len_expr(len)
                 );
             }
-            Kind::OutSize => {
+            Kind::OutSize if !f.info => {
                 let _ = writeln!(s, "        let mut {n}_val: usize = 0;");
             }
             Kind::OutU32 => {
@@ -236,7 +242,7 @@ fn emit_handler(s: &mut String, f: &Func) {
             .collect();
         let _ = writeln!(
             s,
-            "        crate::info::query(s, w, Op::{}, param_name, {obj}, {val}_present, {cap}, {sr}_present, |size, value, size_ret| unsafe {{ ffi::{}({}) }})\n    }})();",
+            "        crate::info::query(s, w, Op::{}, param_name, {obj}, |size, value, size_ret| unsafe {{ ffi::{}({}) }})\n    }})();",
             f.name,
             f.name,
             args.join(", ")

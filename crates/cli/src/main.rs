@@ -1,5 +1,7 @@
 //! `wh`: the Wormhole command line.
 
+mod bench;
+
 use clap::{Parser, Subcommand};
 use std::os::fd::FromRawFd;
 use std::os::unix::net::UnixStream;
@@ -45,6 +47,8 @@ enum Cmd {
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         program: Vec<String>,
     },
+    /// Measure native OpenCL, Wormhole over shared memory and over TCP side by side.
+    Bench,
     /// Show the server's sessions, their objects and memory.
     Status {
         #[arg(long)]
@@ -86,6 +90,8 @@ enum CliError {
     },
     #[error("bad answer from the server: {0}")]
     Answer(String),
+    #[error("benchmark failed")]
+    Bench(#[from] bench::BenchError),
     #[error("I/O error")]
     Io(#[from] std::io::Error),
 }
@@ -168,6 +174,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         }
         Cmd::Run { socket, program } => run_program(socket, program),
         Cmd::Status { socket } => status(socket_or_default(socket)),
+        Cmd::Bench => Ok(bench::run(&icd_library()?)?),
     }
 }
 

@@ -10,7 +10,9 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
-use wormhole_protocol::{control, FrameHeader, Reader, Writer, API_OPENCL, FLAG_REPLY, VERSION};
+use wormhole_protocol::{
+    control, FrameHeader, Reader, Writer, API_OPENCL, FLAG_ASYNC, FLAG_REPLY, VERSION,
+};
 use wormhole_transport::link::read_frame;
 use wormhole_transport::unix::recv_frame_with_fds;
 use wormhole_transport::{FrameLink, FutexWaiter, Region, ShmLink, SpinPolicy, TransportError};
@@ -307,14 +309,7 @@ impl Connection {
         if self.dead.load(Ordering::Relaxed) || std::process::id() != self.pid {
             return Err(CallError::Unavailable);
         }
-        let idx = MY_LANE.with(|l| match l.get() {
-            Some(i) => i,
-            None => {
-                let i = NEXT_LANE.fetch_add(1, Ordering::Relaxed) % self.lanes;
-                l.set(Some(i));
-                i
-            }
-        });
+        let idx = self.my_lane();
         let res = match &self.transport {
             Transport::Shm { lanes, .. } => {
                 let mut lane = lanes[idx].lock().unwrap_or_else(|p| p.into_inner());
@@ -331,13 +326,51 @@ impl Connection {
             }
             Transport::Tcp { writer, slots } => self.call_tcp(writer, &slots[idx], idx, w),
         };
-        res.map_err(|e: TransportError| {
-            self.dead.store(true, Ordering::SeqCst);
-            if WARNED.fetch_add(1, Ordering::Relaxed) == 0 {
-                log(&format!("lost the server mid-call: {e}"));
+        res.map_err(|e: TransportError| self.broken(e))
+    }
+
+    /// Sends a request with FLAG_ASYNC: no reply comes back.
+    pub fn send_async(&self, w: Writer) -> Result<(), CallError> {
+        if self.dead.load(Ordering::Relaxed) || std::process::id() != self.pid {
+            return Err(CallError::Unavailable);
+        }
+        let idx = self.my_lane();
+        let res = match &self.transport {
+            Transport::Shm { lanes, .. } => {
+                let mut lane = lanes[idx].lock().unwrap_or_else(|p| p.into_inner());
+                lane.seq = lane.seq.wrapping_add(1);
+                let frame = w.finish(FLAG_ASYNC, lane.seq);
+                lane.link.send(&frame)
             }
-            CallError::Broken
+            Transport::Tcp { writer, .. } => {
+                let frame = w.finish_on(idx as u16, FLAG_ASYNC, 0);
+                writer
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .write_all(&frame)
+                    .map_err(|_| TransportError::PeerGone)
+            }
+        };
+        res.map_err(|e| self.broken(e))
+    }
+
+    fn my_lane(&self) -> usize {
+        MY_LANE.with(|l| match l.get() {
+            Some(i) => i,
+            None => {
+                let i = NEXT_LANE.fetch_add(1, Ordering::Relaxed) % self.lanes;
+                l.set(Some(i));
+                i
+            }
         })
+    }
+
+    fn broken(&self, e: TransportError) -> CallError {
+        self.dead.store(true, Ordering::SeqCst);
+        if WARNED.fetch_add(1, Ordering::Relaxed) == 0 {
+            log(&format!("lost the server mid-call: {e}"));
+        }
+        CallError::Broken
     }
 
     fn call_tcp(

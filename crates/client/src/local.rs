@@ -96,3 +96,6 @@ pub unsafe extern "C" fn clGetExtensionFunctionAddressForPlatform(
     // SAFETY: forwarded.
     unsafe { clGetExtensionFunctionAddress(name) }
 }
+
+/// Pipelined when it repeats a launch the driver accepted (custom/kernel.rs).
+pub use crate::custom::clEnqueueNDRangeKernel;

@@ -20,6 +20,25 @@ pub struct MemInfo {
     pub image: Option<(u32, usize)>,
 }
 
+/// How a kernel argument was set: its size and what its value was (NULL, bytes, a handle of
+/// some kind). A repeat of a setting the driver accepted before is accepted again.
+pub type ArgSig = (usize, u8);
+
+/// The geometry of an NDRange launch on a queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchSig {
+    pub queue: u64,
+    pub dims: Vec<usize>,
+}
+
+/// What the client learned about a kernel from calls the driver accepted: repeats of those
+/// can be pipelined (sent without waiting) with the same outcome guaranteed.
+#[derive(Debug, Default)]
+pub struct KernelState {
+    pub args: std::collections::HashMap<u32, ArgSig>,
+    pub launches: Vec<LaunchSig>,
+}
+
 #[repr(C)]
 pub struct ClObject {
     dispatch: *const c_void,
@@ -28,6 +47,7 @@ pub struct ClObject {
     pub id: u64,
     refs: AtomicU32,
     pub mem: Option<MemInfo>,
+    pub kernel: Option<Mutex<KernelState>>,
 }
 
 #[derive(Default)]
@@ -61,6 +81,7 @@ pub fn new_object(kind: HandleKind, id: u64, mem: Option<MemInfo>) -> *mut c_voi
         id,
         refs: AtomicU32::new(1),
         mem,
+        kernel: (kind == HandleKind::Kernel).then(Mutex::default),
     });
     let p = Box::into_raw(obj) as usize;
     let mut r = lock();

@@ -44,3 +44,22 @@ pub fn info_value(op: Op, param: u32) -> InfoValue {
         _ => Plain,
     }
 }
+
+/// Whether an info answer can never change for the object, so the client may keep it and
+/// answer repeats without a round trip. Reference and map counts change; programs change when
+/// built; events change as they run.
+pub fn cacheable(op: Op, param: u32) -> bool {
+    match op {
+        Op::clGetPlatformInfo
+        | Op::clGetImageInfo
+        | Op::clGetKernelWorkGroupInfo
+        | Op::clGetKernelArgInfo => true,
+        Op::clGetDeviceInfo => param != 0x1047,
+        Op::clGetContextInfo => param != 0x1080,
+        Op::clGetCommandQueueInfo => param != 0x1092,
+        Op::clGetMemObjectInfo => !matches!(param, 0x1104 | 0x1105),
+        Op::clGetSamplerInfo => param != 0x1150,
+        Op::clGetKernelInfo => param != 0x1192,
+        _ => false,
+    }
+}

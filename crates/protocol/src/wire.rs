@@ -44,6 +44,11 @@ impl Writer {
         self.opcode
     }
 
+    /// The body written so far.
+    pub fn body(&self) -> &[u8] {
+        &self.buf[HEADER_LEN..]
+    }
+
     /// Body bytes written so far.
     pub fn body_len(&self) -> usize {
         self.buf.len() - HEADER_LEN

@@ -13,21 +13,19 @@ pub fn name_prefix() -> String {
     std::env::var("WORMHOLE_NAME_PREFIX").unwrap_or_else(|_| "Wormhole \u{2192} ".to_string())
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Runs an info query and replies with the status, the whole value and its size (the client
+/// applies the caller's buffer size, and may cache the answer).
 pub fn query(
     s: &Session,
     w: &mut Writer,
     op: Op,
     param: u32,
     obj: Handle,
-    want_value: bool,
-    cap: usize,
-    want_size: bool,
     call: impl Fn(usize, *mut c_void, *mut usize) -> i32,
 ) -> Result<(), i32> {
     let kind = info_value(op, param);
     let (value, reported) = if kind == InfoValue::Binaries {
-        binaries(obj, want_value, &call)?
+        binaries(obj, &call)?
     } else {
         let mut size = 0usize;
         let st = call(0, std::ptr::null_mut(), &mut size);
@@ -45,16 +43,9 @@ pub fn query(
         let n = buf.len();
         (buf, n)
     };
-    if want_value && cap < reported {
-        return Err(CL_INVALID_VALUE);
-    }
     w.i32(CL_SUCCESS);
-    if want_value {
-        w.bytes(&value);
-    }
-    if want_size {
-        w.u64(reported as u64);
-    }
+    w.bytes(&value);
+    w.u64(reported as u64);
     Ok(())
 }
 
@@ -96,7 +87,6 @@ fn rewrite(s: &Session, op: Op, param: u32, kind: InfoValue, buf: &mut Vec<u8>) 
 /// fetches every binary and sends `count u32, (len u64, bytes)*`; the client scatters them.
 fn binaries(
     program: Handle,
-    want_value: bool,
     call: &impl Fn(usize, *mut c_void, *mut usize) -> i32,
 ) -> Result<(Vec<u8>, usize), i32> {
     let mut n_bytes = 0usize;
@@ -114,9 +104,6 @@ fn binaries(
         return Err(st);
     }
     let n = n_bytes / 8;
-    if !want_value {
-        return Ok((Vec::new(), n * 8));
-    }
     let mut sizes = vec![0usize; n];
     // SAFETY: `sizes` holds n_bytes bytes.
     let st = unsafe {

@@ -40,6 +40,8 @@ pub struct Session {
     /// Bytes of device memory held by live memory objects (tracked by destructor callbacks).
     pub mem_bytes: AtomicI64,
     pub calls: AtomicU64,
+    /// Calls sent without waiting that failed anyway (see worker::handle).
+    pub async_failures: AtomicU64,
 }
 
 // SAFETY: the raw pointers inside are OpenCL objects and host buffers owned by this session;

@@ -106,7 +106,26 @@ fn handle(h: &FrameHeader, body: &[u8]) -> Result<Option<Vec<u8>>, LaneError> {
         op: h.opcode,
         source,
     })?;
-    Ok((h.flags & FLAG_ASYNC == 0).then(|| w.finish_on(h.lane, FLAG_REPLY, h.seq)))
+    if h.flags & FLAG_ASYNC != 0 {
+        // The client sent this without waiting because it had ruled out every error; a failure
+        // here is a gap in that validation (or a resource failure): say so, and count it.
+        let status = w
+            .body()
+            .get(..4)
+            .map_or(0, |b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        if status != 0 {
+            s.async_failures
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let name = Op::from_u16(h.opcode).map_or("control", |o| o.name());
+            tracing::warn!(
+                op = name,
+                status,
+                "a call the client sent without waiting failed"
+            );
+        }
+        return Ok(None);
+    }
+    Ok(Some(w.finish_on(h.lane, FLAG_REPLY, h.seq)))
 }
 
 fn serve_lane(mut link: ShmLink) -> Result<(), LaneError> {
@@ -210,9 +229,10 @@ fn serve_stats(mut sock: UnixStream) {
             .map(|(k, n)| format!("\"{k:?}\":{n}"))
             .collect();
         let json = format!(
-            "{{\"pid\":{},\"calls\":{},\"mem_bytes\":{},\"objects\":{{{}}}}}",
+            "{{\"pid\":{},\"calls\":{},\"async_failures\":{},\"mem_bytes\":{},\"objects\":{{{}}}}}",
             std::process::id(),
             s.calls.load(std::sync::atomic::Ordering::Relaxed),
+            s.async_failures.load(std::sync::atomic::Ordering::Relaxed),
             s.mem_bytes(),
             objects.join(",")
         );

@@ -2,7 +2,41 @@
 //! into the application's handles (see protocol::info).
 
 use super::*;
-use wormhole_protocol::info::{info_value, InfoValue};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use wormhole_protocol::info::{cacheable, info_value, InfoValue};
+
+/// Answers that cannot change, keyed by the request that produced them (opcode, object ids,
+/// parameter). Ids are never reused within a process, so an entry cannot go stale.
+static CACHE: Mutex<Option<HashMap<Vec<u8>, Vec<u8>>>> = Mutex::new(None);
+const CACHE_LIMIT: usize = 100_000;
+
+/// Runs an info query, from the cache when the answer is immutable and already known.
+pub fn query(op: Op, param: u32, w: Writer) -> Result<Vec<u8>, ClErr> {
+    if !cacheable(op, param) {
+        return call(w);
+    }
+    let mut key = (op as u16).to_le_bytes().to_vec();
+    key.extend_from_slice(w.body());
+    if let Some(hit) = CACHE
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .and_then(|c| c.get(&key))
+    {
+        return Ok(hit.clone());
+    }
+    let reply = call(w)?;
+    if Reader::new(&reply).i32() == Ok(CL_SUCCESS) {
+        let mut c = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+        let c = c.get_or_insert_with(HashMap::new);
+        if c.len() >= CACHE_LIMIT {
+            c.clear();
+        }
+        c.insert(key, reply.clone());
+    }
+    Ok(reply)
+}
 
 /// # Safety
 /// `value` must be NULL or point to `cap` writable bytes (for CL_PROGRAM_BINARIES: an array of
@@ -17,8 +51,12 @@ pub unsafe fn deliver(
     cap: usize,
     size_ret: *mut usize,
 ) -> Result<(), ClErr> {
+    let bytes = r.bytes()?;
+    let reported = r.usize()?;
+    if !value.is_null() && cap < reported {
+        return Err(ClErr(CL_INVALID_VALUE));
+    }
     if !value.is_null() {
-        let bytes = r.bytes()?;
         match info_value(op, param) {
             InfoValue::Binaries => {
                 let mut b = Reader::new(bytes);
@@ -39,7 +77,7 @@ pub unsafe fn deliver(
                     .and_then(|o| o.mem)
                     .map_or(0, |m| m.host_ptr);
                 let b = (host as u64).to_le_bytes();
-                // SAFETY: cap >= 8 was checked by the server (it reported 8 bytes).
+                // SAFETY: cap >= the reported 8 bytes (checked above).
                 unsafe {
                     std::ptr::copy_nonoverlapping(b.as_ptr(), value as *mut u8, b.len().min(cap))
                 };
@@ -83,7 +121,7 @@ pub unsafe fn deliver(
     }
     if !size_ret.is_null() {
         // SAFETY: per the contract.
-        unsafe { *size_ret = r.usize()? };
+        unsafe { *size_ret = reported };
     }
     Ok(())
 }

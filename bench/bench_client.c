@@ -1,0 +1,162 @@
+/* Wormhole's benchmark client: plain OpenCL, run natively and through Wormhole by `wh bench`.
+ * Prints one "key value" line per measurement. Usage: bench_client MODE
+ *   calls   round trips, tiny kernels, pipelined enqueues, transfers, CPU time
+ *   start   time from process start to the first kernel result (measured by the caller)
+ *   idle    connect, create a context, then stay idle for WH_IDLE_SECONDS (default 5) */
+#define CL_TARGET_OPENCL_VERSION 300
+#include <CL/cl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CHECK(x)                                                                   \
+    do {                                                                           \
+        cl_int e_ = (x);                                                           \
+        if (e_ != CL_SUCCESS) {                                                    \
+            fprintf(stderr, "%s:%d: %s -> %d\n", __FILE__, __LINE__, #x, e_);      \
+            exit(1);                                                               \
+        }                                                                          \
+    } while (0)
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static int cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void stats(const char *name, double *v, int n) {
+    qsort(v, n, sizeof *v, cmp);
+    printf("%s_median_us %.3f\n%s_p99_us %.3f\n", name, v[n / 2] * 1e6, name, v[(int)(n * 0.99)] * 1e6);
+}
+
+static const char *SRC = "__kernel void tiny(__global int *x, int v) { if (get_global_id(0) == 0) x[0] = v; }\n";
+
+static cl_context ctx;
+static cl_device_id dev;
+static cl_command_queue q;
+static cl_kernel k;
+static cl_mem buf;
+
+static void setup(void) {
+    cl_platform_id p;
+    cl_int err;
+    CHECK(clGetPlatformIDs(1, &p, NULL));
+    CHECK(clGetDeviceIDs(p, CL_DEVICE_TYPE_ALL, 1, &dev, NULL));
+    ctx = clCreateContext(NULL, 1, &dev, NULL, NULL, &err);
+    CHECK(err);
+    q = clCreateCommandQueueWithProperties(ctx, dev, NULL, &err);
+    CHECK(err);
+    cl_program prog = clCreateProgramWithSource(ctx, 1, &SRC, NULL, &err);
+    CHECK(err);
+    CHECK(clBuildProgram(prog, 1, &dev, "", NULL, NULL));
+    k = clCreateKernel(prog, "tiny", &err);
+    CHECK(err);
+    buf = clCreateBuffer(ctx, CL_MEM_READ_WRITE, 64, NULL, &err);
+    CHECK(err);
+    CHECK(clSetKernelArg(k, 0, sizeof buf, &buf));
+    int v = 0;
+    CHECK(clSetKernelArg(k, 1, sizeof v, &v));
+}
+
+static double cpu_seconds(void) {
+    struct rusage r;
+    getrusage(RUSAGE_SELF, &r);
+    return r.ru_utime.tv_sec + r.ru_utime.tv_usec * 1e-6 + r.ru_stime.tv_sec + r.ru_stime.tv_usec * 1e-6;
+}
+
+static void calls(void) {
+    enum { RT = 20000, TINY = 2000, PIPE = 100000 };
+    static double lat[RT];
+    size_t one = 1;
+    /* synchronous round trip: status of a completed event */
+    cl_event done;
+    CHECK(clEnqueueMarkerWithWaitList(q, 0, NULL, &done));
+    CHECK(clFinish(q));
+    for (int i = 0; i < RT; i++) {
+        cl_int st;
+        double t = now();
+        CHECK(clGetEventInfo(done, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof st, &st, NULL));
+        lat[i] = now() - t;
+    }
+    stats("roundtrip", lat, RT);
+    /* tiny kernel + finish */
+    for (int i = 0; i < TINY; i++) {
+        double t = now();
+        CHECK(clEnqueueNDRangeKernel(q, k, 1, NULL, &one, NULL, 0, NULL, NULL));
+        CHECK(clFinish(q));
+        lat[i] = now() - t;
+    }
+    stats("tiny_kernel", lat, TINY);
+    /* pipelined: set an argument and enqueue, many times, then one finish */
+    double cpu0 = cpu_seconds();
+    double t = now();
+    for (int i = 0; i < PIPE; i++) {
+        CHECK(clSetKernelArg(k, 1, sizeof i, &i));
+        CHECK(clEnqueueNDRangeKernel(q, k, 1, NULL, &one, NULL, 0, NULL, NULL));
+    }
+    CHECK(clFinish(q));
+    double el = now() - t;
+    printf("pipelined_calls_per_s %.0f\n", 2.0 * PIPE / el);
+    printf("pipelined_client_cpu_s %.3f\n", cpu_seconds() - cpu0);
+    int last = -1;
+    CHECK(clEnqueueReadBuffer(q, buf, CL_TRUE, 0, sizeof last, &last, 0, NULL, NULL));
+    if (last != PIPE - 1) {
+        fprintf(stderr, "pipelined result %d, expected %d\n", last, PIPE - 1);
+        exit(1);
+    }
+    /* blocking transfers */
+    size_t sizes[] = {4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20};
+    for (int s = 0; s < 5; s++) {
+        size_t n = sizes[s];
+        cl_int err;
+        cl_mem b = clCreateBuffer(ctx, CL_MEM_READ_WRITE, n, NULL, &err);
+        CHECK(err);
+        char *host = malloc(n);
+        memset(host, s + 1, n);
+        int reps = (int)((512u << 20) / n);
+        if (reps > 2000) reps = 2000;
+        if (reps < 3) reps = 3;
+        CHECK(clEnqueueWriteBuffer(q, b, CL_TRUE, 0, n, host, 0, NULL, NULL));
+        double tw = now();
+        for (int i = 0; i < reps; i++) CHECK(clEnqueueWriteBuffer(q, b, CL_TRUE, 0, n, host, 0, NULL, NULL));
+        tw = now() - tw;
+        double tr = now();
+        for (int i = 0; i < reps; i++) CHECK(clEnqueueReadBuffer(q, b, CL_TRUE, 0, n, host, 0, NULL, NULL));
+        tr = now() - tr;
+        printf("write_%zuKiB_GBps %.3f\nread_%zuKiB_GBps %.3f\n", n >> 10, n * (double)reps / tw / 1e9, n >> 10, n * (double)reps / tr / 1e9);
+        free(host);
+        clReleaseMemObject(b);
+    }
+    printf("client_cpu_s %.3f\n", cpu_seconds());
+}
+
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "calls";
+    setup();
+    if (!strcmp(mode, "start")) {
+        size_t one = 1;
+        int v = 42, out = 0;
+        CHECK(clSetKernelArg(k, 1, sizeof v, &v));
+        CHECK(clEnqueueNDRangeKernel(q, k, 1, NULL, &one, NULL, 0, NULL, NULL));
+        CHECK(clEnqueueReadBuffer(q, buf, CL_TRUE, 0, sizeof out, &out, 0, NULL, NULL));
+        printf("start_result %d\n", out);
+        return out == 42 ? 0 : 1;
+    }
+    if (!strcmp(mode, "idle")) {
+        const char *s = getenv("WH_IDLE_SECONDS");
+        printf("idle_ready 1\n");
+        fflush(stdout);
+        sleep(s ? atoi(s) : 5);
+        return 0;
+    }
+    calls();
+    return 0;
+}

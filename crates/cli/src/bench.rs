@@ -1,0 +1,390 @@
+//! `wh bench`: measures native OpenCL, Wormhole over shared memory and Wormhole over TCP
+//! loopback side by side in one run, with the same client program (bench/bench_client.c), and
+//! prints one table with absolute figures and ratios to native.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("cannot find the benchmark client {0} (built by scripts/install.sh)")]
+    NoClient(PathBuf),
+    #[error("{what} failed: {detail}")]
+    Run { what: String, detail: String },
+    #[error("I/O error")]
+    Io(#[from] std::io::Error),
+}
+
+type Figures = BTreeMap<String, f64>;
+
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    Native,
+    Shm,
+    Tcp,
+}
+
+struct Server {
+    child: Child,
+    socket: PathBuf,
+    tcp: String,
+}
+
+impl Server {
+    fn start(dir: &Path, extra_env: &[(&str, &str)]) -> Result<Server, BenchError> {
+        let socket = dir.join("wh.sock");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let tcp = format!("127.0.0.1:{port}");
+        let mut cmd = Command::new(std::env::current_exe()?);
+        cmd.args(["serve", "--socket"])
+            .arg(&socket)
+            .args(["--tcp", &tcp])
+            .stderr(Stdio::null());
+        for (k, v) in extra_env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn()?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !socket.exists() {
+            if Instant::now() > deadline {
+                return Err(BenchError::Run {
+                    what: "wh serve".into(),
+                    detail: "no socket after 10 s".into(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(Server { child, socket, tcp })
+    }
+
+    /// CPU seconds of the server and its reaped workers so far.
+    fn cpu_seconds(&self) -> f64 {
+        proc_cpu(self.child.id(), true)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// utime+stime (and, with `children`, the reaped children's) of a process, in seconds.
+fn proc_cpu(pid: u32, children: bool) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0.0))
+        .collect();
+    // rest[0] is field 3 (state); utime is field 14 → index 11.
+    let ticks = f.get(11).copied().unwrap_or(0.0)
+        + f.get(12).copied().unwrap_or(0.0)
+        + if children {
+            f.get(13).copied().unwrap_or(0.0) + f.get(14).copied().unwrap_or(0.0)
+        } else {
+            0.0
+        };
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    ticks / hz
+}
+
+fn client_command(
+    client: &Path,
+    mode: Mode,
+    server: &Server,
+    icd_dir: &Path,
+    arg: &str,
+) -> Command {
+    let mut c = Command::new(client);
+    c.arg(arg);
+    if mode != Mode::Native {
+        c.env("OCL_ICD_VENDORS", icd_dir)
+            .env("OPENCL_VENDOR_PATH", icd_dir)
+            .env("WORMHOLE_SOCKET", &server.socket);
+        if mode == Mode::Tcp {
+            c.env("WORMHOLE_SERVER", format!("tcp://{}", server.tcp));
+        } else {
+            c.env_remove("WORMHOLE_SERVER");
+        }
+    }
+    c
+}
+
+fn parse(out: &str) -> Figures {
+    out.lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            Some((k.to_string(), v.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+fn run_calls(
+    client: &Path,
+    mode: Mode,
+    server: &Server,
+    icd: &Path,
+) -> Result<Figures, BenchError> {
+    let cpu0 = server.cpu_seconds();
+    let out = client_command(client, mode, server, icd, "calls").output()?;
+    if !out.status.success() {
+        return Err(BenchError::Run {
+            what: "bench client".into(),
+            detail: String::from_utf8_lossy(&out.stderr).into_owned(),
+        });
+    }
+    let mut f = parse(&String::from_utf8_lossy(&out.stdout));
+    // The worker's CPU reaches the supervisor's account once it is reaped.
+    std::thread::sleep(Duration::from_millis(600));
+    let server_cpu = if mode == Mode::Native {
+        0.0
+    } else {
+        server.cpu_seconds() - cpu0
+    };
+    let client_cpu = f.get("client_cpu_s").copied().unwrap_or(0.0);
+    f.insert("total_cpu_s".into(), client_cpu + server_cpu);
+    Ok(f)
+}
+
+fn time_start(
+    client: &Path,
+    mode: Mode,
+    server: &Server,
+    icd: &Path,
+    extra: &[(&str, &str)],
+) -> Result<f64, BenchError> {
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        let mut c = client_command(client, mode, server, icd, "start");
+        for (k, v) in extra {
+            c.env(k, v);
+        }
+        let t = Instant::now();
+        let out = c.output()?;
+        let el = t.elapsed().as_secs_f64();
+        if !out.status.success() {
+            return Err(BenchError::Run {
+                what: "cold start".into(),
+                detail: String::from_utf8_lossy(&out.stderr).into_owned(),
+            });
+        }
+        best = best.min(el);
+    }
+    Ok(best * 1e3)
+}
+
+/// CPU use of the session's worker while its tenant sits idle for `secs`.
+fn idle_cpu(
+    client: &Path,
+    mode: Mode,
+    server: &Server,
+    icd: &Path,
+    secs: u64,
+) -> Result<f64, BenchError> {
+    let mut child = client_command(client, mode, server, icd, "idle")
+        .env("WH_IDLE_SECONDS", (secs + 1).to_string())
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line)?;
+    std::thread::sleep(Duration::from_millis(300));
+    let worker = workers_of(server.child.id());
+    let before: f64 = worker.iter().map(|p| proc_cpu(*p, false)).sum();
+    std::thread::sleep(Duration::from_secs(secs));
+    let after: f64 = worker.iter().map(|p| proc_cpu(*p, false)).sum();
+    let _ = child.wait();
+    Ok((after - before) / secs as f64 * 100.0)
+}
+
+fn workers_of(parent: u32) -> Vec<u32> {
+    let mut v = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, r)| r.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok());
+            if ppid == Some(parent) {
+                v.push(pid);
+            }
+        }
+    }
+    v
+}
+
+pub fn run(icd_lib: &Path) -> Result<(), BenchError> {
+    let exe_dir = std::env::current_exe()?
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let client = std::env::var_os("WORMHOLE_BENCH_CLIENT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| exe_dir.join("wh-bench-client"));
+    if !client.exists() {
+        return Err(BenchError::NoClient(client));
+    }
+    let dir = std::env::temp_dir().join(format!("wormhole-bench-{}", std::process::id()));
+    let icd = dir.join("icd");
+    std::fs::create_dir_all(&icd)?;
+    std::fs::write(icd.join("wormhole.icd"), format!("{}\n", icd_lib.display()))?;
+    let server = Server::start(&dir, &[])?;
+    let cold_dir = dir.join("cold");
+    std::fs::create_dir_all(&cold_dir)?;
+    let cold_server = Server::start(&cold_dir, &[("POCL_KERNEL_CACHE", "0")])?;
+
+    let modes = [Mode::Native, Mode::Shm, Mode::Tcp];
+    eprintln!("wh bench: call-heavy workload (native, shared memory, TCP)...");
+    let mut figs: Vec<Figures> = Vec::new();
+    for m in modes {
+        figs.push(run_calls(&client, m, &server, &icd)?);
+    }
+    eprintln!("wh bench: start-up times...");
+    for (i, m) in modes.iter().enumerate() {
+        let warm = time_start(&client, *m, &server, &icd, &[])?;
+        let cold = time_start(
+            &client,
+            *m,
+            &cold_server,
+            &icd,
+            &[("POCL_KERNEL_CACHE", "0")],
+        )?;
+        figs[i].insert("start_warm_ms".into(), warm);
+        figs[i].insert("start_cold_ms".into(), cold);
+    }
+    eprintln!("wh bench: idle server (5 s)...");
+    for (i, m) in modes.iter().enumerate().skip(1) {
+        figs[i].insert(
+            "idle_server_cpu_pct".into(),
+            idle_cpu(&client, *m, &server, &icd, 5)?,
+        );
+    }
+    figs[0].insert("idle_server_cpu_pct".into(), 0.0);
+
+    let rows: &[(&str, &str, bool)] = &[
+        (
+            "roundtrip_median_us",
+            "sync round trip (clGetEventInfo), median µs",
+            false,
+        ),
+        ("roundtrip_p99_us", "sync round trip, p99 µs", false),
+        (
+            "tiny_kernel_median_us",
+            "tiny kernel + clFinish, median µs",
+            false,
+        ),
+        (
+            "tiny_kernel_p99_us",
+            "tiny kernel + clFinish, p99 µs",
+            false,
+        ),
+        (
+            "pipelined_calls_per_s",
+            "100k SetKernelArg+NDRange, calls/s",
+            true,
+        ),
+        ("write_4KiB_GBps", "blocking write 4 KiB, GB/s", true),
+        ("read_4KiB_GBps", "blocking read 4 KiB, GB/s", true),
+        ("write_64KiB_GBps", "blocking write 64 KiB, GB/s", true),
+        ("read_64KiB_GBps", "blocking read 64 KiB, GB/s", true),
+        ("write_1024KiB_GBps", "blocking write 1 MiB, GB/s", true),
+        ("read_1024KiB_GBps", "blocking read 1 MiB, GB/s", true),
+        ("write_16384KiB_GBps", "blocking write 16 MiB, GB/s", true),
+        ("read_16384KiB_GBps", "blocking read 16 MiB, GB/s", true),
+        ("write_262144KiB_GBps", "blocking write 256 MiB, GB/s", true),
+        ("read_262144KiB_GBps", "blocking read 256 MiB, GB/s", true),
+        (
+            "start_cold_ms",
+            "new process → first result, cold program cache, ms",
+            false,
+        ),
+        (
+            "start_warm_ms",
+            "new process → first result, warm program cache, ms",
+            false,
+        ),
+        (
+            "total_cpu_s",
+            "CPU s of the workload (client + server)",
+            false,
+        ),
+        (
+            "idle_server_cpu_pct",
+            "server CPU with an idle tenant, %",
+            false,
+        ),
+    ];
+    println!(
+        "{:<52} {:>12} {:>12} {:>12} {:>9} {:>9}",
+        "measurement", "native", "wh-shm", "wh-tcp", "shm/nat", "tcp/nat"
+    );
+    for (key, label, _higher_better) in rows {
+        let v: Vec<f64> = figs
+            .iter()
+            .map(|f| f.get(*key).copied().unwrap_or(f64::NAN))
+            .collect();
+        let ratio = |x: f64| {
+            if v[0] > 0.0 {
+                format!("{:.2}x", x / v[0])
+            } else {
+                "-".into()
+            }
+        };
+        println!(
+            "{:<52} {:>12} {:>12} {:>12} {:>9} {:>9}",
+            label,
+            fmt(v[0]),
+            fmt(v[1]),
+            fmt(v[2]),
+            ratio(v[1]),
+            ratio(v[2])
+        );
+    }
+    println!(
+        "(ratios are Wormhole / native; machine: {} CPUs, {})",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        cpu_model()
+    );
+    drop(server);
+    drop(cold_server);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+fn fmt(v: f64) -> String {
+    if v.is_nan() {
+        "-".into()
+    } else if v.abs() >= 1000.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, m)| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into())
+}

@@ -306,6 +306,18 @@ static WARNED: AtomicU32 = AtomicU32::new(0);
 impl Connection {
     /// Sends a request on this thread's lane and returns the reply body.
     pub fn call(&self, w: Writer) -> Result<Vec<u8>, CallError> {
+        self.call_bulk(w, &[], None).map(|(r, _)| r)
+    }
+
+    /// A call with bulk data: `payload` follows the request straight from the caller's memory
+    /// (see `Writer::trailing_bytes`), and a reply of exactly `prefix + dst.len()` bytes has its
+    /// tail read straight into `dst` (returns true then; otherwise the whole reply is returned).
+    pub fn call_bulk(
+        &self,
+        w: Writer,
+        payload: &[u8],
+        sink: Option<(usize, &mut [u8])>,
+    ) -> Result<(Vec<u8>, bool), CallError> {
         if self.dead.load(Ordering::Relaxed) || std::process::id() != self.pid {
             return Err(CallError::Unavailable);
         }
@@ -317,14 +329,28 @@ impl Connection {
                 let seq = lane.seq;
                 let frame = w.finish(0, seq);
                 (|| {
-                    lane.link.send(&frame)?;
-                    let mut reply = Vec::new();
-                    let h = lane.link.recv(&mut reply)?;
+                    lane.link.send_parts(&[&frame, payload])?;
+                    let h = lane.link.recv_header()?;
                     check_reply(&h, seq)?;
-                    Ok(reply)
+                    let len = h.len as usize;
+                    match sink {
+                        Some((prefix, dst)) if len == prefix + dst.len() => {
+                            let mut head = vec![0; prefix];
+                            lane.link.recv_exact(&mut head)?;
+                            lane.link.recv_exact(dst)?;
+                            Ok((head, true))
+                        }
+                        _ => {
+                            let mut body = vec![0; len];
+                            lane.link.recv_exact(&mut body)?;
+                            Ok((body, false))
+                        }
+                    }
                 })()
             }
-            Transport::Tcp { writer, slots } => self.call_tcp(writer, &slots[idx], idx, w),
+            Transport::Tcp { writer, slots } => self
+                .call_tcp(writer, &slots[idx], idx, w, payload)
+                .map(|r| (r, false)),
         };
         res.map_err(|e: TransportError| self.broken(e))
     }
@@ -379,16 +405,18 @@ impl Connection {
         slot: &TcpSlot,
         idx: usize,
         w: Writer,
+        payload: &[u8],
     ) -> Result<Vec<u8>, TransportError> {
         let mut busy = slot.busy.lock().unwrap_or_else(|p| p.into_inner());
         *busy = busy.wrapping_add(1);
         let seq = *busy;
         let frame = w.finish_on(idx as u16, 0, seq);
-        writer
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .write_all(&frame)
-            .map_err(|_| TransportError::PeerGone)?;
+        {
+            let mut out = writer.lock().unwrap_or_else(|p| p.into_inner());
+            out.write_all(&frame)
+                .and_then(|_| out.write_all(payload))
+                .map_err(|_| TransportError::PeerGone)?;
+        }
         let mut reply = slot.reply.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             if let Some((h, body)) = reply.take() {

@@ -31,13 +31,19 @@ pub enum DecodeError {
 pub struct Writer {
     buf: Vec<u8>,
     opcode: u16,
+    /// Bytes that follow the body but are sent from the caller's own memory (bulk data).
+    trailer: usize,
 }
 
 impl Writer {
     pub fn new(opcode: u16) -> Writer {
         let mut buf = Vec::with_capacity(256);
         buf.resize(HEADER_LEN, 0);
-        Writer { buf, opcode }
+        Writer {
+            buf,
+            opcode,
+            trailer: 0,
+        }
     }
 
     pub fn opcode(&self) -> u16 {
@@ -61,7 +67,7 @@ impl Writer {
 
     /// As [`Writer::finish`], for lane `lane` of a multiplexed stream.
     pub fn finish_on(mut self, lane: u16, flags: u8, seq: u32) -> Vec<u8> {
-        let len = self.body_len();
+        let len = self.body_len() + self.trailer;
         debug_assert!(len <= MAX_BODY as usize);
         let h = FrameHeader {
             flags,
@@ -72,6 +78,13 @@ impl Writer {
         };
         self.buf[..HEADER_LEN].copy_from_slice(&h.encode());
         self.buf
+    }
+
+    /// Ends the body with a length-prefixed byte string of `len` bytes that the caller sends
+    /// right after the frame from its own memory (no copy into the frame). Must come last.
+    pub fn trailing_bytes(&mut self, len: usize) {
+        self.u64(len as u64);
+        self.trailer = len;
     }
 
     /// A position to [`Writer::rewind`] to, discarding what was written after it.

@@ -51,6 +51,27 @@ impl ShmLink {
         }
     }
 
+    /// Sends one frame made of several parts (a header-and-body head, then bulk data).
+    pub fn send_parts(&mut self, parts: &[&[u8]]) -> Result<(), TransportError> {
+        let ctx = self.ctx();
+        for p in parts {
+            self.tx.write_all(p, &ctx)?;
+        }
+        Ok(())
+    }
+
+    /// Receives a frame's header; its body must then be read with [`ShmLink::recv_exact`].
+    pub fn recv_header(&mut self) -> Result<FrameHeader, TransportError> {
+        let mut h = [0u8; HEADER_LEN];
+        self.rx.read_exact(&mut h, &self.ctx())?;
+        Ok(FrameHeader::decode(&h)?)
+    }
+
+    /// Reads the next `buf.len()` bytes of the frame being received.
+    pub fn recv_exact(&mut self, buf: &mut [u8]) -> Result<(), TransportError> {
+        self.rx.read_exact(buf, &self.ctx())
+    }
+
     /// Blocks until a frame starts arriving (spin, then sleep).
     pub fn wait_incoming(&self) -> Result<(), TransportError> {
         self.rx.wait_readable(&self.ctx())

@@ -18,7 +18,32 @@ fn finish_read(
     ev_id: u64,
     scatter: Scatter,
 ) -> Result<i32, ClErr> {
-    let reply = rt::call(w)?;
+    finish_read_into(w, read_id, event, ev_id, scatter, None)
+}
+
+/// Reply of an inline read: status i32, mode u8, data length u64, then the data.
+const READ_PREFIX: usize = 13;
+
+/// As `finish_read`; with `direct`, inline data is read from the transport straight into the
+/// application's buffer.
+fn finish_read_into(
+    w: Writer,
+    read_id: u64,
+    event: *mut Handle,
+    ev_id: u64,
+    scatter: Scatter,
+    direct: Option<&mut [u8]>,
+) -> Result<i32, ClErr> {
+    let (reply, filled) = rt::call_bulk(w, &[], direct.map(|d| (READ_PREFIX, d)))?;
+    if filled {
+        if Reader::new(&reply).i32()? != CL_SUCCESS {
+            return Err(ClErr(CL_OUT_OF_RESOURCES));
+        }
+        // SAFETY: the application's `cl_event *` or NULL.
+        unsafe { set_event(event, ev_id) };
+        rt::after_sync();
+        return Ok(CL_SUCCESS);
+    }
     let mut r = Reader::new(&reply);
     let st = r.i32()?;
     if st != CL_SUCCESS {
@@ -38,7 +63,17 @@ fn finish_read(
 }
 
 fn finish_write(w: Writer, event: *mut Handle, ev_id: u64, blocking: u32) -> Result<i32, ClErr> {
-    let reply = rt::call(w)?;
+    finish_write_bulk(w, &[], event, ev_id, blocking)
+}
+
+fn finish_write_bulk(
+    w: Writer,
+    payload: &[u8],
+    event: *mut Handle,
+    ev_id: u64,
+    blocking: u32,
+) -> Result<i32, ClErr> {
+    let reply = rt::call_bulk(w, payload, None)?.0;
     let st = Reader::new(&reply).i32()?;
     if st == CL_SUCCESS {
         // SAFETY: as above.
@@ -84,12 +119,16 @@ pub unsafe extern "C" fn clEnqueueReadBuffer(
         let read_id = rt::alloc_id();
         w.u64(ev_id);
         w.u64(read_id);
-        finish_read(
+        // SAFETY: the application promises `size` writable bytes at `ptr`.
+        let direct = (blocking != 0)
+            .then(|| unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, size) });
+        finish_read_into(
             w,
             read_id,
             event,
             ev_id,
             Scatter::Plain { dst: ptr as usize },
+            direct,
         )
     })
 }
@@ -119,15 +158,20 @@ pub unsafe extern "C" fn clEnqueueWriteBuffer(
         w.u32(blocking);
         w.usize(offset);
         w.usize(size);
-        // SAFETY: the application promises `size` readable bytes at `ptr`.
-        w.opt_bytes(
-            (!ptr.is_null()).then(|| unsafe { std::slice::from_raw_parts(ptr as *const u8, size) }),
-        );
         // SAFETY: as above.
         unsafe { wait_list(&mut w, n, list) }?;
         let ev_id = event_id(event);
         w.u64(ev_id);
-        finish_write(w, event, ev_id, blocking)
+        // The data goes last, straight from the application's memory into the transport.
+        w.bool(!ptr.is_null());
+        let payload: &[u8] = if ptr.is_null() {
+            &[]
+        } else {
+            w.trailing_bytes(size);
+            // SAFETY: the application promises `size` readable bytes at `ptr`.
+            unsafe { std::slice::from_raw_parts(ptr as *const u8, size) }
+        };
+        finish_write_bulk(w, payload, event, ev_id, blocking)
     })
 }
 

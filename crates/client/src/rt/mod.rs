@@ -77,6 +77,17 @@ pub fn call(w: Writer) -> Result<Vec<u8>, ClErr> {
     conn.call(w).map_err(|_| ClErr(CL_OUT_OF_RESOURCES))
 }
 
+/// A call with bulk data (see `Connection::call_bulk`).
+pub fn call_bulk(
+    w: Writer,
+    payload: &[u8],
+    sink: Option<(usize, &mut [u8])>,
+) -> Result<(Vec<u8>, bool), ClErr> {
+    let conn = connection::get().ok_or(ClErr(CL_OUT_OF_RESOURCES))?;
+    conn.call_bulk(w, payload, sink)
+        .map_err(|_| ClErr(CL_OUT_OF_RESOURCES))
+}
+
 /// Sends a request whose every error the client has already ruled out, without waiting: the
 /// reply is CL_SUCCESS by construction. The lane keeps it in order with the thread's later
 /// calls; the server logs (and counts) a failure it did not expect.

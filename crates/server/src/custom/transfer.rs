@@ -172,9 +172,10 @@ pub fn clEnqueueWriteBuffer(
 ) -> Result<(), DecodeError> {
     let (queue, mem, blocking, offset, size) =
         (r.u64()?, r.u64()?, r.u32()?, r.usize()?, r.usize()?);
-    let data = r.opt_bytes_ref()?;
     let wl = WaitList::decode(r)?;
     let event_id = r.u64()?;
+    // The data comes last: the client sends it straight from the application's memory.
+    let data = r.opt_bytes_ref()?;
     r.finish()?;
     let run = || -> Result<i32, i32> {
         let t = target(s, queue, mem)?;

@@ -4,6 +4,7 @@ fine-grained shared virtual memory (README)."""
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -14,10 +15,14 @@ VERSION = "2026.1.4"
 SUITE = ROOT / "target" / "pyopencl-src" / f"pyopencl-{VERSION}" / "test"
 
 
+# Test ids name the device, which Wormhole marks as forwarded: compare without it.
+DEVICE = re.compile(r"<pyopencl\.Device '.*?' on '.*?'>")
+
+
 def outcomes(junit: pathlib.Path):
     res = {}
     for case in ET.parse(junit).getroot().iter("testcase"):
-        name = f'{case.get("classname")}::{case.get("name")}'
+        name = DEVICE.sub("<device>", f'{case.get("classname")}::{case.get("name")}')
         kinds = [c.tag for c in case]
         if "skipped" in kinds:
             el = case.find("skipped")

@@ -63,6 +63,14 @@ enum Cmd {
         ring_kib: u64,
         #[arg(long, default_value = "unix")]
         transport: String,
+        #[arg(long, default_value = "default")]
+        tenant: String,
+        #[arg(long, default_value_t = 0)]
+        slot: usize,
+        #[arg(long)]
+        mem_quota: Option<u64>,
+        #[arg(long)]
+        max_objects: Option<usize>,
     },
 }
 
@@ -153,7 +161,23 @@ fn run(cli: Cli) -> Result<(), CliError> {
             lanes,
             ring_kib,
             transport,
+            tenant,
+            slot,
+            mem_quota,
+            max_objects,
         } => {
+            // SAFETY: the supervisor hands the tenant's memory ledger as fd 5 (dup2 before exec).
+            let ledger = wormhole_server::quota::Ledger::from_fd(unsafe {
+                std::os::fd::OwnedFd::from_raw_fd(5)
+            })
+            .ok();
+            wormhole_server::worker::set_limits(wormhole_server::worker::Limits {
+                tenant,
+                ledger,
+                slot,
+                mem_quota,
+                max_objects,
+            });
             // SAFETY: the supervisor hands the stats socket as fd 4 (dup2 before exec); nothing
             // else in this process owns it.
             let stats = unsafe { UnixStream::from_raw_fd(4) };

@@ -87,6 +87,11 @@ fn hello() -> Vec<u8> {
     let mut hello = Writer::new(control::HELLO);
     hello.u8(VERSION);
     hello.bytes(API_OPENCL.as_bytes());
+    // TCP tenants identify themselves with a token (local ones by their uid).
+    let token = std::env::var("WORMHOLE_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty());
+    hello.opt_bytes(token.as_deref().map(str::as_bytes));
     hello.finish(0, 0)
 }
 

@@ -18,6 +18,46 @@ pub struct Config {
     pub ring_kib: u64,
     /// Prefix of forwarded device names.
     pub name_prefix: String,
+    /// Who may open sessions, and within which limits. Without any, every local user is the
+    /// tenant "default" without limits.
+    #[serde(rename = "tenant")]
+    pub tenants: Vec<Tenant>,
+}
+
+/// A tenant: the users (local) or token (TCP) that identify it and the limits of its sessions.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tenant {
+    pub name: String,
+    /// Local users (peer credentials of the Unix socket) that are this tenant.
+    #[serde(default)]
+    pub uids: Vec<u32>,
+    /// Shared secret a TCP client presents (`WORMHOLE_TOKEN`) to be this tenant.
+    #[serde(default)]
+    pub token: Option<String>,
+    /// Device memory all sessions of the tenant may hold together, MiB.
+    #[serde(default)]
+    pub mem_quota_mib: Option<u64>,
+    /// Sessions the tenant may have open at once.
+    #[serde(default)]
+    pub max_sessions: Option<usize>,
+    /// Objects one session may hold at once.
+    #[serde(default)]
+    pub max_objects: Option<usize>,
+}
+
+impl Tenant {
+    /// The tenant of a configuration that names none: everyone, no limits.
+    pub fn open() -> Tenant {
+        Tenant {
+            name: "default".into(),
+            uids: Vec::new(),
+            token: None,
+            mem_quota_mib: None,
+            max_sessions: None,
+            max_objects: None,
+        }
+    }
 }
 
 impl Default for Config {
@@ -29,6 +69,7 @@ impl Default for Config {
             lanes: 16,
             ring_kib: 256,
             name_prefix: "Wormhole \u{2192} ".into(),
+            tenants: Vec::new(),
         }
     }
 }
@@ -72,6 +113,21 @@ impl Config {
                 "ring_kib = {} must be a power of two between 4 and 1048576",
                 self.ring_kib
             )));
+        }
+        let mut names = std::collections::HashSet::new();
+        for t in &self.tenants {
+            if !names.insert(&t.name) {
+                return Err(ConfigError::Invalid(format!(
+                    "tenant {} is defined twice",
+                    t.name
+                )));
+            }
+            if t.uids.is_empty() && t.token.is_none() {
+                return Err(ConfigError::Invalid(format!(
+                    "tenant {} has neither uids nor a token",
+                    t.name
+                )));
+            }
         }
         if self.lanes == 0 || self.lanes > 256 {
             return Err(ConfigError::Invalid(format!(

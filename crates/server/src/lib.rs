@@ -8,6 +8,7 @@ pub mod config;
 mod custom;
 mod info;
 mod props;
+pub mod quota;
 mod rt;
 mod session;
 pub mod supervisor;

@@ -75,13 +75,19 @@ pub fn bind_created(s: &Session, id: u64, kind: HandleKind, obj: Handle, errcode
     }
     s.bind(id, kind, obj);
     if kind == HandleKind::Mem {
-        track_memory(s, obj);
+        if let Err(code) = track_memory(s, obj) {
+            s.forget(id);
+            // SAFETY: the object was just created and nobody else knows it.
+            unsafe { ffi::clReleaseMemObject(obj) };
+            return code;
+        }
     }
     CL_SUCCESS
 }
 
-/// Counts a memory object's bytes against the session until the driver destroys it.
-fn track_memory(s: &Session, mem: Handle) {
+/// Counts a memory object's bytes against the session and its tenant's quota until the driver
+/// destroys it; an object that would exceed the quota is refused.
+fn track_memory(s: &Session, mem: Handle) -> Result<(), i32> {
     let mut parent: Handle = std::ptr::null_mut();
     let mut size: usize = 0;
     // SAFETY: `mem` is a live memory object; the outputs are local variables of the right size.
@@ -94,7 +100,7 @@ fn track_memory(s: &Session, mem: Handle) {
             std::ptr::null_mut(),
         );
         if !parent.is_null() {
-            return; // a sub-buffer shares its parent's memory
+            return Ok(()); // a sub-buffer shares its parent's memory
         }
         if ffi::clGetMemObjectInfo(
             mem,
@@ -104,13 +110,18 @@ fn track_memory(s: &Session, mem: Handle) {
             std::ptr::null_mut(),
         ) != CL_SUCCESS
         {
-            return;
+            return Ok(());
         }
+    }
+    if !crate::worker::limits().reserve(size as u64) {
+        return Err(CL_MEM_OBJECT_ALLOCATION_FAILURE);
     }
     s.mem_bytes.fetch_add(size as i64, Ordering::Relaxed);
     crate::callbacks::on_mem_destroyed(mem, move || {
         crate::worker::session()
             .mem_bytes
             .fetch_sub(size as i64, Ordering::Relaxed);
+        crate::worker::limits().release(size as u64);
     });
+    Ok(())
 }

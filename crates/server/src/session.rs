@@ -98,6 +98,15 @@ impl Session {
             tracing::warn!(id, "client offered an invalid id for a new object");
             return Err(CL_INVALID_VALUE);
         }
+        if let Some(max) = crate::worker::limits().max_objects {
+            if t.by_id.len() >= max {
+                tracing::warn!(
+                    max,
+                    "object refused: the session holds its limit of objects"
+                );
+                return Err(CL_OUT_OF_HOST_MEMORY);
+            }
+        }
         Ok(())
     }
 

@@ -1,7 +1,8 @@
 //! The supervisor: accepts sessions on the Unix socket, checks their HELLO, and hands each to
 //! a fresh worker process (`wh worker`); reaps workers and answers `wh status`.
 
-use crate::config::Config;
+use crate::config::{Config, Tenant};
+use crate::quota::Ledger;
 use std::collections::HashMap;
 use std::io::Write;
 use std::net::{TcpListener, TcpStream};
@@ -37,9 +38,24 @@ struct Worker {
     peer_pid: Option<i32>,
     peer_uid: Option<u32>,
     started: Instant,
+    tenant: usize,
+    slot: usize,
 }
 
-type Workers = Arc<Mutex<HashMap<u32, Worker>>>;
+/// A tenant's limits and the memory ledger its sessions share.
+struct TenantState {
+    cfg: Tenant,
+    ledger: Ledger,
+    slots: Vec<bool>,
+}
+
+#[derive(Default)]
+struct State {
+    workers: HashMap<u32, Worker>,
+    tenants: Vec<TenantState>,
+}
+
+type Workers = Arc<Mutex<State>>;
 
 /// Runs the server in the foreground until killed.
 pub fn serve(config: Config) -> Result<(), ServeError> {
@@ -63,7 +79,27 @@ pub fn serve(config: Config) -> Result<(), ServeError> {
         source,
     })?;
     tracing::info!(socket = %config.socket.display(), "wormhole server listening");
-    let workers: Workers = Arc::default();
+    let tenant_cfgs = if config.tenants.is_empty() {
+        vec![Tenant::open()]
+    } else {
+        config.tenants.clone()
+    };
+    let mut tenants = Vec::new();
+    for cfg in tenant_cfgs {
+        let ledger = Ledger::create().map_err(|source| ServeError::Runtime {
+            path: dir.clone(),
+            source,
+        })?;
+        tenants.push(TenantState {
+            cfg,
+            ledger,
+            slots: vec![false; crate::quota::SLOTS],
+        });
+    }
+    let workers: Workers = Arc::new(Mutex::new(State {
+        workers: HashMap::new(),
+        tenants,
+    }));
     {
         let workers = workers.clone();
         std::thread::spawn(move || reap(workers));
@@ -178,10 +214,20 @@ fn accept(
         }
     }
     let mut r = Reader::new(&body);
-    let hello = (|| Ok::<_, wormhole_protocol::DecodeError>((r.u8()?, r.bytes()?.to_vec())))();
-    match hello {
-        Ok((v, api)) if v == VERSION && api == API_OPENCL.as_bytes() => {}
-        Ok((v, api)) => {
+    let hello = (|| {
+        let v = r.u8()?;
+        let api = r.bytes()?.to_vec();
+        // A token (TCP tenants) may follow.
+        let token = if r.remaining() > 0 {
+            r.opt_bytes()?
+        } else {
+            None
+        };
+        Ok::<_, wormhole_protocol::DecodeError>((v, api, token))
+    })();
+    let token = match hello {
+        Ok((v, api, token)) if v == VERSION && api == API_OPENCL.as_bytes() => token,
+        Ok((v, api, _)) => {
             refuse(
                 &stream,
                 &format!(
@@ -195,8 +241,14 @@ fn accept(
             refuse(&stream, &format!("malformed HELLO: {e}"));
             return Ok(());
         }
-    }
-    if workers.lock().unwrap_or_else(|p| p.into_inner()).len() >= config.max_sessions {
+    };
+    if workers
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .workers
+        .len()
+        >= config.max_sessions
+    {
         refuse(
             &stream,
             &format!("server is at its limit of {} sessions", config.max_sessions),
@@ -213,6 +265,55 @@ fn accept(
         Conn::Unix(_) => "unix",
         Conn::Tcp(_) => "tcp",
     };
+    // Who is this? Local peers by uid, TCP peers by token.
+    let mut state = workers.lock().unwrap_or_else(|p| p.into_inner());
+    let tenant = if config.tenants.is_empty() {
+        Some(0)
+    } else {
+        match (&stream, cred, &token) {
+            (Conn::Unix(_), Some(c), _) => state
+                .tenants
+                .iter()
+                .position(|t| t.cfg.uids.contains(&c.uid())),
+            (Conn::Tcp(_), _, Some(tok)) => state
+                .tenants
+                .iter()
+                .position(|t| t.cfg.token.as_deref().map(str::as_bytes) == Some(tok.as_slice())),
+            _ => None,
+        }
+    };
+    let Some(tenant) = tenant else {
+        let who = match (cred, &token) {
+            (Some(c), _) => format!("uid {} is not a tenant of this server", c.uid()),
+            (None, Some(_)) => "unknown token".to_string(),
+            (None, None) => {
+                "no token: TCP sessions must present a tenant token (WORMHOLE_TOKEN)".to_string()
+            }
+        };
+        drop(state);
+        refuse(&stream, &who);
+        return Ok(());
+    };
+    let open_sessions = state
+        .workers
+        .values()
+        .filter(|w| w.tenant == tenant)
+        .count();
+    let t = &mut state.tenants[tenant];
+    if t.cfg.max_sessions.is_some_and(|m| open_sessions >= m) {
+        let reason = format!(
+            "tenant {} is at its limit of {} sessions",
+            t.cfg.name, open_sessions
+        );
+        drop(state);
+        refuse(&stream, &reason);
+        return Ok(());
+    }
+    let Some(slot) = t.slots.iter().position(|used| !used) else {
+        drop(state);
+        refuse(&stream, "no session slot left for this tenant");
+        return Ok(());
+    };
     let (stats_ours, stats_theirs) = UnixStream::pair()?;
     let session_fd = stream.fd();
     let stats_fd = stats_theirs.as_raw_fd();
@@ -224,18 +325,33 @@ fn accept(
         .arg(config.ring_kib.to_string())
         .arg("--transport")
         .arg(transport)
+        .arg("--tenant")
+        .arg(&t.cfg.name)
+        .arg("--slot")
+        .arg(slot.to_string())
         .env("OCL_ICD_VENDORS", vendors)
         .env("WORMHOLE_NAME_PREFIX", &config.name_prefix);
+    if let Some(q) = t.cfg.mem_quota_mib {
+        cmd.arg("--mem-quota").arg((q << 20).to_string());
+    }
+    if let Some(m) = t.cfg.max_objects {
+        cmd.arg("--max-objects").arg(m.to_string());
+    }
+    let ledger_fd = t.ledger.raw_fd();
     // SAFETY: dup2 is async-signal-safe; the source descriptors stay open until after spawn.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::dup2(session_fd, 3) < 0 || libc::dup2(stats_fd, 4) < 0 {
+            if libc::dup2(session_fd, 3) < 0
+                || libc::dup2(stats_fd, 4) < 0
+                || libc::dup2(ledger_fd, 5) < 0
+            {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });
     }
     let child = cmd.spawn()?;
+    t.slots[slot] = true;
     let pid = child.id();
     tracing::info!(
         worker = pid,
@@ -243,7 +359,7 @@ fn accept(
         peer_uid = cred.map(|c| c.uid()),
         "session started"
     );
-    workers.lock().unwrap_or_else(|p| p.into_inner()).insert(
+    state.workers.insert(
         pid,
         Worker {
             child,
@@ -251,6 +367,8 @@ fn accept(
             peer_pid: cred.map(|c| c.pid()),
             peer_uid: cred.map(|c| c.uid()),
             started: Instant::now(),
+            tenant,
+            slot,
         },
     );
     Ok(())
@@ -260,14 +378,26 @@ fn accept(
 fn reap(workers: Workers) {
     loop {
         std::thread::sleep(Duration::from_millis(200));
-        let mut w = workers.lock().unwrap_or_else(|p| p.into_inner());
-        w.retain(|pid, wk| match wk.child.try_wait() {
-            Ok(Some(st)) => {
-                tracing::info!(worker = pid, status = %st, "session ended");
-                false
+        let mut guard = workers.lock().unwrap_or_else(|p| p.into_inner());
+        let state = &mut *guard;
+        let tenants = &mut state.tenants;
+        state.workers.retain(|pid, wk| {
+            let done = match wk.child.try_wait() {
+                Ok(Some(st)) => {
+                    tracing::info!(worker = pid, status = %st, "session ended");
+                    true
+                }
+                Ok(None) => false,
+                Err(_) => true,
+            };
+            if done {
+                // Whatever the session still held (a crash frees no driver objects one by one)
+                // no longer counts against its tenant.
+                let t = &mut tenants[wk.tenant];
+                t.ledger.write_off(wk.slot);
+                t.slots[wk.slot] = false;
             }
-            Ok(None) => true,
-            Err(_) => false,
+            !done
         });
     }
 }
@@ -275,8 +405,25 @@ fn reap(workers: Workers) {
 /// Answers `wh status` with one JSON document.
 fn status(workers: &Workers, stream: &UnixStream) -> std::io::Result<()> {
     let mut sessions = Vec::new();
-    let mut w = workers.lock().unwrap_or_else(|p| p.into_inner());
-    for (pid, wk) in w.iter_mut() {
+    let mut guard = workers.lock().unwrap_or_else(|p| p.into_inner());
+    let state = &mut *guard;
+    let tenant_json: Vec<String> = state
+        .tenants
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            format!(
+                "{{\"name\":\"{}\",\"sessions\":{},\"mem_bytes\":{},\"mem_quota\":{}}}",
+                t.cfg.name,
+                state.workers.values().filter(|w| w.tenant == i).count(),
+                t.ledger.total(),
+                t.cfg
+                    .mem_quota_mib
+                    .map_or("null".to_string(), |q| (q << 20).to_string())
+            )
+        })
+        .collect();
+    for (pid, wk) in state.workers.iter_mut() {
         let mut q = Writer::new(control::STATUS);
         q.u8(0);
         let _ = wk.stats.set_read_timeout(Some(Duration::from_millis(500)));
@@ -297,7 +444,11 @@ fn status(workers: &Workers, stream: &UnixStream) -> std::io::Result<()> {
             wk.started.elapsed().as_secs_f64()
         ));
     }
-    let json = format!("{{\"sessions\":[{}]}}", sessions.join(","));
+    let json = format!(
+        "{{\"tenants\":[{}],\"sessions\":[{}]}}",
+        tenant_json.join(","),
+        sessions.join(",")
+    );
     let mut reply = Writer::new(control::STATUS);
     reply.bytes(json.as_bytes());
     (&*stream).write_all(&reply.finish(FLAG_REPLY, 0))

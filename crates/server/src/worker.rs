@@ -19,10 +19,67 @@ use wormhole_transport::{
 };
 
 static SESSION: OnceLock<Session> = OnceLock::new();
+static LIMITS: OnceLock<Limits> = OnceLock::new();
 
 /// The worker's one session.
 pub fn session() -> &'static Session {
     SESSION.get_or_init(Session::default)
+}
+
+/// What the session's tenant may use (set once at start; unlimited if never set).
+#[derive(Default)]
+pub struct Limits {
+    pub tenant: String,
+    pub ledger: Option<crate::quota::Ledger>,
+    pub slot: usize,
+    pub mem_quota: Option<u64>,
+    pub max_objects: Option<usize>,
+}
+
+impl Limits {
+    /// Fails fast when `bytes` more would exceed the tenant's quota (nothing is reserved).
+    pub fn precheck(&self, bytes: u64) -> Result<(), i32> {
+        match (&self.ledger, self.mem_quota) {
+            (Some(l), Some(q)) if (l.total().max(0) as u64).saturating_add(bytes) > q => {
+                tracing::warn!(tenant = %self.tenant, bytes, quota = q, "allocation refused: over the tenant's memory quota");
+                Err(wormhole_protocol::cl::CL_MEM_OBJECT_ALLOCATION_FAILURE)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Reserves `bytes` against the quota; false (and a log line) if that would exceed it.
+    pub fn reserve(&self, bytes: u64) -> bool {
+        match &self.ledger {
+            Some(l) => {
+                let ok = l.reserve(self.slot, bytes, self.mem_quota);
+                if !ok {
+                    tracing::warn!(tenant = %self.tenant, bytes, quota = self.mem_quota, "allocation refused: over the tenant's memory quota");
+                }
+                ok
+            }
+            None => true,
+        }
+    }
+
+    pub fn release(&self, bytes: u64) {
+        if let Some(l) = &self.ledger {
+            l.release(self.slot, bytes);
+        }
+    }
+
+    pub fn tenant_bytes(&self) -> i64 {
+        self.ledger.as_ref().map_or(0, |l| l.total())
+    }
+}
+
+pub fn limits() -> &'static Limits {
+    LIMITS.get_or_init(Limits::default)
+}
+
+/// Sets the session's limits; call once, before serving.
+pub fn set_limits(l: Limits) {
+    let _ = LIMITS.set(l);
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -48,8 +105,8 @@ pub fn run(sock: UnixStream, stats: Option<UnixStream>, layout: Layout) -> Resul
     // The process ends with its client, so lanes need not poll for liveness: they sleep until
     // the client writes (no CPU while the tenant is idle).
     let policy = SpinPolicy {
-        spin: Duration::from_micros(50),
         sleep_slice: Duration::from_secs(3600),
+        ..SpinPolicy::default()
     };
     for lane in 0..layout.lanes {
         let region = region.clone();
@@ -229,8 +286,11 @@ fn serve_stats(mut sock: UnixStream) {
             .map(|(k, n)| format!("\"{k:?}\":{n}"))
             .collect();
         let json = format!(
-            "{{\"pid\":{},\"calls\":{},\"async_failures\":{},\"mem_bytes\":{},\"objects\":{{{}}}}}",
+            "{{\"pid\":{},\"tenant\":\"{}\",\"mem_quota\":{},\"tenant_mem_bytes\":{},\"calls\":{},\"async_failures\":{},\"mem_bytes\":{},\"objects\":{{{}}}}}",
             std::process::id(),
+            limits().tenant,
+            limits().mem_quota.map_or("null".to_string(), |q| q.to_string()),
+            limits().tenant_bytes(),
             s.calls.load(std::sync::atomic::Ordering::Relaxed),
             s.async_failures.load(std::sync::atomic::Ordering::Relaxed),
             s.mem_bytes(),

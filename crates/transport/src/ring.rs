@@ -197,6 +197,12 @@ fn wait_until(
         }
         std::hint::spin_loop();
     }
+    while start.elapsed() < w.policy.yield_until {
+        std::thread::yield_now();
+        if ready()? {
+            return Ok(());
+        }
+    }
     loop {
         flag.store(1, Ordering::Relaxed);
         fence(Ordering::SeqCst);

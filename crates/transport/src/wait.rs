@@ -79,16 +79,23 @@ impl Waiter for PollWaiter {
 /// How long to spin before sleeping, and how often a sleeper re-checks that its peer lives.
 #[derive(Debug, Clone, Copy)]
 pub struct SpinPolicy {
+    /// Busy-wait this long first: a forwarded call usually answers within a few µs.
     pub spin: Duration,
+    /// Then keep polling but yield the CPU between polls for up to this long (in all): on a
+    /// machine with few cores the driver's own threads (which run the kernels we wait for)
+    /// get the CPU, and a quick answer is still seen without a wake-up.
+    pub yield_until: Duration,
+    /// Then sleep, waking at least this often to check that the peer lives.
     pub sleep_slice: Duration,
 }
 
 impl Default for SpinPolicy {
     fn default() -> Self {
-        // 50 µs covers a forwarded call's server work in the common case; 50 ms bounds how late
-        // a dead peer is noticed (well under the 1 s a waiting call may take to fail).
+        // 50 ms bounds how late a dead peer is noticed (well under the 1 s a waiting call may
+        // take to fail).
         SpinPolicy {
-            spin: Duration::from_micros(50),
+            spin: Duration::from_micros(5),
+            yield_until: Duration::from_micros(200),
             sleep_slice: Duration::from_millis(50),
         }
     }

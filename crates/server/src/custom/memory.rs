@@ -90,6 +90,8 @@ fn create_buffer(
                 return Err(CL_INVALID_VALUE);
             }
         }
+        // Refuse what cannot fit the quota before the driver allocates it.
+        crate::worker::limits().precheck(size as u64)?;
         let (hp, shadow) = if svm_ptr != 0 {
             // A buffer over shared virtual memory uses that memory itself (same address on
             // both sides), once it is known to be this session's.

@@ -33,6 +33,11 @@ pub fn clSVMAlloc(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(),
             return None;
         }
         let len = size;
+        if !crate::worker::limits().reserve(len as u64) {
+            // SAFETY: just allocated, unknown to anyone else.
+            unsafe { ffi::clSVMFree(ctx, p as *mut c_void) };
+            return None;
+        }
         s.svm
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -102,7 +107,9 @@ pub fn clEnqueueSVMFree(
         };
         if st == CL_SUCCESS {
             for p in &raw {
-                svm.remove(&(*p as usize));
+                if let Some(len) = svm.remove(&(*p as usize)) {
+                    crate::worker::limits().release(len as u64);
+                }
             }
             release_own(event_id, ev.finish(s));
         }

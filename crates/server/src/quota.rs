@@ -1,0 +1,108 @@
+//! Device-memory accounting of a tenant, shared by the supervisor and every worker of that
+//! tenant: a small memfd holding the tenant's total and one slot per session. Workers reserve
+//! before they keep memory and give it back when the driver frees it; when a worker dies, the
+//! supervisor writes its slot off, so a crashed session never leaks quota.
+
+use memmap2::MmapRaw;
+use std::fs::File;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicI64, Ordering};
+
+pub const SLOTS: usize = 256;
+
+#[repr(C)]
+struct Shared {
+    total: AtomicI64,
+    slots: [AtomicI64; SLOTS],
+}
+
+pub struct Ledger {
+    map: MmapRaw,
+    file: File,
+}
+
+impl Ledger {
+    pub fn create() -> std::io::Result<Ledger> {
+        let fd = nix::sys::memfd::memfd_create(
+            c"wormhole-ledger",
+            nix::sys::memfd::MemFdCreateFlag::empty(),
+        )?;
+        let file = File::from(fd);
+        file.set_len(std::mem::size_of::<Shared>() as u64)?;
+        Self::map(file)
+    }
+
+    pub fn from_fd(fd: OwnedFd) -> std::io::Result<Ledger> {
+        let file = File::from(fd);
+        if file.metadata()?.len() < std::mem::size_of::<Shared>() as u64 {
+            return Err(std::io::Error::other("ledger too small"));
+        }
+        Self::map(file)
+    }
+
+    fn map(file: File) -> std::io::Result<Ledger> {
+        let map = MmapRaw::map_raw(&file)?;
+        Ok(Ledger { map, file })
+    }
+
+    pub fn raw_fd(&self) -> i32 {
+        self.file.as_raw_fd()
+    }
+
+    fn shared(&self) -> &Shared {
+        // SAFETY: the mapping is at least size_of::<Shared>() bytes (checked or created so),
+        // page-aligned, and only ever accessed through these atomics.
+        unsafe { &*(self.map.as_ptr() as *const Shared) }
+    }
+
+    /// Takes `bytes` for session `slot` if the tenant stays within `quota`.
+    pub fn reserve(&self, slot: usize, bytes: u64, quota: Option<u64>) -> bool {
+        let s = self.shared();
+        let b = bytes.min(i64::MAX as u64) as i64;
+        let before = s.total.fetch_add(b, Ordering::AcqRel);
+        if let Some(q) = quota {
+            if before.saturating_add(b) > q.min(i64::MAX as u64) as i64 {
+                s.total.fetch_sub(b, Ordering::AcqRel);
+                return false;
+            }
+        }
+        s.slots[slot % SLOTS].fetch_add(b, Ordering::AcqRel);
+        true
+    }
+
+    pub fn release(&self, slot: usize, bytes: u64) {
+        let s = self.shared();
+        let b = bytes.min(i64::MAX as u64) as i64;
+        s.slots[slot % SLOTS].fetch_sub(b, Ordering::AcqRel);
+        s.total.fetch_sub(b, Ordering::AcqRel);
+    }
+
+    /// The session in `slot` is gone: everything it held is free again.
+    pub fn write_off(&self, slot: usize) {
+        let s = self.shared();
+        let held = s.slots[slot % SLOTS].swap(0, Ordering::AcqRel);
+        s.total.fetch_sub(held, Ordering::AcqRel);
+    }
+
+    pub fn total(&self) -> i64 {
+        self.shared().total.load(Ordering::Acquire)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quota_is_shared_and_written_off() {
+        let a = Ledger::create().unwrap();
+        let b = Ledger::from_fd(a.file.try_clone().unwrap().into()).unwrap();
+        assert!(a.reserve(0, 600, Some(1000)));
+        assert!(!b.reserve(1, 500, Some(1000)));
+        assert!(b.reserve(1, 400, Some(1000)));
+        assert_eq!(a.total(), 1000);
+        b.release(1, 400);
+        a.write_off(0);
+        assert_eq!(b.total(), 0);
+    }
+}

@@ -32,12 +32,13 @@ def c_programs(tmp_path_factory):
 class Server:
     """`wh serve` on a private socket, in its own process group (workers included)."""
 
-    def __init__(self, tmp: pathlib.Path, extra_env=None, tcp=False):
+    def __init__(self, tmp: pathlib.Path, extra_env=None, tcp=False, config=None):
         self.dir = tmp
         self.socket = str(tmp / "wh.sock")
         self.tcp = f"127.0.0.1:{free_port()}" if tcp else None
         self.log = tmp / "server.log"
         self.extra_env = extra_env or {}
+        self.config = config
         self.proc = None
 
     def env(self, **kw):
@@ -47,11 +48,13 @@ class Server:
         if self.tcp:
             e["WORMHOLE_SERVER"] = f"tcp://{self.tcp}"
         e.update(kw)
-        return e
+        return {k: v for k, v in e.items() if v != ""}
 
     def start(self):
         self.proc = subprocess.Popen(
-            [str(WH), "serve", "--socket", self.socket] + (["--tcp", self.tcp] if self.tcp else []),
+            [str(WH), "serve", "--socket", self.socket]
+            + (["--tcp", self.tcp] if self.tcp else [])
+            + (["--config", str(self.config)] if self.config else []),
             stdout=subprocess.DEVNULL,
             stderr=open(self.log, "w"),
             env=self.env(),
@@ -77,7 +80,7 @@ class Server:
         return subprocess.run(self.cmd(argv), env=self.env(**kw), capture_output=True, text=True, timeout=timeout)
 
     def popen(self, argv, **kw):
-        return subprocess.Popen(self.cmd(argv), env=self.env(**kw), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(self.cmd(argv), env=self.env(**kw), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def status(self):
         out = subprocess.run([str(WH), "status", "--socket", self.socket], capture_output=True, text=True, timeout=10, check=True)

@@ -338,14 +338,22 @@ fn accept(
         cmd.arg("--max-objects").arg(m.to_string());
     }
     let ledger_fd = t.ledger.raw_fd();
-    // SAFETY: dup2 is async-signal-safe; the source descriptors stay open until after spawn.
+    // SAFETY: fcntl and dup2 are async-signal-safe (no allocation: fixed array); the source
+    // descriptors stay open until after spawn.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::dup2(session_fd, 3) < 0
-                || libc::dup2(stats_fd, 4) < 0
-                || libc::dup2(ledger_fd, 5) < 0
-            {
-                return Err(std::io::Error::last_os_error());
+            // Move the sources out of the way first: one of them may itself be 3, 4 or 5.
+            let mut high = [0i32; 3];
+            for (h, fd) in high.iter_mut().zip([session_fd, stats_fd, ledger_fd]) {
+                *h = libc::fcntl(fd, libc::F_DUPFD, 10);
+                if *h < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            for (target, fd) in (3..).zip(high) {
+                if libc::dup2(fd, target) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
             }
             Ok(())
         });

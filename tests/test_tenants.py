@@ -1,0 +1,189 @@
+"""Tenants, quotas and untrusted input: a tenant reaches only its own objects and stays within
+its quota; unknown peers are refused; malformed messages end only their own session."""
+
+import os
+import signal
+import socket
+import struct
+import subprocess
+import time
+
+import pytest
+from conftest import Server
+
+CL_SUCCESS = 0
+CL_INVALID_MEM_OBJECT = -38
+CL_MEM_OBJECT_ALLOCATION_FAILURE = -4
+
+
+def config(tmp_path, body):
+    p = tmp_path / "wormhole.toml"
+    p.write_text(body)
+    return p
+
+
+@pytest.fixture
+def quota_server(tmp_path):
+    uid = os.getuid()
+    cfg = config(tmp_path, f'[[tenant]]\nname = "local"\nuids = [{uid}]\nmem_quota_mib = 64\n\n[[tenant]]\nname = "remote"\ntoken = "s3cret"\nmem_quota_mib = 64\n')
+    s = Server(tmp_path, tcp=True, config=cfg).start()
+    yield s
+    s.stop()
+
+
+def statuses(out):
+    return [int(line.split()[1]) for line in out.strip().splitlines()]
+
+
+def test_quota_overrun_fails_cleanly(quota_server, c_programs):
+    r = quota_server.run([c_programs["alloc"], "32", "16", "32", "8"], WORMHOLE_SERVER="")
+    assert r.returncode == 0, r.stderr
+    assert statuses(r.stdout) == [CL_SUCCESS, CL_SUCCESS, CL_MEM_OBJECT_ALLOCATION_FAILURE, CL_SUCCESS]
+
+
+def test_quota_is_per_tenant_across_sessions_and_freed_by_kill(quota_server, c_programs):
+    holder = quota_server.popen([c_programs["alloc"], "hold", "48"], WORMHOLE_SERVER="")
+    holder.stdin = None
+    assert holder.stdout.readline().split() == ["48", "0"]
+    # A second session of the same tenant shares the 64 MiB.
+    r = quota_server.run([c_programs["alloc"], "32"], WORMHOLE_SERVER="")
+    assert statuses(r.stdout) == [CL_MEM_OBJECT_ALLOCATION_FAILURE]
+    # The other tenant has its own quota.
+    r = quota_server.run([c_programs["alloc"], "32"], WORMHOLE_TOKEN="s3cret")
+    assert statuses(r.stdout) == [CL_SUCCESS], r.stderr
+    # Killing the holder gives its memory back to the tenant.
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        local = [t for t in quota_server.status()["tenants"] if t["name"] == "local"][0]
+        if local["sessions"] == 0 and local["mem_bytes"] == 0:
+            break
+        time.sleep(0.1)
+    assert local["mem_bytes"] == 0 and local["sessions"] == 0
+    r = quota_server.run([c_programs["alloc"], "32"], WORMHOLE_SERVER="")
+    assert statuses(r.stdout) == [CL_SUCCESS]
+
+
+def test_unknown_uid_and_bad_tokens_are_refused(tmp_path, c_programs):
+    cfg = config(tmp_path, '[[tenant]]\nname = "someone"\nuids = [4242]\ntoken = "right"\n')
+    s = Server(tmp_path, tcp=True, config=cfg).start()
+    try:
+        r = s.run([c_programs["vector_add"]], WORMHOLE_SERVER="")
+        assert r.returncode != 0
+        assert "is not a tenant of this server" in r.stderr
+        r = s.run([c_programs["vector_add"]])  # TCP, no token
+        assert "refused" in r.stderr and r.returncode != 0
+        r = s.run([c_programs["vector_add"]], WORMHOLE_TOKEN="wrong")
+        assert "unknown token" in r.stderr and r.returncode != 0
+        r = s.run([c_programs["vector_add"]], WORMHOLE_TOKEN="right")
+        assert r.returncode == 0, r.stderr
+        log = s.log.read_text()
+        assert "is not a tenant" in log and "unknown token" in log
+    finally:
+        s.stop()
+
+
+# {{{ raw protocol over TCP: what a hostile client can send
+
+HEADER = struct.Struct("<HBBHHII")
+MAGIC, VERSION, FLAG_REPLY = 0x4857, 1, 1
+HELLO, WELCOME = 0xF000, 0xF001
+OP_GET_MEM_OBJECT_INFO = 20
+CL_MEM_SIZE = 0x1102
+
+
+class Raw:
+    """A minimal client that speaks Wormhole's frames over TCP by hand."""
+
+    def __init__(self, addr, token=None):
+        host, port = addr.split(":")
+        self.s = socket.create_connection((host, int(port)), timeout=10)
+        body = struct.pack("<B", VERSION) + struct.pack("<Q", 6) + b"opencl"
+        if token is not None:
+            body += b"\x01" + struct.pack("<Q", len(token)) + token
+        else:
+            body += b"\x00"
+        self.send(HELLO, body)
+        op, _ = self.recv()
+        assert op == WELCOME
+
+    def send(self, op, body, lane=0, seq=1, raw_header=None):
+        self.s.sendall((raw_header or HEADER.pack(MAGIC, VERSION, 0, op, lane, len(body), seq)) + body)
+
+    def recv(self):
+        h = b""
+        while len(h) < HEADER.size:
+            chunk = self.s.recv(HEADER.size - len(h))
+            if not chunk:
+                raise ConnectionError("closed")
+            h += chunk
+        _, _, _, op, _, n, _ = HEADER.unpack(h)
+        body = b""
+        while len(body) < n:
+            chunk = self.s.recv(n - len(body))
+            if not chunk:
+                raise ConnectionError("closed")
+            body += chunk
+        return op, body
+
+    def mem_size(self, mem_id):
+        self.send(OP_GET_MEM_OBJECT_INFO, struct.pack("<QI", mem_id, CL_MEM_SIZE))
+        _, body = self.recv()
+        return struct.unpack("<i", body[:4])[0]
+
+
+def test_made_up_and_foreign_handles_get_the_native_error(quota_server):
+    a = Raw(quota_server.tcp, token=b"s3cret")
+    for guess in [1, 2, 3, 1 << 63 | 1, 0xDEADBEEF, 2**64 - 1]:
+        assert a.mem_size(guess) == CL_INVALID_MEM_OBJECT
+
+
+@pytest.mark.parametrize("garbage", ["bad magic", "huge length", "truncated body", "unknown opcode", "trailing bytes"])
+def test_malformed_messages_end_only_their_session(quota_server, c_programs, garbage):
+    bad = Raw(quota_server.tcp, token=b"s3cret")
+    if garbage == "bad magic":
+        bad.send(0, b"", raw_header=b"XX" + bytes(14))
+    elif garbage == "huge length":
+        bad.send(0, b"", raw_header=HEADER.pack(MAGIC, VERSION, 0, 20, 0, 0xFFFFFFFF, 1))
+    elif garbage == "truncated body":
+        bad.send(OP_GET_MEM_OBJECT_INFO, b"\x01\x02")
+    elif garbage == "unknown opcode":
+        bad.send(0x7777, b"")
+    elif garbage == "trailing bytes":
+        bad.send(OP_GET_MEM_OBJECT_INFO, struct.pack("<QI", 1, CL_MEM_SIZE) + b"extra")
+    with pytest.raises((ConnectionError, OSError)):
+        bad.recv()
+    # The server and other sessions carry on.
+    r = quota_server.run([c_programs["vector_add"]], WORMHOLE_SERVER="")
+    assert r.returncode == 0, r.stderr
+    assert "ending session" in quota_server.log.read_text() or "malformed" in quota_server.log.read_text()
+
+# }}}
+
+
+def test_many_clients_killed_at_random_leave_nothing_behind(server, c_programs):
+    import random
+
+    rng = random.Random(7)
+    procs = []
+    for i in range(100):
+        p = server.popen([c_programs["multithread"]])
+        procs.append(p)
+        time.sleep(rng.uniform(0, 0.05))
+        if len(procs) >= 8 or i == 99:
+            for q in procs:
+                time.sleep(rng.uniform(0, 0.1))
+                q.send_signal(signal.SIGKILL)
+            for q in procs:
+                q.wait()
+            procs = []
+    deadline = time.time() + 20
+    while time.time() < deadline and server.status()["sessions"]:
+        time.sleep(0.1)
+    st = server.status()
+    assert st["sessions"] == []
+    assert all(t["mem_bytes"] == 0 for t in st["tenants"])
+    assert server.proc.poll() is None
+    r = server.run([c_programs["vector_add"]])
+    assert r.returncode == 0, r.stderr

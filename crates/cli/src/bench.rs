@@ -251,10 +251,16 @@ pub fn run(icd_lib: &Path) -> Result<(), BenchError> {
 
     let modes = [Mode::Native, Mode::Shm, Mode::Tcp];
     eprintln!("wh bench: call-heavy workload (native, shared memory, TCP)...");
-    let mut figs: Vec<Figures> = Vec::new();
-    for m in modes {
-        figs.push(run_calls(&client, m, &server, &icd)?);
+    // Rounds alternate the modes so drift on a shared machine hits all columns alike; each
+    // figure is the median of its rounds.
+    const ROUNDS: usize = 3;
+    let mut rounds: Vec<Vec<Figures>> = vec![Vec::new(); modes.len()];
+    for _ in 0..ROUNDS {
+        for (i, m) in modes.iter().enumerate() {
+            rounds[i].push(run_calls(&client, *m, &server, &icd)?);
+        }
     }
+    let mut figs: Vec<Figures> = rounds.iter().map(|r| median_of(r)).collect();
     eprintln!("wh bench: start-up times...");
     for (i, m) in modes.iter().enumerate() {
         let warm = time_start(&client, *m, &server, &icd, &[])?;
@@ -365,6 +371,17 @@ pub fn run(icd_lib: &Path) -> Result<(), BenchError> {
     drop(cold_server);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
+}
+
+/// Per key, the median over rounds.
+fn median_of(rounds: &[Figures]) -> Figures {
+    let mut out = Figures::new();
+    for key in rounds[0].keys() {
+        let mut v: Vec<f64> = rounds.iter().filter_map(|r| r.get(key).copied()).collect();
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+        out.insert(key.clone(), v[v.len() / 2]);
+    }
+    out
 }
 
 fn fmt(v: f64) -> String {

@@ -37,7 +37,13 @@ pub struct Writer {
 
 impl Writer {
     pub fn new(opcode: u16) -> Writer {
-        let mut buf = Vec::with_capacity(256);
+        Writer::with_buffer(opcode, Vec::with_capacity(256))
+    }
+
+    /// A writer that reuses `buf`'s allocation (a lane keeps one across requests, so bulk
+    /// replies do not allocate and fault in fresh memory every time).
+    pub fn with_buffer(opcode: u16, mut buf: Vec<u8>) -> Writer {
+        buf.clear();
         buf.resize(HEADER_LEN, 0);
         Writer {
             buf,
@@ -118,6 +124,33 @@ impl Writer {
         self.u64(v.len() as u64);
         self.buf.extend_from_slice(v);
     }
+    /// Appends a length-prefixed string of `len` bytes that `fill` writes in place through a
+    /// pointer to `len` bytes of uninitialised memory (no zeroing first). `fill` must write all
+    /// `len` bytes when it returns Ok; on Err nothing is appended.
+    pub fn bytes_filled_by<E>(
+        &mut self,
+        len: usize,
+        fill: impl FnOnce(*mut u8) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let mark = self.buf.len();
+        self.u64(len as u64);
+        self.buf.reserve(len);
+        let start = self.buf.len();
+        // SAFETY: `reserve` made room for `len` bytes after `start`.
+        let dst = unsafe { self.buf.as_mut_ptr().add(start) };
+        match fill(dst) {
+            Ok(()) => {
+                // SAFETY: `fill` initialised all `len` bytes (its contract) within capacity.
+                unsafe { self.buf.set_len(start + len) };
+                Ok(())
+            }
+            Err(e) => {
+                self.buf.truncate(mark);
+                Err(e)
+            }
+        }
+    }
+
     /// Room for `len` bytes of a length-prefixed string, for callers that fill it in place.
     pub fn bytes_in_place(&mut self, len: usize) -> &mut [u8] {
         self.u64(len as u64);

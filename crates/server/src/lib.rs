@@ -29,3 +29,25 @@ pub mod generated {
 }
 
 pub use config::Config;
+
+/// Runs one request made of untrusted bytes (`opcode u16 LE` + body) against a fresh session,
+/// as a worker would; the fuzzing entry point (`fuzz/`). Must return normally for any input.
+#[doc(hidden)]
+pub fn fuzz_request(data: &[u8]) {
+    use wormhole_protocol::{control, DecodeError, Op, Reader, Writer};
+    let Some((op, body)) = data.split_first_chunk::<2>() else {
+        return;
+    };
+    let op = u16::from_le_bytes(*op);
+    let s = session::Session::default();
+    let mut w = Writer::new(op);
+    let mut r = Reader::new(body);
+    let _ = if op == control::COLLECT {
+        custom::collect(&s, &mut r, &mut w)
+    } else {
+        match Op::from_u16(op) {
+            Some(o) => generated::dispatch(&s, o, &mut r, &mut w),
+            None => Err(DecodeError::UnknownOp(op)),
+        }
+    };
+}

@@ -145,11 +145,12 @@ enum LaneError {
     Malformed { op: u16, source: DecodeError },
 }
 
-/// Runs one request; returns the reply frame unless the client asked for none.
-fn handle(h: &FrameHeader, body: &[u8]) -> Result<Option<Vec<u8>>, LaneError> {
+/// Runs one request, writing the reply frame into `out` (whose allocation is reused); returns
+/// whether there is a reply (the client asked for none with FLAG_ASYNC).
+fn handle(h: &FrameHeader, body: &[u8], out: &mut Vec<u8>) -> Result<bool, LaneError> {
     let s = session();
     s.calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let mut w = Writer::new(h.opcode);
+    let mut w = Writer::with_buffer(h.opcode, std::mem::take(out));
     let mut r = Reader::new(body);
     let res = if h.opcode == control::COLLECT {
         crate::custom::collect(s, &mut r, &mut w)
@@ -180,17 +181,29 @@ fn handle(h: &FrameHeader, body: &[u8]) -> Result<Option<Vec<u8>>, LaneError> {
                 "a call the client sent without waiting failed"
             );
         }
-        return Ok(None);
+        *out = w.finish_on(h.lane, 0, h.seq);
+        return Ok(false);
     }
-    Ok(Some(w.finish_on(h.lane, FLAG_REPLY, h.seq)))
+    *out = w.finish_on(h.lane, FLAG_REPLY, h.seq);
+    Ok(true)
 }
+
+/// Buffers a lane keeps between requests stay allocated up to this size.
+const KEEP_BUFFER: usize = 64 << 20;
 
 fn serve_lane(mut link: ShmLink) -> Result<(), LaneError> {
     let mut body = Vec::new();
+    let mut reply = Vec::new();
     loop {
-        let h = link.recv(&mut body)?;
-        if let Some(reply) = handle(&h, &body)? {
+        let h = link.recv_reuse(&mut body)?;
+        if handle(&h, &body[..h.len as usize], &mut reply)? {
             link.send(&reply)?;
+        }
+        if body.len() > KEEP_BUFFER {
+            body = Vec::new();
+        }
+        if reply.capacity() > KEEP_BUFFER {
+            reply = Vec::new();
         }
     }
 }
@@ -248,9 +261,10 @@ pub fn run_tcp(
                 std::thread::Builder::new()
                     .name(format!("lane-{}", h.lane))
                     .spawn(move || {
+                        let mut reply = Vec::new();
                         for (h, body) in rx {
-                            match handle(&h, &body) {
-                                Ok(Some(reply)) => {
+                            match handle(&h, &body, &mut reply) {
+                                Ok(true) => {
                                     if writer
                                         .lock()
                                         .unwrap_or_else(|p| p.into_inner())
@@ -260,7 +274,7 @@ pub fn run_tcp(
                                         return;
                                     }
                                 }
-                                Ok(None) => {}
+                                Ok(false) => {}
                                 Err(e) => {
                                     tracing::error!(lane = h.lane, "ending session: {e}");
                                     std::process::exit(3);

@@ -72,6 +72,18 @@ impl ShmLink {
         self.rx.read_exact(buf, &self.ctx())
     }
 
+    /// Receives a frame into `buf`, which only grows: the body is `buf[..header.len]`. Reusing
+    /// one buffer avoids zeroing and faulting in fresh memory for every bulk request.
+    pub fn recv_reuse(&mut self, buf: &mut Vec<u8>) -> Result<FrameHeader, TransportError> {
+        let h = self.recv_header()?;
+        let n = h.len as usize;
+        if buf.len() < n {
+            buf.resize(n, 0);
+        }
+        self.recv_exact(&mut buf[..n])?;
+        Ok(h)
+    }
+
     /// Blocks until a frame starts arriving (spin, then sleep).
     pub fn wait_incoming(&self) -> Result<(), TransportError> {
         self.rx.wait_readable(&self.ctx())

@@ -94,7 +94,7 @@ impl Default for SpinPolicy {
         // 50 ms bounds how late a dead peer is noticed (well under the 1 s a waiting call may
         // take to fail).
         SpinPolicy {
-            spin: Duration::from_micros(5),
+            spin: Duration::from_micros(20),
             yield_until: Duration::from_micros(200),
             sleep_slice: Duration::from_millis(50),
         }

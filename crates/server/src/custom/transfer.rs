@@ -41,15 +41,15 @@ fn read_common(
         let mark = w.mark();
         w.i32(CL_SUCCESS);
         w.u8(READ_INLINE);
-        let buf = w.bytes_in_place(len);
-        let st = call(
-            CL_TRUE,
-            buf.as_mut_ptr() as *mut c_void,
-            n,
-            list_ptr(&list),
-            ev.ptr(false),
-        );
-        if st != CL_SUCCESS {
+        let evp = ev.ptr(false);
+        // The driver reads straight into the reply (no zeroing, no second buffer).
+        let filled = w.bytes_filled_by(len, |dst| {
+            match call(CL_TRUE, dst as *mut c_void, n, list_ptr(&list), evp) {
+                CL_SUCCESS => Ok(()),
+                st => Err(st),
+            }
+        });
+        if let Err(st) = filled {
             w.rewind(mark);
             return Err(st);
         }

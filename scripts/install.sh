@@ -41,6 +41,16 @@ fi
 
 .venv/bin/python scripts/fetch_pyopencl_tests.py "$PYOPENCL_VERSION" target/pyopencl-src
 
+# Fuzzing needs a nightly toolchain and cargo-fuzz (only the test script uses them).
+if ! rustup toolchain list 2>/dev/null | grep -q nightly; then
+    echo "install: nightly Rust (for cargo fuzz)"
+    rustup toolchain install nightly --profile minimal || echo "install: no nightly toolchain; fuzzing will be skipped"
+fi
+if ! command -v cargo-fuzz >/dev/null 2>&1; then
+    echo "install: cargo-fuzz"
+    cargo install cargo-fuzz --locked --quiet || echo "install: cargo-fuzz unavailable; fuzzing will be skipped"
+fi
+
 echo "install: building Wormhole (release)"
 cargo build --release --workspace --quiet
 gcc -O2 -o target/release/wh-bench-client bench/bench_client.c -lOpenCL

@@ -32,13 +32,14 @@ def c_programs(tmp_path_factory):
 class Server:
     """`wh serve` on a private socket, in its own process group (workers included)."""
 
-    def __init__(self, tmp: pathlib.Path, extra_env=None, tcp=False, config=None):
+    def __init__(self, tmp: pathlib.Path, extra_env=None, tcp=False, config=None, metrics=False):
         self.dir = tmp
         self.socket = str(tmp / "wh.sock")
         self.tcp = f"127.0.0.1:{free_port()}" if tcp else None
         self.log = tmp / "server.log"
         self.extra_env = extra_env or {}
         self.config = config
+        self.metrics = f"127.0.0.1:{free_port()}" if metrics else None
         self.proc = None
 
     def env(self, **kw):
@@ -54,7 +55,8 @@ class Server:
         self.proc = subprocess.Popen(
             [str(WH), "serve", "--socket", self.socket]
             + (["--tcp", self.tcp] if self.tcp else [])
-            + (["--config", str(self.config)] if self.config else []),
+            + (["--config", str(self.config)] if self.config else [])
+            + (["--metrics", self.metrics] if self.metrics else []),
             stdout=subprocess.DEVNULL,
             stderr=open(self.log, "w"),
             env=self.env(),

@@ -26,7 +26,7 @@ def config(tmp_path, body):
 def quota_server(tmp_path):
     uid = os.getuid()
     cfg = config(tmp_path, f'[[tenant]]\nname = "local"\nuids = [{uid}]\nmem_quota_mib = 64\n\n[[tenant]]\nname = "remote"\ntoken = "s3cret"\nmem_quota_mib = 64\n')
-    s = Server(tmp_path, tcp=True, config=cfg).start()
+    s = Server(tmp_path, tcp=True, config=cfg, metrics=True).start()
     yield s
     s.stop()
 
@@ -187,3 +187,24 @@ def test_many_clients_killed_at_random_leave_nothing_behind(server, c_programs):
     assert server.proc.poll() is None
     r = server.run([c_programs["vector_add"]])
     assert r.returncode == 0, r.stderr
+
+
+def test_status_and_metrics_show_tenants_sessions_and_memory(quota_server, c_programs):
+    import urllib.request
+
+    holder = quota_server.popen([c_programs["alloc"], "hold", "16"], WORMHOLE_SERVER="")
+    assert holder.stdout.readline().split() == ["16", "0"]
+    try:
+        st = quota_server.status()
+        (sess,) = st["sessions"]
+        assert sess["tenant"] == "local" and sess["detail"]["mem_bytes"] == 16 << 20
+        assert sess["detail"]["objects"]["Mem"] == 1 and sess["calls_per_s"] > 0
+        local = [t for t in st["tenants"] if t["name"] == "local"][0]
+        assert local["mem_bytes"] == 16 << 20 and local["mem_quota"] == 64 << 20
+        text = urllib.request.urlopen(f"http://{quota_server.metrics}/metrics", timeout=10).read().decode()
+        assert f'wormhole_tenant_memory_bytes{{tenant="local"}} {16 << 20}' in text
+        assert f'wormhole_tenant_memory_quota_bytes{{tenant="local"}} {64 << 20}' in text
+        assert 'wormhole_session_objects{tenant="local"' in text
+    finally:
+        holder.kill()
+        holder.wait()

@@ -38,6 +38,9 @@ enum Cmd {
         /// Also accept sessions over TCP at this address (e.g. 127.0.0.1:7700).
         #[arg(long)]
         tcp: Option<String>,
+        /// Serve Prometheus metrics at http://ADDR/metrics.
+        #[arg(long)]
+        metrics: Option<String>,
     },
     /// Run PROGRAM with the OpenCL ICD loader pointed at Wormhole only.
     Run {
@@ -139,6 +142,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             socket,
             max_sessions,
             tcp,
+            metrics,
         } => {
             let mut c = match config {
                 Some(p) => Config::load(&p)?,
@@ -152,6 +156,9 @@ fn run(cli: Cli) -> Result<(), CliError> {
             }
             if tcp.is_some() {
                 c.tcp = tcp;
+            }
+            if metrics.is_some() {
+                c.metrics = metrics;
             }
             c.validate()?;
             wormhole_server::supervisor::serve(c)?;

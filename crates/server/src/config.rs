@@ -10,6 +10,8 @@ pub struct Config {
     pub socket: PathBuf,
     /// Optional TCP address for remote sessions (e.g. "127.0.0.1:7700").
     pub tcp: Option<String>,
+    /// Optional address of a Prometheus metrics endpoint (e.g. "127.0.0.1:9464").
+    pub metrics: Option<String>,
     /// Most sessions served at once; further clients are refused with a reason.
     pub max_sessions: usize,
     /// Lanes per session (application threads that can wait independently).
@@ -65,6 +67,7 @@ impl Default for Config {
         Config {
             socket: wormhole_protocol::default_socket_path(),
             tcp: None,
+            metrics: None,
             max_sessions: 64,
             lanes: 16,
             ring_kib: 256,

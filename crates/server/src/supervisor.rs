@@ -104,6 +104,9 @@ pub fn serve(config: Config) -> Result<(), ServeError> {
         let workers = workers.clone();
         std::thread::spawn(move || reap(workers));
     }
+    if let Some(addr) = &config.metrics {
+        serve_metrics(addr, workers.clone())?;
+    }
     if let Some(addr) = &config.tcp {
         let tcp = TcpListener::bind(addr).map_err(|source| ServeError::Listen {
             path: addr.into(),
@@ -410,54 +413,168 @@ fn reap(workers: Workers) {
     }
 }
 
-/// Answers `wh status` with one JSON document.
-fn status(workers: &Workers, stream: &UnixStream) -> std::io::Result<()> {
-    let mut sessions = Vec::new();
+/// The server's state as `wh status` and the metrics endpoint show it.
+#[derive(Debug, serde::Serialize)]
+pub struct Snapshot {
+    pub tenants: Vec<TenantStatus>,
+    pub sessions: Vec<SessionStatus>,
+}
+
+#[derive(Debug, serde::Serialize)]
+pub struct TenantStatus {
+    pub name: String,
+    pub sessions: usize,
+    pub mem_bytes: i64,
+    pub mem_quota: Option<u64>,
+}
+
+#[derive(Debug, serde::Serialize)]
+pub struct SessionStatus {
+    pub worker: u32,
+    pub tenant: String,
+    pub client_pid: Option<i32>,
+    pub client_uid: Option<u32>,
+    pub uptime_s: f64,
+    pub calls_per_s: f64,
+    pub detail: Option<crate::worker::SessionDetail>,
+}
+
+fn snapshot(workers: &Workers) -> Snapshot {
     let mut guard = workers.lock().unwrap_or_else(|p| p.into_inner());
     let state = &mut *guard;
-    let tenant_json: Vec<String> = state
+    let tenants = state
         .tenants
         .iter()
         .enumerate()
-        .map(|(i, t)| {
-            format!(
-                "{{\"name\":\"{}\",\"sessions\":{},\"mem_bytes\":{},\"mem_quota\":{}}}",
-                t.cfg.name,
-                state.workers.values().filter(|w| w.tenant == i).count(),
-                t.ledger.total(),
-                t.cfg
-                    .mem_quota_mib
-                    .map_or("null".to_string(), |q| (q << 20).to_string())
-            )
+        .map(|(i, t)| TenantStatus {
+            name: t.cfg.name.clone(),
+            sessions: state.workers.values().filter(|w| w.tenant == i).count(),
+            mem_bytes: t.ledger.total(),
+            mem_quota: t.cfg.mem_quota_mib.map(|q| q << 20),
         })
         .collect();
+    let mut sessions = Vec::new();
     for (pid, wk) in state.workers.iter_mut() {
         let mut q = Writer::new(control::STATUS);
         q.u8(0);
         let _ = wk.stats.set_read_timeout(Some(Duration::from_millis(500)));
-        let detail = (&wk.stats)
-            .write_all(&q.finish(0, 0))
-            .ok()
-            .and_then(|_| {
+        let detail: Option<crate::worker::SessionDetail> =
+            (&wk.stats).write_all(&q.finish(0, 0)).ok().and_then(|_| {
                 let mut body = Vec::new();
                 read_frame(&mut &wk.stats, &mut body).ok()?;
-                let mut r = Reader::new(&body);
-                Some(String::from_utf8_lossy(r.bytes().ok()?).into_owned())
-            })
-            .unwrap_or_else(|| "null".into());
-        sessions.push(format!(
-            "{{\"worker\":{pid},\"client_pid\":{},\"client_uid\":{},\"uptime_s\":{:.1},\"detail\":{detail}}}",
-            wk.peer_pid.map_or("null".into(), |p| p.to_string()),
-            wk.peer_uid.map_or("null".into(), |p| p.to_string()),
-            wk.started.elapsed().as_secs_f64()
-        ));
+                serde_json::from_slice(Reader::new(&body).bytes().ok()?).ok()
+            });
+        let uptime = wk.started.elapsed().as_secs_f64();
+        sessions.push(SessionStatus {
+            worker: *pid,
+            tenant: state.tenants[wk.tenant].cfg.name.clone(),
+            client_pid: wk.peer_pid,
+            client_uid: wk.peer_uid,
+            uptime_s: uptime,
+            calls_per_s: detail
+                .as_ref()
+                .map_or(0.0, |d| d.calls as f64 / uptime.max(1e-3)),
+            detail,
+        });
     }
-    let json = format!(
-        "{{\"tenants\":[{}],\"sessions\":[{}]}}",
-        tenant_json.join(","),
-        sessions.join(",")
-    );
+    sessions.sort_by_key(|s| s.worker);
+    Snapshot { tenants, sessions }
+}
+
+/// Answers `wh status` with one JSON document.
+fn status(workers: &Workers, stream: &UnixStream) -> std::io::Result<()> {
+    let json = serde_json::to_vec(&snapshot(workers)).unwrap_or_default();
     let mut reply = Writer::new(control::STATUS);
-    reply.bytes(json.as_bytes());
+    reply.bytes(&json);
     (&*stream).write_all(&reply.finish(FLAG_REPLY, 0))
+}
+
+/// The same state in Prometheus' text format.
+pub fn prometheus(s: &Snapshot) -> String {
+    use std::fmt::Write as _;
+    let mut o = String::new();
+    let _ = writeln!(o, "# HELP wormhole_tenant_sessions Open sessions of a tenant.\n# TYPE wormhole_tenant_sessions gauge");
+    for t in &s.tenants {
+        let _ = writeln!(
+            o,
+            "wormhole_tenant_sessions{{tenant=\"{}\"}} {}",
+            t.name, t.sessions
+        );
+    }
+    let _ = writeln!(o, "# HELP wormhole_tenant_memory_bytes Device memory held by a tenant's sessions.\n# TYPE wormhole_tenant_memory_bytes gauge");
+    for t in &s.tenants {
+        let _ = writeln!(
+            o,
+            "wormhole_tenant_memory_bytes{{tenant=\"{}\"}} {}",
+            t.name, t.mem_bytes
+        );
+    }
+    let _ = writeln!(o, "# HELP wormhole_tenant_memory_quota_bytes A tenant's device-memory quota.\n# TYPE wormhole_tenant_memory_quota_bytes gauge");
+    for t in s.tenants.iter().filter(|t| t.mem_quota.is_some()) {
+        let _ = writeln!(
+            o,
+            "wormhole_tenant_memory_quota_bytes{{tenant=\"{}\"}} {}",
+            t.name,
+            t.mem_quota.unwrap_or(0)
+        );
+    }
+    let _ = writeln!(o, "# HELP wormhole_session_calls_total Requests a session made.\n# TYPE wormhole_session_calls_total counter");
+    for x in &s.sessions {
+        if let Some(d) = &x.detail {
+            let _ = writeln!(
+                o,
+                "wormhole_session_calls_total{{tenant=\"{}\",worker=\"{}\"}} {}",
+                x.tenant, x.worker, d.calls
+            );
+        }
+    }
+    let _ = writeln!(o, "# HELP wormhole_session_memory_bytes Device memory a session holds.\n# TYPE wormhole_session_memory_bytes gauge");
+    for x in &s.sessions {
+        if let Some(d) = &x.detail {
+            let _ = writeln!(
+                o,
+                "wormhole_session_memory_bytes{{tenant=\"{}\",worker=\"{}\"}} {}",
+                x.tenant, x.worker, d.mem_bytes
+            );
+        }
+    }
+    let _ = writeln!(o, "# HELP wormhole_session_objects Objects a session holds, by kind.\n# TYPE wormhole_session_objects gauge");
+    for x in &s.sessions {
+        if let Some(d) = &x.detail {
+            for (kind, n) in &d.objects {
+                let _ = writeln!(
+                    o,
+                    "wormhole_session_objects{{tenant=\"{}\",worker=\"{}\",kind=\"{}\"}} {}",
+                    x.tenant, x.worker, kind, n
+                );
+            }
+        }
+    }
+    o
+}
+
+/// Serves `GET /metrics` on `addr` until the process ends.
+fn serve_metrics(addr: &str, workers: Workers) -> Result<(), ServeError> {
+    let server = tiny_http::Server::http(addr).map_err(|e| ServeError::Listen {
+        path: addr.into(),
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    tracing::info!(%addr, "metrics at http://{addr}/metrics");
+    std::thread::spawn(move || {
+        for req in server.incoming_requests() {
+            let resp = if req.url() == "/metrics" {
+                let header = tiny_http::Header::from_bytes(
+                    &b"Content-Type"[..],
+                    &b"text/plain; version=0.0.4"[..],
+                )
+                .expect("static header");
+                tiny_http::Response::from_string(prometheus(&snapshot(&workers)))
+                    .with_header(header)
+            } else {
+                tiny_http::Response::from_string("not found; try /metrics\n").with_status_code(404)
+            };
+            let _ = req.respond(resp);
+        }
+    });
+    Ok(())
 }

@@ -289,29 +289,44 @@ pub fn run_tcp(
     }
 }
 
+/// What a worker reports about its session (`wh status`, metrics).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct SessionDetail {
+    pub pid: u32,
+    pub tenant: String,
+    pub mem_quota: Option<u64>,
+    pub tenant_mem_bytes: i64,
+    pub calls: u64,
+    pub async_failures: u64,
+    pub mem_bytes: i64,
+    pub objects: std::collections::BTreeMap<String, usize>,
+}
+
+fn detail() -> SessionDetail {
+    let s = session();
+    SessionDetail {
+        pid: std::process::id(),
+        tenant: limits().tenant.clone(),
+        mem_quota: limits().mem_quota,
+        tenant_mem_bytes: limits().tenant_bytes(),
+        calls: s.calls.load(std::sync::atomic::Ordering::Relaxed),
+        async_failures: s.async_failures.load(std::sync::atomic::Ordering::Relaxed),
+        mem_bytes: s.mem_bytes(),
+        objects: s
+            .object_counts()
+            .into_iter()
+            .map(|(k, n)| (format!("{k:?}"), n))
+            .collect(),
+    }
+}
+
 /// Answers the supervisor's status questions about this session.
 fn serve_stats(mut sock: UnixStream) {
     let mut body = Vec::new();
     while read_frame(&mut sock, &mut body).is_ok() {
-        let s = session();
-        let objects: Vec<String> = s
-            .object_counts()
-            .iter()
-            .map(|(k, n)| format!("\"{k:?}\":{n}"))
-            .collect();
-        let json = format!(
-            "{{\"pid\":{},\"tenant\":\"{}\",\"mem_quota\":{},\"tenant_mem_bytes\":{},\"calls\":{},\"async_failures\":{},\"mem_bytes\":{},\"objects\":{{{}}}}}",
-            std::process::id(),
-            limits().tenant,
-            limits().mem_quota.map_or("null".to_string(), |q| q.to_string()),
-            limits().tenant_bytes(),
-            s.calls.load(std::sync::atomic::Ordering::Relaxed),
-            s.async_failures.load(std::sync::atomic::Ordering::Relaxed),
-            s.mem_bytes(),
-            objects.join(",")
-        );
+        let json = serde_json::to_vec(&detail()).unwrap_or_default();
         let mut w = Writer::new(control::STATUS);
-        w.bytes(json.as_bytes());
+        w.bytes(&json);
         if sock.write_all(&w.finish(FLAG_REPLY, 0)).is_err() {
             return;
         }

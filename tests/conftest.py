@@ -32,7 +32,7 @@ def c_programs(tmp_path_factory):
 class Server:
     """`wh serve` on a private socket, in its own process group (workers included)."""
 
-    def __init__(self, tmp: pathlib.Path, extra_env=None, tcp=False, config=None, metrics=False):
+    def __init__(self, tmp: pathlib.Path, extra_env=None, tcp=False, config=None, metrics=False, tls=False):
         self.dir = tmp
         self.socket = str(tmp / "wh.sock")
         self.tcp = f"127.0.0.1:{free_port()}" if tcp else None
@@ -40,6 +40,10 @@ class Server:
         self.extra_env = extra_env or {}
         self.config = config
         self.metrics = f"127.0.0.1:{free_port()}" if metrics else None
+        self.tls = tls
+        if tls:
+            self.tcp = self.tcp or f"127.0.0.1:{free_port()}"
+            subprocess.run([str(WH), "gen-cert", "--dir", str(tmp)], check=True, capture_output=True)
         self.proc = None
 
     def env(self, **kw):
@@ -47,7 +51,9 @@ class Server:
         e.update(self.extra_env)
         e["WORMHOLE_SOCKET"] = self.socket
         if self.tcp:
-            e["WORMHOLE_SERVER"] = f"tcp://{self.tcp}"
+            e["WORMHOLE_SERVER"] = f"{'tls' if self.tls else 'tcp'}://{self.tcp}"
+        if self.tls:
+            e["WORMHOLE_CA"] = str(self.dir / "cert.pem")
         e.update(kw)
         return {k: v for k, v in e.items() if v != ""}
 
@@ -56,7 +62,8 @@ class Server:
             [str(WH), "serve", "--socket", self.socket]
             + (["--tcp", self.tcp] if self.tcp else [])
             + (["--config", str(self.config)] if self.config else [])
-            + (["--metrics", self.metrics] if self.metrics else []),
+            + (["--metrics", self.metrics] if self.metrics else [])
+            + (["--tls-cert", str(self.dir / "cert.pem"), "--tls-key", str(self.dir / "key.pem")] if self.tls else []),
             stdout=subprocess.DEVNULL,
             stderr=open(self.log, "w"),
             env=self.env(),

@@ -208,3 +208,40 @@ def test_status_and_metrics_show_tenants_sessions_and_memory(quota_server, c_pro
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_tls_tokens_and_plain_tcp_refused(tmp_path, c_programs):
+    """TCP tenants authenticate with a token over TLS; a plain-TCP client, a client that does not
+    trust the server's certificate and a wrong token are all refused."""
+    cfg = config(tmp_path, '[[tenant]]\nname = "remote"\ntoken = "t0ken"\n')
+    s = Server(tmp_path, config=cfg, tls=True).start()
+    try:
+        r = s.run([c_programs["callbacks"]], WORMHOLE_TOKEN="t0ken")
+        assert r.returncode == 0, r.stderr
+        r = s.run([c_programs["vector_add"]], WORMHOLE_TOKEN="nope")
+        assert r.returncode != 0 and "unknown token" in r.stderr
+        r = s.run([c_programs["vector_add"]], WORMHOLE_TOKEN="t0ken", WORMHOLE_SERVER=f"tcp://{s.tcp}")
+        assert r.returncode != 0
+        other = tmp_path / "other"
+        subprocess.run([str(__import__("conftest").WH), "gen-cert", "--dir", str(other)], check=True, capture_output=True)
+        r = s.run([c_programs["vector_add"]], WORMHOLE_TOKEN="t0ken", WORMHOLE_CA=str(other / "cert.pem"))
+        assert r.returncode != 0
+        log = s.log.read_text()
+        assert "no valid HELLO" in log  # the plain-TCP client
+        assert "unknown token" in log
+        # The tenant's TLS session still works after all that.
+        r = s.run([c_programs["vector_add"]], WORMHOLE_TOKEN="t0ken")
+        assert r.returncode == 0, r.stderr
+    finally:
+        s.stop()
+
+
+def test_restarted_server_takes_new_sessions_at_once(server, c_programs):
+    p = server.popen([c_programs["block_forever"]])
+    assert p.stdout.readline().strip() == "waiting"
+    server.stop()
+    assert p.stdout.readline().startswith("returned -5")
+    p.wait(timeout=10)
+    server.start()
+    r = server.run([c_programs["vector_add"]])
+    assert r.returncode == 0, r.stderr

@@ -41,6 +41,20 @@ enum Cmd {
         /// Serve Prometheus metrics at http://ADDR/metrics.
         #[arg(long)]
         metrics: Option<String>,
+        /// Certificate (PEM) for TLS on the TCP listener (see `wh gen-cert`).
+        #[arg(long, requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// Private key (PEM) of --tls-cert.
+        #[arg(long, requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
+    },
+    /// Write a self-signed certificate and key for testing TLS (cert.pem, key.pem in DIR).
+    GenCert {
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// Names the certificate is valid for.
+        #[arg(long, default_values_t = vec!["localhost".to_string(), "127.0.0.1".to_string()])]
+        name: Vec<String>,
     },
     /// Run PROGRAM with the OpenCL ICD loader pointed at Wormhole only.
     Run {
@@ -143,6 +157,8 @@ fn run(cli: Cli) -> Result<(), CliError> {
             max_sessions,
             tcp,
             metrics,
+            tls_cert,
+            tls_key,
         } => {
             let mut c = match config {
                 Some(p) => Config::load(&p)?,
@@ -159,6 +175,10 @@ fn run(cli: Cli) -> Result<(), CliError> {
             }
             if metrics.is_some() {
                 c.metrics = metrics;
+            }
+            if tls_cert.is_some() {
+                c.tls_cert = tls_cert;
+                c.tls_key = tls_key;
             }
             c.validate()?;
             wormhole_server::supervisor::serve(c)?;
@@ -194,6 +214,12 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 wormhole_server::worker::run_tcp(sock, Some(stats), lanes)?;
                 return Ok(());
             }
+            if transport == "tls" {
+                // SAFETY: as above: fd 3 is the worker's end of the supervisor's TLS proxy.
+                let sock = unsafe { UnixStream::from_raw_fd(3) };
+                wormhole_server::worker::run_tcp(sock, Some(stats), lanes)?;
+                return Ok(());
+            }
             // SAFETY: as above, the session's Unix socket is fd 3.
             let sock = unsafe { UnixStream::from_raw_fd(3) };
             let layout = wormhole_transport::Layout {
@@ -206,6 +232,15 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Cmd::Run { socket, program } => run_program(socket, program),
         Cmd::Status { socket } => status(socket_or_default(socket)),
         Cmd::Bench => Ok(bench::run(&icd_library()?)?),
+        Cmd::GenCert { dir, name } => {
+            let cert = rcgen::generate_simple_self_signed(name)
+                .map_err(|e| CliError::Answer(format!("cannot generate a certificate: {e}")))?;
+            std::fs::create_dir_all(&dir)?;
+            std::fs::write(dir.join("cert.pem"), cert.cert.pem())?;
+            std::fs::write(dir.join("key.pem"), cert.key_pair.serialize_pem())?;
+            println!("wrote {0}/cert.pem and {0}/key.pem (self-signed; clients trust it with WORMHOLE_CA={0}/cert.pem)", dir.display());
+            Ok(())
+        }
     }
 }
 

@@ -4,7 +4,7 @@
 //! the lane, plus callbacks. Either way each application thread uses its own lane.
 
 use std::cell::Cell;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
@@ -37,7 +37,7 @@ enum Transport {
         _region: Arc<Region>,
     },
     Tcp {
-        writer: Mutex<TcpStream>,
+        writer: Mutex<Box<dyn Write + Send>>,
         slots: Arc<Vec<TcpSlot>>,
     },
 }
@@ -128,10 +128,13 @@ const WELCOME_TIMEOUT: Duration = Duration::from_secs(20);
 fn connect() -> Result<Connection, ConnectError> {
     match std::env::var("WORMHOLE_SERVER") {
         Ok(s) if !s.is_empty() => match s.strip_prefix("tcp://") {
-            Some(addr) => connect_tcp(addr),
-            None => Err(ConnectError(format!(
-                "WORMHOLE_SERVER={s}: expected tcp://host:port"
-            ))),
+            Some(addr) => connect_tcp(addr, false),
+            None => match s.strip_prefix("tls://") {
+                Some(addr) => connect_tcp(addr, true),
+                None => Err(ConnectError(format!(
+                    "WORMHOLE_SERVER={s}: expected tcp://host:port or tls://host:port"
+                ))),
+            },
         },
         _ => connect_local(),
     }
@@ -214,7 +217,36 @@ fn connect_local() -> Result<Connection, ConnectError> {
     })
 }
 
-fn connect_tcp(addr: &str) -> Result<Connection, ConnectError> {
+/// TLS for a remote session: the server's certificate must be signed by (or be) the
+/// certificate in `WORMHOLE_CA`.
+fn tls_client(
+    addr: &str,
+    sock: &TcpStream,
+) -> Result<(Box<dyn Read + Send>, Box<dyn Write + Send>), ConnectError> {
+    use wormhole_transport::tls::{self, rustls};
+    let ca = std::env::var_os("WORMHOLE_CA").ok_or_else(|| {
+        ConnectError("tls:// needs WORMHOLE_CA (the server's certificate, PEM)".into())
+    })?;
+    let cfg = tls::client_config(std::path::Path::new(&ca))
+        .map_err(|e| ConnectError(format!("TLS setup failed: {e}")))?;
+    let host = addr
+        .rsplit_once(':')
+        .map_or(addr, |(h, _)| h)
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    let name = rustls::pki_types::ServerName::try_from(host)
+        .map_err(|e| ConnectError(format!("bad server name: {e}")))?;
+    let conn = rustls::ClientConnection::new(cfg, name)
+        .map_err(|e| ConnectError(format!("TLS setup failed: {e}")))?;
+    let (r, w) = tls::split(
+        rustls::Connection::Client(conn),
+        sock.try_clone().map_err(|e| ConnectError(e.to_string()))?,
+    );
+    Ok((Box::new(r), Box::new(w)))
+}
+
+fn connect_tcp(addr: &str, tls: bool) -> Result<Connection, ConnectError> {
     use std::net::ToSocketAddrs;
     let target = addr
         .to_socket_addrs()
@@ -227,20 +259,29 @@ fn connect_tcp(addr: &str) -> Result<Connection, ConnectError> {
         ))
     })?;
     sock.set_nodelay(true).ok();
-    (&sock)
+    let (mut reader, mut writer): (Box<dyn Read + Send>, Box<dyn Write + Send>) = if tls {
+        tls_client(addr, &sock)?
+    } else {
+        let r = sock
+            .try_clone()
+            .map_err(|e| ConnectError(format!("cannot share the TCP stream: {e}")))?;
+        let w = sock
+            .try_clone()
+            .map_err(|e| ConnectError(format!("cannot share the TCP stream: {e}")))?;
+        (Box::new(r), Box::new(w))
+    };
+    writer
         .write_all(&hello())
+        .and_then(|_| writer.flush())
         .map_err(|e| ConnectError(format!("server hung up during HELLO: {e}")))?;
     sock.set_read_timeout(Some(WELCOME_TIMEOUT)).ok();
     let mut body = Vec::new();
-    let h = read_frame(&mut &sock, &mut body)
+    let h = read_frame(&mut reader, &mut body)
         .map_err(|e| ConnectError(format!("no answer from the server: {e}")))?;
     sock.set_read_timeout(None).ok();
     let n = welcome(&h, &body)? as usize;
     let slots: Arc<Vec<TcpSlot>> = Arc::new((0..n).map(|_| TcpSlot::default()).collect());
     let dead = Arc::new(AtomicBool::new(false));
-    let reader = sock
-        .try_clone()
-        .map_err(|e| ConnectError(format!("cannot share the TCP stream: {e}")))?;
     // Callbacks run on their own thread: they may call OpenCL, whose replies the reader delivers.
     let (cb_tx, cb_rx) = mpsc::channel::<Vec<u8>>();
     std::thread::Builder::new()
@@ -283,7 +324,7 @@ fn connect_tcp(addr: &str) -> Result<Connection, ConnectError> {
     }
     Ok(Connection {
         transport: Transport::Tcp {
-            writer: Mutex::new(sock),
+            writer: Mutex::new(writer),
             slots,
         },
         lanes: n,
@@ -406,7 +447,7 @@ impl Connection {
 
     fn call_tcp(
         &self,
-        writer: &Mutex<TcpStream>,
+        writer: &Mutex<Box<dyn Write + Send>>,
         slot: &TcpSlot,
         idx: usize,
         w: Writer,

@@ -10,6 +10,11 @@ pub struct Config {
     pub socket: PathBuf,
     /// Optional TCP address for remote sessions (e.g. "127.0.0.1:7700").
     pub tcp: Option<String>,
+    /// Certificate chain (PEM) for TCP sessions; with `tls_key`, TCP sessions use TLS and plain
+    /// TCP clients are refused.
+    pub tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of `tls_cert`.
+    pub tls_key: Option<PathBuf>,
     /// Optional address of a Prometheus metrics endpoint (e.g. "127.0.0.1:9464").
     pub metrics: Option<String>,
     /// Most sessions served at once; further clients are refused with a reason.
@@ -68,6 +73,8 @@ impl Default for Config {
             socket: wormhole_protocol::default_socket_path(),
             tcp: None,
             metrics: None,
+            tls_cert: None,
+            tls_key: None,
             max_sessions: 64,
             lanes: 16,
             ring_kib: 256,
@@ -116,6 +123,11 @@ impl Config {
                 "ring_kib = {} must be a power of two between 4 and 1048576",
                 self.ring_kib
             )));
+        }
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            return Err(ConfigError::Invalid(
+                "tls_cert and tls_key go together".into(),
+            ));
         }
         let mut names = std::collections::HashSet::new();
         for t in &self.tenants {

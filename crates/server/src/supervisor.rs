@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use wormhole_protocol::{control, Reader, Writer, API_OPENCL, FLAG_REPLY, VERSION};
 use wormhole_transport::link::read_frame;
+use wormhole_transport::tls::{self, rustls, TlsReader, TlsWriter};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -23,6 +24,12 @@ pub enum ServeError {
         path: PathBuf,
         #[source]
         source: std::io::Error,
+    },
+    #[error("cannot set up TLS with {path}")]
+    Tls {
+        path: PathBuf,
+        #[source]
+        source: tls::TlsError,
     },
     #[error("cannot prepare the runtime directory {path}")]
     Runtime {
@@ -112,18 +119,47 @@ pub fn serve(config: Config) -> Result<(), ServeError> {
             path: addr.into(),
             source,
         })?;
-        tracing::warn!(%addr, "listening on TCP: sessions there are not authenticated yet; bind to loopback or a trusted network only");
+        let tls_cfg = match (&config.tls_cert, &config.tls_key) {
+            (Some(cert), Some(key)) => {
+                let cfg = tls::server_config(cert, key).map_err(|e| ServeError::Tls {
+                    path: cert.clone(),
+                    source: e,
+                })?;
+                tracing::info!(%addr, "listening on TCP with TLS; tenants present tokens");
+                Some(cfg)
+            }
+            _ => {
+                tracing::warn!(%addr, "listening on plain TCP: traffic and tokens are not encrypted; configure tls_cert/tls_key, or bind to loopback only");
+                None
+            }
+        };
         let (config, vendors, workers) = (config.clone(), vendors.clone(), workers.clone());
         std::thread::spawn(move || {
             for conn in tcp.incoming() {
-                match conn {
-                    Ok(stream) => {
-                        if let Err(e) = accept(&config, &vendors, &workers, Conn::Tcp(stream)) {
-                            tracing::warn!("session not started: {e}");
-                        }
+                let Ok(stream) = conn else { continue };
+                let (config, vendors, workers, tls_cfg) = (
+                    config.clone(),
+                    vendors.clone(),
+                    workers.clone(),
+                    tls_cfg.clone(),
+                );
+                // One thread per connection: a slow handshake must not hold up the others.
+                std::thread::spawn(move || {
+                    let _ = stream.set_nodelay(true);
+                    let conn = match tls_cfg {
+                        Some(cfg) => match TlsConn::new(stream, cfg) {
+                            Ok(t) => Conn::Tls(Box::new(t)),
+                            Err(e) => {
+                                tracing::warn!("TLS session not set up: {e}");
+                                return;
+                            }
+                        },
+                        None => Conn::Tcp(stream),
+                    };
+                    if let Err(e) = accept(&config, &vendors, &workers, conn) {
+                        tracing::warn!("session not started: {e}");
                     }
-                    Err(e) => tracing::warn!("accept failed: {e}"),
-                }
+                });
             }
         });
     }
@@ -144,6 +180,61 @@ pub fn serve(config: Config) -> Result<(), ServeError> {
 enum Conn {
     Unix(UnixStream),
     Tcp(TcpStream),
+    Tls(Box<TlsConn>),
+}
+
+/// A TLS session: the supervisor terminates TLS and relays plaintext frames to the worker over
+/// a socketpair, so workers need not carry TLS state.
+struct TlsConn {
+    reader: Mutex<TlsReader>,
+    writer: Mutex<TlsWriter>,
+    tcp: TcpStream,
+    worker_end: UnixStream,
+    relay_end: UnixStream,
+}
+
+impl TlsConn {
+    fn new(tcp: TcpStream, cfg: Arc<rustls::ServerConfig>) -> std::io::Result<TlsConn> {
+        let conn = rustls::ServerConnection::new(cfg).map_err(std::io::Error::other)?;
+        let (reader, writer) = tls::split(rustls::Connection::Server(conn), tcp.try_clone()?);
+        let (worker_end, relay_end) = UnixStream::pair()?;
+        Ok(TlsConn {
+            reader: Mutex::new(reader),
+            writer: Mutex::new(writer),
+            tcp,
+            worker_end,
+            relay_end,
+        })
+    }
+
+    /// Relays plaintext between the TLS stream and the worker until either side closes.
+    fn relay(self) {
+        let TlsConn {
+            reader,
+            writer,
+            tcp,
+            relay_end,
+            ..
+        } = self;
+        let (mut reader, mut writer) = (
+            reader.into_inner().unwrap_or_else(|p| p.into_inner()),
+            writer.into_inner().unwrap_or_else(|p| p.into_inner()),
+        );
+        let Ok(mut to_worker) = relay_end.try_clone() else {
+            return;
+        };
+        let mut from_worker = relay_end;
+        let tcp2 = tcp.try_clone();
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut reader, &mut to_worker);
+            let _ = to_worker.shutdown(std::net::Shutdown::Both);
+        });
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut from_worker, &mut writer);
+            let _ = tcp.shutdown(std::net::Shutdown::Both);
+            drop(tcp2);
+        });
+    }
 }
 
 impl Conn {
@@ -151,6 +242,7 @@ impl Conn {
         match self {
             Conn::Unix(s) => s.set_read_timeout(d),
             Conn::Tcp(s) => s.set_read_timeout(d),
+            Conn::Tls(t) => t.tcp.set_read_timeout(d),
         }
     }
     fn read_frame(
@@ -160,18 +252,28 @@ impl Conn {
         match self {
             Conn::Unix(s) => read_frame(&mut &*s, body),
             Conn::Tcp(s) => read_frame(&mut &*s, body),
+            Conn::Tls(t) => read_frame(
+                &mut *t.reader.lock().unwrap_or_else(|p| p.into_inner()),
+                body,
+            ),
         }
     }
     fn write_all(&self, b: &[u8]) -> std::io::Result<()> {
         match self {
             Conn::Unix(s) => (&*s).write_all(b),
             Conn::Tcp(s) => (&*s).write_all(b),
+            Conn::Tls(t) => {
+                let mut w = t.writer.lock().unwrap_or_else(|p| p.into_inner());
+                w.write_all(b)?;
+                w.flush()
+            }
         }
     }
     fn fd(&self) -> i32 {
         match self {
             Conn::Unix(s) => s.as_raw_fd(),
             Conn::Tcp(s) => s.as_raw_fd(),
+            Conn::Tls(t) => t.worker_end.as_raw_fd(),
         }
     }
 }
@@ -202,7 +304,7 @@ fn accept(
     match h.opcode {
         control::STATUS => match &stream {
             Conn::Unix(s) => return status(workers, s),
-            Conn::Tcp(_) => {
+            Conn::Tcp(_) | Conn::Tls(_) => {
                 refuse(&stream, "status is only served on the local socket");
                 return Ok(());
             }
@@ -262,11 +364,12 @@ fn accept(
         Conn::Unix(s) => {
             nix::sys::socket::getsockopt(s, nix::sys::socket::sockopt::PeerCredentials).ok()
         }
-        Conn::Tcp(_) => None,
+        Conn::Tcp(_) | Conn::Tls(_) => None,
     };
     let transport = match &stream {
         Conn::Unix(_) => "unix",
         Conn::Tcp(_) => "tcp",
+        Conn::Tls(_) => "tls",
     };
     // Who is this? Local peers by uid, TCP peers by token.
     let mut state = workers.lock().unwrap_or_else(|p| p.into_inner());
@@ -278,7 +381,7 @@ fn accept(
                 .tenants
                 .iter()
                 .position(|t| t.cfg.uids.contains(&c.uid())),
-            (Conn::Tcp(_), _, Some(tok)) => state
+            (Conn::Tcp(_) | Conn::Tls(_), _, Some(tok)) => state
                 .tenants
                 .iter()
                 .position(|t| t.cfg.token.as_deref().map(str::as_bytes) == Some(tok.as_slice())),
@@ -382,6 +485,10 @@ fn accept(
             slot,
         },
     );
+    drop(state);
+    if let Conn::Tls(t) = stream {
+        t.relay();
+    }
     Ok(())
 }
 

@@ -208,18 +208,38 @@ fn serve_lane(mut link: ShmLink) -> Result<(), LaneError> {
     }
 }
 
+/// A byte stream the TCP-style transport can read on one thread and write on others: a TCP
+/// socket, or (TLS sessions) the worker's end of the supervisor's TLS proxy.
+pub trait Duplex: Read + Write + Send + 'static {
+    fn duplicate(&self) -> std::io::Result<Self>
+    where
+        Self: Sized;
+}
+
+impl Duplex for TcpStream {
+    fn duplicate(&self) -> std::io::Result<Self> {
+        self.set_nodelay(true)?;
+        self.try_clone()
+    }
+}
+
+impl Duplex for UnixStream {
+    fn duplicate(&self) -> std::io::Result<Self> {
+        self.try_clone()
+    }
+}
+
 /// Requests waiting for a lane's thread.
 type LaneQueue = mpsc::Sender<(FrameHeader, Vec<u8>)>;
 
 /// Serves one session over a TCP stream: frames of all lanes share it, each lane's requests run
 /// on their own thread (started on first use) so one lane's blocking call never stalls another.
-pub fn run_tcp(
-    stream: TcpStream,
+pub fn run_tcp<S: Duplex>(
+    stream: S,
     stats: Option<UnixStream>,
     lanes: u32,
 ) -> Result<(), WorkerError> {
-    stream.set_nodelay(true)?;
-    let writer = Arc::new(Mutex::new(stream.try_clone()?));
+    let writer = Arc::new(Mutex::new(stream.duplicate()?));
     let mut w = Writer::new(control::WELCOME);
     w.u64(u64::from(std::process::id()));
     w.u32(lanes);

@@ -8,6 +8,7 @@ mod error;
 pub mod link;
 pub mod region;
 pub mod ring;
+pub mod tls;
 pub mod unix;
 pub mod wait;
 

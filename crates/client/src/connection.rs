@@ -217,12 +217,13 @@ fn connect_local() -> Result<Connection, ConnectError> {
     })
 }
 
+/// The two halves of a remote session's stream (plain TCP or TLS).
+type BoxRead = Box<dyn Read + Send>;
+type BoxWrite = Box<dyn Write + Send>;
+
 /// TLS for a remote session: the server's certificate must be signed by (or be) the
 /// certificate in `WORMHOLE_CA`.
-fn tls_client(
-    addr: &str,
-    sock: &TcpStream,
-) -> Result<(Box<dyn Read + Send>, Box<dyn Write + Send>), ConnectError> {
+fn tls_client(addr: &str, sock: &TcpStream) -> Result<(BoxRead, BoxWrite), ConnectError> {
     use wormhole_transport::tls::{self, rustls};
     let ca = std::env::var_os("WORMHOLE_CA").ok_or_else(|| {
         ConnectError("tls:// needs WORMHOLE_CA (the server's certificate, PEM)".into())
@@ -259,7 +260,7 @@ fn connect_tcp(addr: &str, tls: bool) -> Result<Connection, ConnectError> {
         ))
     })?;
     sock.set_nodelay(true).ok();
-    let (mut reader, mut writer): (Box<dyn Read + Send>, Box<dyn Write + Send>) = if tls {
+    let (mut reader, mut writer): (BoxRead, BoxWrite) = if tls {
         tls_client(addr, &sock)?
     } else {
         let r = sock

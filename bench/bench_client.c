@@ -2,7 +2,9 @@
  * Prints one "key value" line per measurement. Usage: bench_client MODE
  *   calls   round trips, tiny kernels, pipelined enqueues, transfers, CPU time
  *   start   time from process start to the first kernel result (measured by the caller)
- *   idle    connect, create a context, then stay idle for WH_IDLE_SECONDS (default 5) */
+ *   idle    connect, create a context, then stay idle for WH_IDLE_SECONDS (default 5)
+ *   flood   keep the device busy with heavy kernels for WH_FLOOD_SECONDS (default 5)
+ *   light   a latency-sensitive tenant: 300 tiny kernels + finish, 2 ms apart */
 #define CL_TARGET_OPENCL_VERSION 300
 #include <CL/cl.h>
 #include <stdio.h>
@@ -37,13 +39,18 @@ static void stats(const char *name, double *v, int n) {
     printf("%s_median_us %.3f\n%s_p99_us %.3f\n", name, v[n / 2] * 1e6, name, v[(int)(n * 0.99)] * 1e6);
 }
 
-static const char *SRC = "__kernel void tiny(__global int *x, int v) { if (get_global_id(0) == 0) x[0] = v; }\n";
+static const char *SRC =
+    "__kernel void tiny(__global int *x, int v) { if (get_global_id(0) == 0) x[0] = v; }\n"
+    "__kernel void heavy(__global float *x) { size_t i = get_global_id(0); float a = x[i];\n"
+    "  for (int k = 0; k < 2000; k++) a = a * 0.999f + 0.001f; x[i] = a; }\n";
 
 static cl_context ctx;
 static cl_device_id dev;
 static cl_command_queue q;
 static cl_kernel k;
 static cl_mem buf;
+
+static cl_program prog;
 
 static void setup(void) {
     cl_platform_id p;
@@ -54,7 +61,7 @@ static void setup(void) {
     CHECK(err);
     q = clCreateCommandQueueWithProperties(ctx, dev, NULL, &err);
     CHECK(err);
-    cl_program prog = clCreateProgramWithSource(ctx, 1, &SRC, NULL, &err);
+    prog = clCreateProgramWithSource(ctx, 1, &SRC, NULL, &err);
     CHECK(err);
     CHECK(clBuildProgram(prog, 1, &dev, "", NULL, NULL));
     k = clCreateKernel(prog, "tiny", &err);
@@ -149,6 +156,43 @@ int main(int argc, char **argv) {
         CHECK(clEnqueueReadBuffer(q, buf, CL_TRUE, 0, sizeof out, &out, 0, NULL, NULL));
         printf("start_result %d\n", out);
         return out == 42 ? 0 : 1;
+    }
+    if (!strcmp(mode, "flood")) {
+        const char *s = getenv("WH_FLOOD_SECONDS");
+        double until = now() + (s ? atof(s) : 5.0);
+        cl_int err;
+        cl_kernel h = clCreateKernel(prog, "heavy", &err);
+        CHECK(err);
+        size_t n = 1 << 16;
+        cl_mem big = clCreateBuffer(ctx, CL_MEM_READ_WRITE, n * sizeof(float), NULL, &err);
+        CHECK(err);
+        float zero = 0;
+        CHECK(clEnqueueFillBuffer(q, big, &zero, sizeof zero, 0, n * sizeof(float), 0, NULL, NULL));
+        CHECK(clSetKernelArg(h, 0, sizeof big, &big));
+        printf("flood_ready 1\n");
+        fflush(stdout);
+        long launches = 0;
+        while (now() < until) {
+            for (int i = 0; i < 4; i++) CHECK(clEnqueueNDRangeKernel(q, h, 1, NULL, &n, NULL, 0, NULL, NULL));
+            CHECK(clFinish(q));
+            launches += 4;
+        }
+        printf("flood_launches %ld\n", launches);
+        return 0;
+    }
+    if (!strcmp(mode, "light")) {
+        enum { L = 300 };
+        static double lat[L];
+        size_t one = 1;
+        for (int i = 0; i < L; i++) {
+            double t = now();
+            CHECK(clEnqueueNDRangeKernel(q, k, 1, NULL, &one, NULL, 0, NULL, NULL));
+            CHECK(clFinish(q));
+            lat[i] = now() - t;
+            usleep(2000);
+        }
+        stats("light", lat, L);
+        return 0;
     }
     if (!strcmp(mode, "idle")) {
         const char *s = getenv("WH_IDLE_SECONDS");

@@ -157,6 +157,48 @@ fn run_calls(
     Ok(f)
 }
 
+fn run_mode(
+    client: &Path,
+    mode: Mode,
+    server: &Server,
+    icd: &Path,
+    arg: &str,
+    env: &[(&str, &str)],
+) -> Result<Figures, BenchError> {
+    let mut c = client_command(client, mode, server, icd, arg);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = c.output()?;
+    if !out.status.success() {
+        return Err(BenchError::Run {
+            what: format!("bench client {arg}"),
+            detail: String::from_utf8_lossy(&out.stderr).into_owned(),
+        });
+    }
+    Ok(parse(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// Runs `f` while another tenant (another process, another session) floods the device.
+fn with_flood<T>(
+    client: &Path,
+    mode: Mode,
+    server: &Server,
+    icd: &Path,
+    f: impl FnOnce() -> Result<T, BenchError>,
+) -> Result<T, BenchError> {
+    let mut flood = client_command(client, mode, server, icd, "flood")
+        .env("WH_FLOOD_SECONDS", "30")
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let mut line = String::new();
+    BufReader::new(flood.stdout.take().expect("piped")).read_line(&mut line)?;
+    let res = f();
+    let _ = flood.kill();
+    let _ = flood.wait();
+    res
+}
+
 fn time_start(
     client: &Path,
     mode: Mode,
@@ -274,6 +316,20 @@ pub fn run(icd_lib: &Path) -> Result<(), BenchError> {
         figs[i].insert("start_warm_ms".into(), warm);
         figs[i].insert("start_cold_ms".into(), cold);
     }
+    eprintln!("wh bench: fairness (a light tenant while a heavy one floods the device)...");
+    for (i, m) in modes.iter().enumerate().take(2) {
+        let alone = run_mode(&client, *m, &server, &icd, "light", &[])?;
+        let flooded = with_flood(&client, *m, &server, &icd, || {
+            run_mode(&client, *m, &server, &icd, "light", &[])
+        })?;
+        for (k, v) in [
+            ("light_alone_p99_us", alone.get("light_p99_us")),
+            ("light_flooded_p99_us", flooded.get("light_p99_us")),
+            ("light_flooded_median_us", flooded.get("light_median_us")),
+        ] {
+            figs[i].insert(k.into(), v.copied().unwrap_or(f64::NAN));
+        }
+    }
     eprintln!("wh bench: idle server (5 s)...");
     for (i, m) in modes.iter().enumerate().skip(1) {
         figs[i].insert(
@@ -335,6 +391,21 @@ pub fn run(icd_lib: &Path) -> Result<(), BenchError> {
             "server CPU with an idle tenant, %",
             false,
         ),
+        (
+            "light_alone_p99_us",
+            "light tenant tiny kernel p99 µs, alone",
+            false,
+        ),
+        (
+            "light_flooded_median_us",
+            "light tenant median µs, heavy tenant flooding",
+            false,
+        ),
+        (
+            "light_flooded_p99_us",
+            "light tenant p99 µs, heavy tenant flooding",
+            false,
+        ),
     ];
     println!(
         "{:<52} {:>12} {:>12} {:>12} {:>9} {:>9}",
@@ -363,7 +434,7 @@ pub fn run(icd_lib: &Path) -> Result<(), BenchError> {
         );
     }
     println!(
-        "(ratios are Wormhole / native; machine: {} CPUs, {})",
+        "(medians of {ROUNDS} alternating rounds for the call workload; ratios are Wormhole / native; machine: {} CPUs, {})",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         cpu_model()
     );

@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-PROGRAMS = ["vector_add", "multithread", "callbacks", "errors", "svm"]
+PROGRAMS = ["vector_add", "multithread", "callbacks", "errors", "svm", "svm_fine"]
 
 
 @pytest.mark.parametrize("name", PROGRAMS)

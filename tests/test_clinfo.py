@@ -1,6 +1,6 @@
 """`wh run -- clinfo` lists the server's devices with the native properties: the only
 differences are the forwarded device name and the capabilities Wormhole does not forward
-(fine-grained shared virtual memory and its atomics, native kernels), as the README says."""
+(SVM atomics, native kernels), as the README says."""
 
 import re
 import subprocess
@@ -12,7 +12,7 @@ def test_clinfo_matches_native(server):
     assert r.returncode == 0, r.stderr
     forwarded = r.stdout.splitlines()
     assert len(native) == len(forwarded)
-    allowed = re.compile(r"(Fine-grained buffer sharing|Atomics|Run native kernels)\s+(Yes|No)$")
+    allowed = re.compile(r"(Atomics|Run native kernels)\s+(Yes|No)$")
     devices = 0
     for n, f in zip(native, forwarded):
         if n == f:

@@ -1,6 +1,5 @@
 """PyOpenCL's own test suite, run natively on PoCL and through Wormhole in the same run:
-every test must end the same way, except those that skip because Wormhole does not offer
-fine-grained shared virtual memory (README)."""
+every test must end the same way."""
 
 import os
 import pathlib
@@ -57,7 +56,5 @@ def test_suite_matches_native(server, tmp_path):
         f, why = forwarded[name]
         if f == o:
             continue
-        if o == "passed" and f == "skipped" and "fine-grain SVM" in why:
-            continue  # fine-grained shared virtual memory is not offered (README)
         differences.append(f"{name}: native {o}, wormhole {f} {why}")
     assert not differences, "\n".join(differences)

@@ -30,6 +30,10 @@ pub mod control {
     pub const STATUS: u16 = 0xF004;
     /// Server → client: the session was refused (body: reason).
     pub const REFUSED: u16 = 0xF005;
+    /// Client → server: bytes the host changed in fine-grained SVM (addr, bytes)*.
+    pub const SVM_PUSH: u16 = 0xF006;
+    /// Client → server: the current contents of fine-grained SVM ranges (addr, len)*.
+    pub const SVM_PULL: u16 = 0xF007;
 }
 
 /// `magic u16 | version u8 | flags u8 | opcode u16 | lane u16 | len u32 | seq u32`,

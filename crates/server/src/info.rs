@@ -66,11 +66,12 @@ fn rewrite(s: &Session, op: Op, param: u32, kind: InfoValue, buf: &mut Vec<u8>) 
             named.extend_from_slice(buf);
             *buf = named;
         }
-        // Coarse-grained SVM is forwarded (custom/svm.rs); fine-grained SVM and atomics would
-        // need memory both processes see coherently, so they are not advertised.
+        // Buffer SVM is forwarded (custom/svm.rs; fine-grained buffers are coherent at
+        // synchronisation points); SVM atomics would need memory both processes see coherently
+        // at every instant, so they are not advertised.
         (Op::clGetDeviceInfo, CL_DEVICE_SVM_CAPABILITIES) if buf.len() == 8 => {
             let v = u64::from_le_bytes(buf[..8].try_into().unwrap_or([0; 8]))
-                & CL_DEVICE_SVM_COARSE_GRAIN_BUFFER;
+                & (CL_DEVICE_SVM_COARSE_GRAIN_BUFFER | CL_DEVICE_SVM_FINE_GRAIN_BUFFER);
             buf.copy_from_slice(&v.to_le_bytes());
         }
         // Native kernels would run client code in the server: not forwarded (README).

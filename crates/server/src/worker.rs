@@ -154,6 +154,10 @@ fn handle(h: &FrameHeader, body: &[u8], out: &mut Vec<u8>) -> Result<bool, LaneE
     let mut r = Reader::new(body);
     let res = if h.opcode == control::COLLECT {
         crate::custom::collect(s, &mut r, &mut w)
+    } else if h.opcode == control::SVM_PUSH {
+        crate::custom::svm_push(s, &mut r, &mut w)
+    } else if h.opcode == control::SVM_PULL {
+        crate::custom::svm_pull(s, &mut r, &mut w)
     } else {
         match Op::from_u16(h.opcode) {
             Some(op) => crate::generated::dispatch(s, op, &mut r, &mut w),

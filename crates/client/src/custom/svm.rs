@@ -6,7 +6,7 @@
 use super::*;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use wormhole_protocol::{Op, Reader};
+use wormhole_protocol::{Op, Reader, Writer};
 
 const PAGE: usize = 4096;
 const COPY_SVM_TO_SVM: u8 = 0;
@@ -18,6 +18,104 @@ static ALLOCS: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
 /// Pages of this process that mirror SVM memory, with how many allocations use each (the
 /// driver may place two allocations in one page).
 static PAGES: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
+/// Fine-grained allocations: the host may touch them without maps, so they are made coherent
+/// at synchronisation points. `snapshot` holds the bytes both sides agreed on last.
+struct Fine {
+    ptr: usize,
+    len: usize,
+    snapshot: Vec<u8>,
+}
+
+static FINE: Mutex<Vec<Fine>> = Mutex::new(Vec::new());
+static FINE_COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Before a request: send the bytes the host changed in fine-grained SVM since the last
+/// agreement (byte-exact runs, so device writes elsewhere in the same memory survive).
+pub fn push_fine() {
+    if FINE_COUNT.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+        return;
+    }
+    let mut fine = FINE.lock().unwrap_or_else(|e| e.into_inner());
+    let mut w = Writer::new(wormhole_protocol::control::SVM_PUSH);
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for f in fine.iter_mut() {
+        // SAFETY: the mirror of a live allocation covers [ptr, ptr+len).
+        let host = unsafe { std::slice::from_raw_parts(f.ptr as *const u8, f.len) };
+        let mut i = 0;
+        while i < f.len {
+            if host[i] == f.snapshot[i] {
+                i += 1;
+                continue;
+            }
+            let start = i;
+            while i < f.len && host[i] != f.snapshot[i] {
+                i += 1;
+            }
+            f.snapshot[start..i].copy_from_slice(&host[start..i]);
+            runs.push((f.ptr + start, i - start));
+        }
+    }
+    if runs.is_empty() {
+        return;
+    }
+    w.u32(runs.len() as u32);
+    for (addr, n) in &runs {
+        w.u64(*addr as u64);
+        // SAFETY: inside a mirror, as above.
+        w.bytes(unsafe { std::slice::from_raw_parts(*addr as *const u8, *n) });
+    }
+    if let Some(c) = crate::connection::get() {
+        let _ = c.call(w);
+    }
+}
+
+/// After a synchronisation point: take what the device changed in fine-grained SVM (where the
+/// host did not change the same bytes meanwhile).
+pub fn pull_fine() {
+    if FINE_COUNT.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+        return;
+    }
+    let mut fine = FINE.lock().unwrap_or_else(|e| e.into_inner());
+    let mut w = Writer::new(wormhole_protocol::control::SVM_PULL);
+    w.u32(fine.len() as u32);
+    for f in fine.iter() {
+        w.u64(f.ptr as u64);
+        w.usize(f.len);
+    }
+    let Some(Ok(reply)) = crate::connection::get().map(|c| c.call(w)) else {
+        return;
+    };
+    let mut r = Reader::new(&reply);
+    if r.i32() != Ok(CL_SUCCESS) {
+        return;
+    }
+    for f in fine.iter_mut() {
+        let Ok(dev) = r.bytes() else { return };
+        if dev.len() != f.len {
+            return;
+        }
+        // SAFETY: the mirror covers [ptr, ptr+len); only this lock's holder merges into it.
+        let host = unsafe { std::slice::from_raw_parts_mut(f.ptr as *mut u8, f.len) };
+        for i in 0..f.len {
+            if dev[i] != f.snapshot[i] {
+                if host[i] == f.snapshot[i] {
+                    host[i] = dev[i];
+                }
+                f.snapshot[i] = dev[i];
+            }
+        }
+    }
+}
+
+fn forget_fine(p: usize) {
+    let mut fine = FINE.lock().unwrap_or_else(|e| e.into_inner());
+    let before = fine.len();
+    fine.retain(|f| f.ptr != p);
+    if fine.len() != before {
+        FINE_COUNT.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// Open SVM maps: (address, length, writes back on unmap).
 static MAPS: Mutex<Vec<(usize, usize, bool)>> = Mutex::new(Vec::new());
 
@@ -104,6 +202,7 @@ fn mirror(p: usize, len: usize) -> bool {
 }
 
 fn unmirror(p: usize) {
+    forget_fine(p);
     let Some(len) = ALLOCS.lock().unwrap_or_else(|e| e.into_inner()).remove(&p) else {
         return;
     };
@@ -150,6 +249,18 @@ pub unsafe extern "C" fn clSVMAlloc(
         }
         if mirror(p, size) {
             result = p as *mut c_void;
+            if flags & CL_MEM_SVM_FINE_GRAIN_BUFFER != 0 {
+                // Start from what the device holds, agreed by both sides.
+                let mut fine = FINE.lock().unwrap_or_else(|e| e.into_inner());
+                fine.push(Fine {
+                    ptr: p,
+                    len: size,
+                    snapshot: vec![0; size],
+                });
+                FINE_COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                drop(fine);
+                pull_fine();
+            }
             break;
         }
         refused.push(p);

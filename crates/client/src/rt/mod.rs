@@ -73,6 +73,7 @@ pub fn call(w: Writer) -> Result<Vec<u8>, ClErr> {
     if NEXT_ASYNC.with(|a| a.replace(false)) {
         return call_async(w);
     }
+    crate::custom::push_fine();
     let conn = connection::get().ok_or(ClErr(CL_OUT_OF_RESOURCES))?;
     conn.call(w).map_err(|_| ClErr(CL_OUT_OF_RESOURCES))
 }
@@ -83,6 +84,7 @@ pub fn call_bulk(
     payload: &[u8],
     sink: Option<(usize, &mut [u8])>,
 ) -> Result<(Vec<u8>, bool), ClErr> {
+    crate::custom::push_fine();
     let conn = connection::get().ok_or(ClErr(CL_OUT_OF_RESOURCES))?;
     conn.call_bulk(w, payload, sink)
         .map_err(|_| ClErr(CL_OUT_OF_RESOURCES))
@@ -92,6 +94,7 @@ pub fn call_bulk(
 /// reply is CL_SUCCESS by construction. The lane keeps it in order with the thread's later
 /// calls; the server logs (and counts) a failure it did not expect.
 pub fn call_async(w: Writer) -> Result<Vec<u8>, ClErr> {
+    crate::custom::push_fine();
     let conn = connection::get().ok_or(ClErr(CL_OUT_OF_RESOURCES))?;
     conn.send_async(w).map_err(|_| ClErr(CL_OUT_OF_RESOURCES))?;
     Ok(CL_SUCCESS.to_le_bytes().to_vec())
@@ -272,4 +275,5 @@ pub unsafe fn release_end(h: *mut c_void, kind: HandleKind, last: bool, status: 
 /// A synchronisation point passed: fetch the data of non-blocking reads that completed.
 pub fn after_sync() {
     pending::collect();
+    crate::custom::pull_fine();
 }

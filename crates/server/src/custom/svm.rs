@@ -23,8 +23,9 @@ pub fn clSVMAlloc(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(),
     r.finish()?;
     let ptr = (|| -> Option<usize> {
         let ctx = s.resolve(context, HandleKind::Context, false).ok()?;
-        // Fine-grained SVM would need memory both processes see coherently: not offered.
-        if flags & (CL_MEM_SVM_FINE_GRAIN_BUFFER | CL_MEM_SVM_ATOMICS) != 0 || size == 0 {
+        // SVM atomics would need memory both processes see coherently at every instant: not
+        // offered. Fine-grained buffers are kept coherent at synchronisation points (push/pull).
+        if flags & CL_MEM_SVM_ATOMICS != 0 || size == 0 {
             return None;
         }
         // SAFETY: plain allocation call on a live context.
@@ -440,5 +441,51 @@ pub fn clEnqueueSVMMigrateMem(
         Ok(st)
     };
     w.i32(run().unwrap_or_else(|e| e));
+    Ok(())
+}
+
+/// Applies the bytes the host changed in fine-grained SVM: `u32 n, (u64 addr, bytes)*`.
+pub fn svm_push(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
+    let n = r.u32()?;
+    let mut runs = Vec::new();
+    for _ in 0..n {
+        runs.push((r.u64()?, r.bytes()?));
+    }
+    r.finish()?;
+    for (addr, bytes) in &runs {
+        if check(s, *addr, bytes.len()).is_err() {
+            w.i32(CL_INVALID_VALUE);
+            return Ok(());
+        }
+    }
+    for (addr, bytes) in runs {
+        // SAFETY: the range lies in this session's SVM, which is host-accessible memory for
+        // fine-grained allocations; concurrent device writes to the same bytes would be a data
+        // race in the application too.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), addr as usize as *mut u8, bytes.len())
+        };
+    }
+    w.i32(CL_SUCCESS);
+    Ok(())
+}
+
+/// Sends the current contents of fine-grained SVM ranges: `u32 n, (u64 addr, u64 len)*`.
+pub fn svm_pull(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
+    let n = r.u32()?;
+    let mut ranges = Vec::new();
+    for _ in 0..n {
+        ranges.push((r.u64()?, r.usize()?));
+    }
+    r.finish()?;
+    if ranges.iter().any(|(a, l)| check(s, *a, *l).is_err()) {
+        w.i32(CL_INVALID_VALUE);
+        return Ok(());
+    }
+    w.i32(CL_SUCCESS);
+    for (addr, len) in ranges {
+        // SAFETY: as above; the range was checked.
+        w.bytes(unsafe { std::slice::from_raw_parts(addr as usize as *const u8, len) });
+    }
     Ok(())
 }

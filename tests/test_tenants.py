@@ -245,3 +245,23 @@ def test_restarted_server_takes_new_sessions_at_once(server, c_programs):
     server.start()
     r = server.run([c_programs["vector_add"]])
     assert r.returncode == 0, r.stderr
+
+
+def test_tenant_sees_only_its_devices(tmp_path, c_programs):
+    uid = os.getuid()
+    cfg = config(tmp_path, f'[[tenant]]\nname = "gpu-only"\nuids = [{uid}]\ndevices = ["no-such-device"]\n')
+    s = Server(tmp_path, config=cfg).start()
+    try:
+        r = s.run(["clinfo", "-l"])
+        assert "Device #" not in r.stdout, r.stdout
+        r = s.run([c_programs["vector_add"]])
+        assert r.returncode != 0 and "-1" in r.stderr  # CL_DEVICE_NOT_FOUND from clGetDeviceIDs
+    finally:
+        s.stop()
+    cfg = config(tmp_path, f'[[tenant]]\nname = "cpu"\nuids = [{uid}]\ndevices = ["pthread", "cpu"]\n')
+    s = Server(tmp_path, config=cfg).start()
+    try:
+        r = s.run([c_programs["vector_add"]])
+        assert r.returncode == 0, r.stderr
+    finally:
+        s.stop()

@@ -17,6 +17,9 @@ pub struct Func {
     /// The ICD table points at a hand-written client function although the wire stub and the
     /// server dispatch are generated (answers cached in the client).
     pub client_entry: bool,
+    /// The server handler is hand-written (server/src/custom) although the client stub and the
+    /// wire encoding are generated: it must decode exactly what the generated stub encodes.
+    pub server_entry: bool,
     pub retain: Option<String>,
     pub release: Option<String>,
     /// A synchronisation point: data of finished non-blocking reads is collected after it.
@@ -214,6 +217,7 @@ fn parse_func(line: &str) -> Result<Func, String> {
         mode,
         info: false,
         client_entry: false,
+        server_entry: false,
         retain: None,
         release: None,
         sync: false,
@@ -226,6 +230,7 @@ fn parse_func(line: &str) -> Result<Func, String> {
         match *tok {
             "@info" => func.info = true,
             "@client_entry" => func.client_entry = true,
+            "@server_entry" => func.server_entry = true,
             "@sync" => func.sync = true,
             "@async" => func.asynchronous = true,
             "->" => {

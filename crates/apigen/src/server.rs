@@ -26,12 +26,19 @@ pub fn emit_server(api: &Api) -> String {
         );
     }
     s.push_str("    }\n}\n\n");
-    for f in api.funcs.iter().filter(|f| f.is_generated()) {
+    for f in api
+        .funcs
+        .iter()
+        .filter(|f| f.is_generated() && !f.server_entry)
+    {
         emit_handler(&mut s, f);
     }
     s.push_str("/// Decodes and runs one request. A decode error means a malformed message.\npub fn dispatch(s: &Session, op: Op, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {\n    match op {\n");
     for f in &api.funcs {
         match f.mode {
+            Mode::Gen if f.server_entry => {
+                let _ = writeln!(s, "        Op::{0} => crate::custom::{0}(s, r, w),", f.name);
+            }
             Mode::Gen => {
                 let _ = writeln!(s, "        Op::{0} => op_{0}(s, r, w),", f.name);
             }

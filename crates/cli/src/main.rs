@@ -88,6 +88,9 @@ enum Cmd {
         mem_quota: Option<u64>,
         #[arg(long)]
         max_objects: Option<usize>,
+        /// A device the tenant may use (substring of its name); repeatable.
+        #[arg(long = "device")]
+        devices: Vec<String>,
     },
 }
 
@@ -192,6 +195,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             slot,
             mem_quota,
             max_objects,
+            devices,
         } => {
             // SAFETY: the supervisor hands the tenant's memory ledger as fd 5 (dup2 before exec).
             let ledger = wormhole_server::quota::Ledger::from_fd(unsafe {
@@ -204,6 +208,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 slot,
                 mem_quota,
                 max_objects,
+                devices,
             });
             // SAFETY: the supervisor hands the stats socket as fd 4 (dup2 before exec); nothing
             // else in this process owns it.

@@ -51,6 +51,9 @@ pub struct Tenant {
     /// Objects one session may hold at once.
     #[serde(default)]
     pub max_objects: Option<usize>,
+    /// The devices the tenant may use: substrings of device names (empty: all).
+    #[serde(default)]
+    pub devices: Vec<String>,
 }
 
 impl Tenant {
@@ -63,6 +66,7 @@ impl Tenant {
             mem_quota_mib: None,
             max_sessions: None,
             max_objects: None,
+            devices: Vec::new(),
         }
     }
 }

@@ -443,6 +443,9 @@ fn accept(
     if let Some(m) = t.cfg.max_objects {
         cmd.arg("--max-objects").arg(m.to_string());
     }
+    for d in &t.cfg.devices {
+        cmd.arg("--device").arg(d);
+    }
     let ledger_fd = t.ledger.raw_fd();
     // SAFETY: fcntl and dup2 are async-signal-safe (no allocation: fixed array); the source
     // descriptors stay open until after spawn.

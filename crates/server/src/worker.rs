@@ -34,6 +34,8 @@ pub struct Limits {
     pub slot: usize,
     pub mem_quota: Option<u64>,
     pub max_objects: Option<usize>,
+    /// Substrings of the device names the tenant may use (empty: all).
+    pub devices: Vec<String>,
 }
 
 impl Limits {

@@ -4,12 +4,14 @@
 //! transfers and mappings. Each reads exactly what the matching client function in
 //! `crates/client/src/custom` writes.
 
+mod devices;
 mod kernel;
 mod memory;
 mod program;
 mod svm;
 mod transfer;
 
+pub use devices::*;
 pub use kernel::*;
 pub use memory::*;
 pub use program::*;

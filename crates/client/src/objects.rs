@@ -65,11 +65,23 @@ fn lock() -> std::sync::MutexGuard<'static, Registry> {
     registry().lock().unwrap_or_else(|p| p.into_inner())
 }
 
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+/// Ids start at a random point of the client's id space: only this session's table gives them
+/// meaning anyway, but they are not guessable either.
+fn next_id() -> &'static AtomicU64 {
+    static NEXT: OnceLock<AtomicU64> = OnceLock::new();
+    NEXT.get_or_init(|| {
+        use std::hash::{BuildHasher, Hasher};
+        let r = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        // Top bit clear (client id space), room for 2^61 objects before it could be reached.
+        AtomicU64::new((r >> 3) | 1)
+    })
+}
 
 /// A fresh id for an object this client creates.
 pub fn alloc_id() -> u64 {
-    NEXT_ID.fetch_add(1, Ordering::Relaxed)
+    next_id().fetch_add(1, Ordering::Relaxed)
 }
 
 /// Creates the application-visible object for `id` (reference count 1).

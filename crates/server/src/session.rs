@@ -138,6 +138,14 @@ impl Session {
                 return *id;
             }
         }
+        if t.next_server_id == 0 {
+            // A random start: ids are meaningful only in this table, and not guessable.
+            use std::hash::{BuildHasher, Hasher};
+            t.next_server_id = std::collections::hash_map::RandomState::new()
+                .build_hasher()
+                .finish()
+                >> 4;
+        }
         t.next_server_id += 1;
         let id = SERVER_ID_BIT | t.next_server_id;
         t.by_id.insert(id, (kind, ptr as usize));

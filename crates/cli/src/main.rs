@@ -304,6 +304,10 @@ fn status(path: PathBuf) -> Result<(), CliError> {
     let json = Reader::new(&body)
         .bytes()
         .map_err(|e| CliError::Answer(e.to_string()))?;
-    println!("{}", String::from_utf8_lossy(json));
+    // Indented for people; still JSON for scripts.
+    match serde_json::from_slice::<serde_json::Value>(json) {
+        Ok(v) => println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default()),
+        Err(_) => println!("{}", String::from_utf8_lossy(json)),
+    }
     Ok(())
 }

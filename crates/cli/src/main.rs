@@ -270,7 +270,10 @@ fn icd_library() -> Result<PathBuf, CliError> {
 fn run_program(socket: Option<PathBuf>, program: Vec<String>) -> Result<(), CliError> {
     let lib = icd_library()?;
     // A vendor directory holding only Wormhole, so the application sees forwarded platforms only.
-    let dir = std::env::temp_dir().join(format!("wormhole-icd-{}", std::process::id()));
+    // One directory per user and library, rewritten each time (no leftovers per run).
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    let dir = std::env::temp_dir().join(format!("wormhole-icd-{uid}"));
     std::fs::create_dir_all(&dir)?;
     std::fs::write(dir.join("wormhole.icd"), format!("{}\n", lib.display()))?;
     let mut cmd = std::process::Command::new(&program[0]);

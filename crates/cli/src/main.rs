@@ -273,7 +273,13 @@ fn run_program(socket: Option<PathBuf>, program: Vec<String>) -> Result<(), CliE
     // One directory per user and library, rewritten each time (no leftovers per run).
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
-    let dir = std::env::temp_dir().join(format!("wormhole-icd-{uid}"));
+    let tag = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        lib.hash(&mut h);
+        h.finish()
+    };
+    let dir = std::env::temp_dir().join(format!("wormhole-icd-{uid}-{tag:016x}"));
     std::fs::create_dir_all(&dir)?;
     std::fs::write(dir.join("wormhole.icd"), format!("{}\n", lib.display()))?;
     let mut cmd = std::process::Command::new(&program[0]);

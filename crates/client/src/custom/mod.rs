@@ -44,6 +44,21 @@ unsafe fn wait_list(w: &mut Writer, n: u32, list: *const Handle) -> Result<(), C
     }
 }
 
+/// Encodes the tail every enqueue shares: the wait list, then the id of the event it returns
+/// (0: the application wants none). Returns that id.
+unsafe fn wait_and_event(
+    w: &mut Writer,
+    n: u32,
+    list: *const Handle,
+    event: *mut Handle,
+) -> Result<u64, ClErr> {
+    // SAFETY: the caller passes the application's wait list.
+    unsafe { wait_list(w, n, list) }?;
+    let id = event_id(event);
+    w.u64(id);
+    Ok(id)
+}
+
 /// Allocates the id of the event an enqueue returns (0: the application wants none).
 fn event_id(event: *mut Handle) -> u64 {
     if event.is_null() {

@@ -315,10 +315,8 @@ pub unsafe extern "C" fn clEnqueueSVMFree(
         let mut w = rt::request(Op::clEnqueueSVMFree);
         w.u64(q.id);
         w.opt_u64s(Some(&list_ptrs));
-        // SAFETY: the application's wait list.
-        unsafe { wait_list(&mut w, n, list) }?;
-        let ev = event_id(event);
-        w.u64(ev);
+        // SAFETY: the application's wait list and event pointer.
+        let ev = unsafe { wait_and_event(&mut w, n, list, event) }?;
         let st = Reader::new(&rt::call(w)?).i32()?;
         if st == CL_SUCCESS {
             list_ptrs.iter().for_each(|p| unmirror(*p as usize));
@@ -370,10 +368,8 @@ pub unsafe extern "C" fn clEnqueueSVMMemcpy(
             // SAFETY: `src` holds `size` bytes.
             w.bytes(unsafe { std::slice::from_raw_parts(src as *const u8, size) });
         }
-        // SAFETY: the application's wait list.
-        unsafe { wait_list(&mut w, n, list) }?;
-        let ev = event_id(event);
-        w.u64(ev);
+        // SAFETY: the application's wait list and event pointer.
+        let ev = unsafe { wait_and_event(&mut w, n, list, event) }?;
         let reply = rt::call(w)?;
         let mut r = Reader::new(&reply);
         let st = r.i32()?;
@@ -415,10 +411,8 @@ pub unsafe extern "C" fn clEnqueueSVMMemFill(
         // SAFETY: the pattern has `pattern_size` bytes.
         w.bytes(unsafe { std::slice::from_raw_parts(pattern as *const u8, pattern_size) });
         w.usize(size);
-        // SAFETY: the application's wait list.
-        unsafe { wait_list(&mut w, n, list) }?;
-        let ev = event_id(event);
-        w.u64(ev);
+        // SAFETY: the application's wait list and event pointer.
+        let ev = unsafe { wait_and_event(&mut w, n, list, event) }?;
         let st = Reader::new(&rt::call(w)?).i32()?;
         if st == CL_SUCCESS {
             // SAFETY: as above.
@@ -450,10 +444,8 @@ pub unsafe extern "C" fn clEnqueueSVMMap(
         w.u64(flags);
         w.u64(ptr as u64);
         w.usize(size);
-        // SAFETY: the application's wait list.
-        unsafe { wait_list(&mut w, n, list) }?;
-        let ev = event_id(event);
-        w.u64(ev);
+        // SAFETY: the application's wait list and event pointer.
+        let ev = unsafe { wait_and_event(&mut w, n, list, event) }?;
         let reply = rt::call(w)?;
         let mut r = Reader::new(&reply);
         let st = r.i32()?;
@@ -498,10 +490,8 @@ pub unsafe extern "C" fn clEnqueueSVMUnmap(
         w.u64(addr as u64);
         // SAFETY: the mirror covers the mapped range.
         w.opt_bytes(writes.then(|| unsafe { std::slice::from_raw_parts(addr as *const u8, size) }));
-        // SAFETY: the application's wait list.
-        unsafe { wait_list(&mut w, n, list) }?;
-        let ev = event_id(event);
-        w.u64(ev);
+        // SAFETY: the application's wait list and event pointer.
+        let ev = unsafe { wait_and_event(&mut w, n, list, event) }?;
         let st = Reader::new(&rt::call(w)?).i32()?;
         if st == CL_SUCCESS {
             // SAFETY: as above.
@@ -583,10 +573,8 @@ pub unsafe extern "C" fn clEnqueueSVMMigrateMem(
         w.opt_u64s(Some(&p));
         w.opt_u64s(s.as_deref());
         w.u64(flags);
-        // SAFETY: the application's wait list.
-        unsafe { wait_list(&mut w, n, list) }?;
-        let ev = event_id(event);
-        w.u64(ev);
+        // SAFETY: the application's wait list and event pointer.
+        let ev = unsafe { wait_and_event(&mut w, n, list, event) }?;
         let st = Reader::new(&rt::call(w)?).i32()?;
         if st == CL_SUCCESS {
             // SAFETY: as above.

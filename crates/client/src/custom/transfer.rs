@@ -113,11 +113,9 @@ pub unsafe extern "C" fn clEnqueueReadBuffer(
         w.u32(blocking);
         w.usize(offset);
         w.usize(size);
-        // SAFETY: as above.
-        unsafe { wait_list(&mut w, n, list) }?;
-        let ev_id = event_id(event);
+        // SAFETY: the application's wait list and event pointer.
+        let ev_id = unsafe { wait_and_event(&mut w, n, list, event) }?;
         let read_id = rt::alloc_id();
-        w.u64(ev_id);
         w.u64(read_id);
         // SAFETY: the application promises `size` writable bytes at `ptr`.
         let direct = (blocking != 0)
@@ -158,10 +156,8 @@ pub unsafe extern "C" fn clEnqueueWriteBuffer(
         w.u32(blocking);
         w.usize(offset);
         w.usize(size);
-        // SAFETY: as above.
-        unsafe { wait_list(&mut w, n, list) }?;
-        let ev_id = event_id(event);
-        w.u64(ev_id);
+        // SAFETY: the application's wait list and event pointer.
+        let ev_id = unsafe { wait_and_event(&mut w, n, list, event) }?;
         // The data goes last, straight from the application's memory into the transport.
         w.bool(!ptr.is_null());
         let payload: &[u8] = if ptr.is_null() {
@@ -247,11 +243,9 @@ pub unsafe extern "C" fn clEnqueueReadBufferRect(
                 [brp, bsp, hrp, hsp],
             )
         }?;
-        // SAFETY: as above.
-        unsafe { wait_list(&mut w, n, list) }?;
-        let ev_id = event_id(event);
+        // SAFETY: the application's wait list and event pointer.
+        let ev_id = unsafe { wait_and_event(&mut w, n, list, event) }?;
         let read_id = rt::alloc_id();
-        w.u64(ev_id);
         w.u64(read_id);
         let dst = ptr as usize + span.start;
         finish_read(
@@ -305,10 +299,8 @@ pub unsafe extern "C" fn clEnqueueWriteBufferRect(
         w.bytes(unsafe {
             std::slice::from_raw_parts((ptr as *const u8).add(span.start), span.len)
         });
-        // SAFETY: as above.
-        unsafe { wait_list(&mut w, n, list) }?;
-        let ev_id = event_id(event);
-        w.u64(ev_id);
+        // SAFETY: the application's wait list and event pointer.
+        let ev_id = unsafe { wait_and_event(&mut w, n, list, event) }?;
         finish_write(w, event, ev_id, blocking)
     })
 }
@@ -403,11 +395,9 @@ pub unsafe extern "C" fn clEnqueueReadImage(
                 slice_pitch,
             )
         }?;
-        // SAFETY: as above.
-        unsafe { wait_list(&mut w, n, list) }?;
-        let ev_id = event_id(event);
+        // SAFETY: the application's wait list and event pointer.
+        let ev_id = unsafe { wait_and_event(&mut w, n, list, event) }?;
         let read_id = rt::alloc_id();
-        w.u64(ev_id);
         w.u64(read_id);
         finish_read(
             w,
@@ -455,10 +445,8 @@ pub unsafe extern "C" fn clEnqueueWriteImage(
         }?;
         // SAFETY: the image region's host footprint lies in the application's memory.
         w.bytes(unsafe { std::slice::from_raw_parts(ptr as *const u8, span.len) });
-        // SAFETY: as above.
-        unsafe { wait_list(&mut w, n, list) }?;
-        let ev_id = event_id(event);
-        w.u64(ev_id);
+        // SAFETY: the application's wait list and event pointer.
+        let ev_id = unsafe { wait_and_event(&mut w, n, list, event) }?;
         finish_write(w, event, ev_id, blocking)
     })
 }
@@ -559,11 +547,9 @@ pub unsafe extern "C" fn clEnqueueMapBuffer(
         w.u64(flags);
         w.usize(offset);
         w.usize(size);
-        // SAFETY: as above.
-        unsafe { wait_list(&mut w, n, list) }?;
-        let ev_id = event_id(event);
+        // SAFETY: the application's wait list and event pointer.
+        let ev_id = unsafe { wait_and_event(&mut w, n, list, event) }?;
         let token = rt::alloc_id();
-        w.u64(ev_id);
         w.u64(token);
         finish_map(w, b, offset, flags, token, event, ev_id).map(|(p, _)| p)
     })
@@ -598,11 +584,9 @@ pub unsafe extern "C" fn clEnqueueMapImage(
         w.u64(flags);
         put_triple(&mut w, origin);
         put_triple(&mut w, region);
-        // SAFETY: as above.
-        unsafe { wait_list(&mut w, n, list) }?;
-        let ev_id = event_id(event);
+        // SAFETY: the application's wait list and event pointer.
+        let ev_id = unsafe { wait_and_event(&mut w, n, list, event) }?;
         let token = rt::alloc_id();
-        w.u64(ev_id);
         w.u64(token);
         let (p, pitches) = finish_map(w, i, 0, flags, token, event, ev_id)?;
         // SAFETY: the application's outputs (row_pitch checked above).
@@ -651,10 +635,8 @@ pub unsafe extern "C" fn clEnqueueUnmapMemObject(
                 .then(|| unsafe { std::slice::from_raw_parts(entry.ptr as *const u8, entry.len) }),
         );
         let res = (|| {
-            // SAFETY: as above.
-            unsafe { wait_list(&mut w, n, list) }?;
-            let ev_id = event_id(event);
-            w.u64(ev_id);
+            // SAFETY: the application's wait list and event pointer.
+            let ev_id = unsafe { wait_and_event(&mut w, n, list, event) }?;
             let reply = rt::call(w)?;
             let st = Reader::new(&reply).i32()?;
             if st == CL_SUCCESS {

@@ -80,12 +80,6 @@ pub fn serve(config: Config) -> Result<(), ServeError> {
             path: dir.clone(),
             source,
         })?;
-    let _ = std::fs::remove_file(&config.socket);
-    let listener = UnixListener::bind(&config.socket).map_err(|source| ServeError::Listen {
-        path: config.socket.clone(),
-        source,
-    })?;
-    tracing::info!(socket = %config.socket.display(), "wormhole server listening");
     let tenant_cfgs = if config.tenants.is_empty() {
         vec![Tenant::open()]
     } else {
@@ -163,6 +157,14 @@ pub fn serve(config: Config) -> Result<(), ServeError> {
             }
         });
     }
+    // The Unix socket appears last: its existence tells scripts and tests that every
+    // listener (TCP, metrics) is already accepting.
+    let _ = std::fs::remove_file(&config.socket);
+    let listener = UnixListener::bind(&config.socket).map_err(|source| ServeError::Listen {
+        path: config.socket.clone(),
+        source,
+    })?;
+    tracing::info!(socket = %config.socket.display(), "wormhole server listening");
     for conn in listener.incoming() {
         match conn {
             Ok(stream) => {

@@ -47,6 +47,10 @@ enum Cmd {
         /// Private key (PEM) of --tls-cert.
         #[arg(long, requires = "tls_cert")]
         tls_key: Option<PathBuf>,
+        /// Serve a VM guest through this ivshmem backing file (created at 16 MiB if missing;
+        /// give it to QEMU as the memory of an `ivshmem-plain` device). Repeatable.
+        #[arg(long = "guest-region")]
+        guest_regions: Vec<PathBuf>,
     },
     /// Write a self-signed certificate and key for testing TLS (cert.pem, key.pem in DIR).
     GenCert {
@@ -91,6 +95,9 @@ enum Cmd {
         /// A device the tenant may use (substring of its name); repeatable.
         #[arg(long = "device")]
         devices: Vec<String>,
+        /// The guest region (transport "guest").
+        #[arg(long)]
+        region: Option<PathBuf>,
     },
 }
 
@@ -162,6 +169,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             metrics,
             tls_cert,
             tls_key,
+            guest_regions,
         } => {
             let mut c = match config {
                 Some(p) => Config::load(&p)?,
@@ -183,6 +191,13 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 c.tls_cert = tls_cert;
                 c.tls_key = tls_key;
             }
+            for region in guest_regions {
+                c.guests.push(wormhole_server::config::Guest {
+                    region,
+                    size_mib: 16,
+                    tenant: None,
+                });
+            }
             c.validate()?;
             wormhole_server::supervisor::serve(c)?;
             Ok(())
@@ -196,6 +211,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             mem_quota,
             max_objects,
             devices,
+            region,
         } => {
             // SAFETY: the supervisor hands the tenant's memory ledger as fd 5 (dup2 before exec).
             let ledger = wormhole_server::quota::Ledger::from_fd(unsafe {
@@ -213,6 +229,16 @@ fn run(cli: Cli) -> Result<(), CliError> {
             // SAFETY: the supervisor hands the stats socket as fd 4 (dup2 before exec); nothing
             // else in this process owns it.
             let stats = unsafe { UnixStream::from_raw_fd(4) };
+            if transport == "guest" {
+                let region = region
+                    .ok_or_else(|| CliError::Answer("transport guest needs --region".into()))?;
+                let layout = wormhole_transport::Layout {
+                    lanes,
+                    ring_capacity: ring_kib * 1024,
+                };
+                wormhole_server::worker::run_guest(&region, layout, Some(stats))?;
+                return Ok(());
+            }
             if transport == "tcp" {
                 // SAFETY: as above, the session's TCP stream is fd 3.
                 let sock = unsafe { std::net::TcpStream::from_raw_fd(3) };

@@ -47,6 +47,8 @@ pub struct Connection {
     lanes: usize,
     dead: Arc<AtomicBool>,
     pid: u32,
+    /// A guest session's region: the worker serves a lane once it is marked used here.
+    guest: Option<Arc<Region>>,
 }
 
 static CONNECTION: OnceLock<Option<Connection>> = OnceLock::new();
@@ -127,17 +129,202 @@ const WELCOME_TIMEOUT: Duration = Duration::from_secs(20);
 
 fn connect() -> Result<Connection, ConnectError> {
     match std::env::var("WORMHOLE_SERVER") {
+        Ok(s) if s == "ivshmem" || s.starts_with("ivshmem:") => {
+            connect_guest(s.strip_prefix("ivshmem").unwrap_or_default().trim_start_matches(':'))
+        }
         Ok(s) if !s.is_empty() => match s.strip_prefix("tcp://") {
             Some(addr) => connect_tcp(addr, false),
             None => match s.strip_prefix("tls://") {
                 Some(addr) => connect_tcp(addr, true),
                 None => Err(ConnectError(format!(
-                    "WORMHOLE_SERVER={s}: expected tcp://host:port or tls://host:port"
+                    "WORMHOLE_SERVER={s}: expected tcp://host:port, tls://host:port or ivshmem[:PATH]"
                 ))),
             },
         },
         _ => connect_local(),
     }
+}
+
+/// The BAR of the first ivshmem device (QEMU `ivshmem-plain`: vendor 0x1af4, device 0x1110),
+/// enabled so that it can be mapped.
+fn find_ivshmem() -> Result<std::path::PathBuf, ConnectError> {
+    let dir = std::fs::read_dir("/sys/bus/pci/devices")
+        .map_err(|e| ConnectError(format!("cannot list PCI devices: {e}")))?;
+    let read = |p: std::path::PathBuf| std::fs::read_to_string(p).unwrap_or_default();
+    let mut devices: Vec<_> = dir
+        .flatten()
+        .map(|d| d.path())
+        .filter(|p| {
+            read(p.join("vendor")).trim() == "0x1af4" && read(p.join("device")).trim() == "0x1110"
+        })
+        .collect();
+    devices.sort();
+    let dev = devices.into_iter().next().ok_or_else(|| {
+        ConnectError("WORMHOLE_SERVER=ivshmem but this machine has no ivshmem device".into())
+    })?;
+    if read(dev.join("enable")).trim() == "0" {
+        std::fs::write(dev.join("enable"), "1").map_err(|e| {
+            ConnectError(format!(
+                "cannot enable {} ({e}); run as root",
+                dev.display()
+            ))
+        })?;
+    }
+    Ok(dev.join("resource2"))
+}
+
+/// The guest region of this process, marked closed when the process exits normally so the
+/// worker ends the session at once (a killed process is noticed by its silent heartbeat).
+static GUEST_REGION: OnceLock<Arc<Region>> = OnceLock::new();
+
+extern "C" fn close_guest_session() {
+    if let Some(r) = GUEST_REGION.get() {
+        r.rendezvous().client_state.store(
+            wormhole_transport::rendezvous::CLIENT_CLOSED,
+            Ordering::Release,
+        );
+    }
+}
+
+// Runs at exit, and at dlclose (where an atexit handler would point at unmapped code).
+#[used]
+#[link_section = ".fini_array"]
+static CLOSE_GUEST_SESSION: extern "C" fn() = close_guest_session;
+
+/// Connects through a guest region (`WORMHOLE_SERVER=ivshmem[:PATH]`): no socket, so the
+/// handshake runs on lane 0, callbacks arrive on the last lane, and each side watches the
+/// other's heartbeat in the region.
+fn connect_guest(spec: &str) -> Result<Connection, ConnectError> {
+    use wormhole_transport::rendezvous::{self, BeatWatch};
+    let path = if spec.is_empty() {
+        find_ivshmem()?
+    } else {
+        std::path::PathBuf::from(spec)
+    };
+    let nonce = std::process::id()
+        ^ (std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos()));
+    let (region, epoch) = Region::claim_guest(
+        &path,
+        nonce,
+        // Between two sessions the region has no worker for a moment (the supervisor starts a
+        // fresh one within ~200 ms); a heartbeat silent for longer means no server.
+        Duration::from_millis(1500),
+        Duration::from_secs(10),
+    )
+    .map_err(|e| {
+        ConnectError(format!(
+            "cannot open a session through {}: {e}",
+            path.display()
+        ))
+    })?;
+    let region = Arc::new(region);
+    let rv = region.rendezvous();
+    rv.client_state
+        .store(rendezvous::CLIENT_ACTIVE, Ordering::Release);
+    let _ = GUEST_REGION.set(region.clone());
+    {
+        let region = region.clone();
+        std::thread::Builder::new()
+            .name("wormhole-heartbeat".into())
+            .spawn(move || loop {
+                region.rendezvous().beat_client();
+                std::thread::sleep(rendezvous::BEAT_INTERVAL);
+            })
+            .map_err(|e| ConnectError(format!("cannot start the heartbeat thread: {e}")))?;
+    }
+    let dead = Arc::new(AtomicBool::new(false));
+    let server = Arc::new(BeatWatch::new(
+        rv.server_beat.load(Ordering::Acquire),
+        Duration::from_secs(1),
+    ));
+    let alive: wormhole_transport::link::Liveness = {
+        let (dead, region) = (dead.clone(), region.clone());
+        Arc::new(move || {
+            let rv = region.rendezvous();
+            !dead.load(Ordering::Relaxed)
+                && rv.server_epoch.load(Ordering::Acquire) == epoch
+                && server.alive(&rv.server_beat)
+        })
+    };
+    // No futex reaches the host: poll, sleeping at most 1 ms between looks once a call has
+    // taken longer than the spin window (a long kernel).
+    let waiter = Arc::new(wormhole_transport::PollWaiter {
+        max_sleep: Duration::from_millis(1),
+    });
+    let link = |i: u32| {
+        let (req, rep) = region.lane(i).expect("lane in layout");
+        ShmLink::new(
+            req,
+            rep,
+            waiter.clone(),
+            SpinPolicy::default(),
+            alive.clone(),
+        )
+    };
+    let mut lane0 = link(0);
+    rv.use_lane(0);
+    lane0
+        .send(&hello())
+        .map_err(|e| ConnectError(format!("server gone during HELLO: {e}")))?;
+    let mut body = Vec::new();
+    let h = lane0
+        .recv(&mut body)
+        .map_err(|e| ConnectError(format!("no answer from the server: {e}")))?;
+    let n = welcome(&h, &body)?;
+    if n + 1 > region.layout().lanes {
+        return Err(ConnectError(
+            "WELCOME names more lanes than the region has".into(),
+        ));
+    }
+    // The callback lane idles most of the time: poll it lazily (callbacks may run ≤ 10 ms late).
+    let (ev_req, ev_rep) = region.lane(n).expect("event lane in layout");
+    let mut events = ShmLink::new(
+        ev_req,
+        ev_rep,
+        Arc::new(wormhole_transport::PollWaiter {
+            max_sleep: Duration::from_millis(10),
+        }),
+        SpinPolicy::default(),
+        alive.clone(),
+    );
+    {
+        let dead = dead.clone();
+        std::thread::Builder::new()
+            .name("wormhole-events".into())
+            .spawn(move || {
+                let mut body = Vec::new();
+                loop {
+                    match events.recv(&mut body) {
+                        Ok(h) if h.opcode == control::CALLBACK => {
+                            crate::rt::callbacks::deliver(&body)
+                        }
+                        Ok(h) => log(&format!(
+                            "ignoring unexpected frame {:#06x} from the server",
+                            h.opcode
+                        )),
+                        Err(_) => break,
+                    }
+                }
+                mark_dead(&dead, || {});
+            })
+            .map_err(|e| ConnectError(format!("cannot start the callback thread: {e}")))?;
+    }
+    let lanes: Vec<Mutex<ShmLane>> = std::iter::once(lane0)
+        .chain((1..n).map(link))
+        .map(|link| Mutex::new(ShmLane { link, seq: 0 }))
+        .collect();
+    Ok(Connection {
+        transport: Transport::Shm {
+            lanes,
+            _region: region.clone(),
+        },
+        lanes: n as usize,
+        dead,
+        pid: std::process::id(),
+        guest: Some(region),
+    })
 }
 
 fn connect_local() -> Result<Connection, ConnectError> {
@@ -214,6 +401,7 @@ fn connect_local() -> Result<Connection, ConnectError> {
         lanes: n,
         dead,
         pid: std::process::id(),
+        guest: None,
     })
 }
 
@@ -331,6 +519,7 @@ fn connect_tcp(addr: &str, tls: bool) -> Result<Connection, ConnectError> {
         lanes: n,
         dead,
         pid: std::process::id(),
+        guest: None,
     })
 }
 
@@ -432,6 +621,9 @@ impl Connection {
             Some(i) => i,
             None => {
                 let i = NEXT_LANE.fetch_add(1, Ordering::Relaxed) % self.lanes;
+                if let Some(r) = &self.guest {
+                    r.rendezvous().use_lane(i as u32);
+                }
                 l.set(Some(i));
                 i
             }

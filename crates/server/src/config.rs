@@ -29,6 +29,38 @@ pub struct Config {
     /// tenant "default" without limits.
     #[serde(rename = "tenant")]
     pub tenants: Vec<Tenant>,
+    /// VM guests served through an ivshmem region each (a file the server creates and QEMU
+    /// maps as the BAR of an `ivshmem-plain` device).
+    #[serde(rename = "guest")]
+    pub guests: Vec<Guest>,
+}
+
+/// A VM guest: its region and the tenant its sessions belong to.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Guest {
+    /// The backing file of the guest's ivshmem device (e.g. /dev/shm/wormhole-vm1). Only this
+    /// guest may map it: it is the guest's credential.
+    pub region: PathBuf,
+    /// Its size, MiB: a power of two (the BAR size QEMU is given).
+    #[serde(default = "Guest::default_size_mib")]
+    pub size_mib: u64,
+    /// The tenant the guest's sessions count against (required when tenants are configured).
+    #[serde(default)]
+    pub tenant: Option<String>,
+}
+
+impl Guest {
+    fn default_size_mib() -> u64 {
+        16
+    }
+
+    /// Lanes of a guest region: 7 for calls (application threads) and one for callbacks.
+    pub const LANES: u32 = 8;
+
+    pub fn layout(&self) -> Option<wormhole_transport::Layout> {
+        wormhole_transport::Layout::fitting(self.size_mib << 20, Self::LANES)
+    }
 }
 
 /// A tenant: the users (local) or token (TCP) that identify it and the limits of its sessions.
@@ -84,6 +116,7 @@ impl Default for Config {
             ring_kib: 256,
             name_prefix: "Wormhole \u{2192} ".into(),
             tenants: Vec::new(),
+            guests: Vec::new(),
         }
     }
 }
@@ -141,11 +174,46 @@ impl Config {
                     t.name
                 )));
             }
-            if t.uids.is_empty() && t.token.is_none() {
+            let has_guest = self
+                .guests
+                .iter()
+                .any(|g| g.tenant.as_deref() == Some(t.name.as_str()));
+            if t.uids.is_empty() && t.token.is_none() && !has_guest {
                 return Err(ConfigError::Invalid(format!(
                     "tenant {} has neither uids nor a token",
                     t.name
                 )));
+            }
+        }
+        let mut regions = std::collections::HashSet::new();
+        for g in &self.guests {
+            if !regions.insert(&g.region) {
+                return Err(ConfigError::Invalid(format!(
+                    "guest region {} is listed twice (a region is never shared)",
+                    g.region.display()
+                )));
+            }
+            if !g.size_mib.is_power_of_two() || g.layout().is_none() || g.size_mib > 1 << 14 {
+                return Err(ConfigError::Invalid(format!(
+                    "guest region {}: size_mib = {} must be a power of two from 1 to 16384",
+                    g.region.display(),
+                    g.size_mib
+                )));
+            }
+            match &g.tenant {
+                Some(name) if !self.tenants.iter().any(|t| &t.name == name) => {
+                    return Err(ConfigError::Invalid(format!(
+                        "guest region {}: no tenant named {name}",
+                        g.region.display()
+                    )))
+                }
+                None if !self.tenants.is_empty() => {
+                    return Err(ConfigError::Invalid(format!(
+                        "guest region {} needs a tenant (tenants are configured)",
+                        g.region.display()
+                    )))
+                }
+                _ => {}
             }
         }
         if self.lanes == 0 || self.lanes > 256 {

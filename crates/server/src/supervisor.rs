@@ -1,7 +1,7 @@
 //! The supervisor: accepts sessions on the Unix socket, checks their HELLO, and hands each to
 //! a fresh worker process (`wh worker`); reaps workers and answers `wh status`.
 
-use crate::config::{Config, Tenant};
+use crate::config::{Config, Guest, Tenant};
 use crate::quota::Ledger;
 use std::collections::HashMap;
 use std::io::Write;
@@ -47,6 +47,8 @@ struct Worker {
     started: Instant,
     tenant: usize,
     slot: usize,
+    /// The guest region this worker serves, if any.
+    guest: Option<usize>,
 }
 
 /// A tenant's limits and the memory ledger its sessions share.
@@ -56,10 +58,21 @@ struct TenantState {
     slots: Vec<bool>,
 }
 
+/// A guest region and when its next worker may start.
+struct GuestState {
+    cfg: Guest,
+    /// Held open with an exclusive lock: one server per region.
+    _lock: nix::fcntl::Flock<std::fs::File>,
+    tenant: usize,
+    /// None while a worker serves the region.
+    start_at: Option<Instant>,
+}
+
 #[derive(Default)]
 struct State {
     workers: HashMap<u32, Worker>,
     tenants: Vec<TenantState>,
+    guests: Vec<GuestState>,
 }
 
 type Workers = Arc<Mutex<State>>;
@@ -97,13 +110,32 @@ pub fn serve(config: Config) -> Result<(), ServeError> {
             slots: vec![false; crate::quota::SLOTS],
         });
     }
+    let mut guests = Vec::new();
+    for g in &config.guests {
+        let lock = prepare_region(g)?;
+        let tenant = match &g.tenant {
+            Some(name) => tenants
+                .iter()
+                .position(|t| &t.cfg.name == name)
+                .unwrap_or(0),
+            None => 0,
+        };
+        tracing::info!(region = %g.region.display(), size_mib = g.size_mib, tenant = %tenants[tenant].cfg.name, "serving a guest region (ivshmem)");
+        guests.push(GuestState {
+            cfg: g.clone(),
+            _lock: lock,
+            tenant,
+            start_at: Some(Instant::now()),
+        });
+    }
     let workers: Workers = Arc::new(Mutex::new(State {
         workers: HashMap::new(),
         tenants,
+        guests,
     }));
     {
-        let workers = workers.clone();
-        std::thread::spawn(move || reap(workers));
+        let (workers, config, vendors) = (workers.clone(), config.clone(), vendors.clone());
+        std::thread::spawn(move || reap(&config, &vendors, workers));
     }
     if let Some(addr) = &config.metrics {
         serve_metrics(addr, workers.clone())?;
@@ -422,18 +454,87 @@ fn accept(
         refuse(&stream, "no session slot left for this tenant");
         return Ok(());
     };
+    let pid = spawn_worker(
+        config,
+        vendors,
+        &mut state,
+        tenant,
+        slot,
+        Serves::Client {
+            fd: stream.fd(),
+            transport,
+        },
+    )?;
+    let wk = state.workers.get_mut(&pid).expect("just inserted");
+    wk.peer_pid = cred.map(|c| c.pid());
+    wk.peer_uid = cred.map(|c| c.uid());
+    tracing::info!(
+        worker = pid,
+        peer_pid = wk.peer_pid,
+        peer_uid = wk.peer_uid,
+        "session started"
+    );
+    drop(state);
+    if let Conn::Tls(t) = stream {
+        t.relay();
+    }
+    Ok(())
+}
+
+/// What a new worker serves.
+enum Serves<'a> {
+    /// A connected client, whose socket or stream becomes the worker's fd 3.
+    Client {
+        fd: std::os::fd::RawFd,
+        transport: &'static str,
+    },
+    /// The guest region `guests[index]`.
+    Guest { index: usize, cfg: &'a Guest },
+}
+
+/// Starts `wh worker` for one session of `tenant` in its ledger slot `slot`, and records it.
+fn spawn_worker(
+    config: &Config,
+    vendors: &std::path::Path,
+    state: &mut State,
+    tenant: usize,
+    slot: usize,
+    serves: Serves<'_>,
+) -> std::io::Result<u32> {
+    let t = &mut state.tenants[tenant];
     let (stats_ours, stats_theirs) = UnixStream::pair()?;
-    let session_fd = stream.fd();
     let stats_fd = stats_theirs.as_raw_fd();
     let mut cmd = Command::new(std::env::current_exe()?);
-    cmd.arg("worker")
-        .arg("--lanes")
-        .arg(config.lanes.to_string())
-        .arg("--ring-kib")
-        .arg(config.ring_kib.to_string())
-        .arg("--transport")
-        .arg(transport)
-        .arg("--tenant")
+    cmd.arg("worker");
+    // A guest worker has no session socket; it gets /dev/null as fd 3.
+    let devnull;
+    let (session_fd, guest) = match serves {
+        Serves::Client { fd, transport } => {
+            cmd.arg("--lanes")
+                .arg(config.lanes.to_string())
+                .arg("--ring-kib")
+                .arg(config.ring_kib.to_string())
+                .arg("--transport")
+                .arg(transport);
+            (fd, None)
+        }
+        Serves::Guest { index, cfg } => {
+            let layout = cfg.layout().ok_or_else(|| {
+                std::io::Error::other(format!("{} is too small", cfg.region.display()))
+            })?;
+            devnull = std::fs::File::open("/dev/null")?;
+            cmd.arg("--lanes")
+                .arg(layout.lanes.to_string())
+                .arg("--ring-kib")
+                .arg((layout.ring_capacity / 1024).to_string())
+                .arg("--transport")
+                .arg("guest")
+                .arg("--region")
+                .arg(&cfg.region);
+            (devnull.as_raw_fd(), Some(index))
+        }
+    };
+    cmd.arg("--tenant")
         .arg(&t.cfg.name)
         .arg("--slot")
         .arg(slot.to_string())
@@ -472,46 +573,39 @@ fn accept(
     let child = cmd.spawn()?;
     t.slots[slot] = true;
     let pid = child.id();
-    tracing::info!(
-        worker = pid,
-        peer_pid = cred.map(|c| c.pid()),
-        peer_uid = cred.map(|c| c.uid()),
-        "session started"
-    );
     state.workers.insert(
         pid,
         Worker {
             child,
             stats: stats_ours,
-            peer_pid: cred.map(|c| c.pid()),
-            peer_uid: cred.map(|c| c.uid()),
+            peer_pid: None,
+            peer_uid: None,
             started: Instant::now(),
             tenant,
             slot,
+            guest,
         },
     );
-    drop(state);
-    if let Conn::Tls(t) = stream {
-        t.relay();
-    }
-    Ok(())
+    Ok(pid)
 }
 
 /// Reaps finished workers (their sessions' objects died with them).
-fn reap(workers: Workers) {
+/// Reaps finished workers (their sessions' objects died with them) and starts a fresh
+/// worker for every guest region that has none.
+fn reap(config: &Config, vendors: &std::path::Path, workers: Workers) {
     loop {
-        std::thread::sleep(Duration::from_millis(200));
         let mut guard = workers.lock().unwrap_or_else(|p| p.into_inner());
         let state = &mut *guard;
         let tenants = &mut state.tenants;
+        let guests = &mut state.guests;
         state.workers.retain(|pid, wk| {
-            let done = match wk.child.try_wait() {
+            let (done, failed) = match wk.child.try_wait() {
                 Ok(Some(st)) => {
                     tracing::info!(worker = pid, status = %st, "session ended");
-                    true
+                    (true, !st.success())
                 }
-                Ok(None) => false,
-                Err(_) => true,
+                Ok(None) => (false, false),
+                Err(_) => (true, true),
             };
             if done {
                 // Whatever the session still held (a crash frees no driver objects one by one)
@@ -519,10 +613,83 @@ fn reap(workers: Workers) {
                 let t = &mut tenants[wk.tenant];
                 t.ledger.write_off(wk.slot);
                 t.slots[wk.slot] = false;
+                if let Some(g) = wk.guest {
+                    // A worker that dies at once (bad region, driver trouble) is not
+                    // restarted in a tight loop.
+                    let quick = failed && wk.started.elapsed() < Duration::from_secs(2);
+                    guests[g].start_at =
+                        Some(Instant::now() + Duration::from_secs(if quick { 2 } else { 0 }));
+                }
             }
             !done
         });
+        for index in 0..state.guests.len() {
+            let g = &state.guests[index];
+            if g.start_at.is_none_or(|t| t > Instant::now()) {
+                continue;
+            }
+            let (tenant, cfg) = (g.tenant, g.cfg.clone());
+            let Some(slot) = state.tenants[tenant].slots.iter().position(|u| !u) else {
+                tracing::warn!(region = %cfg.region.display(), "no session slot left for the guest's tenant; retrying");
+                state.guests[index].start_at = Some(Instant::now() + Duration::from_secs(1));
+                continue;
+            };
+            match spawn_worker(
+                config,
+                vendors,
+                state,
+                tenant,
+                slot,
+                Serves::Guest { index, cfg: &cfg },
+            ) {
+                Ok(pid) => {
+                    tracing::debug!(worker = pid, region = %cfg.region.display(), "guest worker started");
+                    state.guests[index].start_at = None;
+                }
+                Err(e) => {
+                    tracing::error!(region = %cfg.region.display(), "cannot start a guest worker: {e}");
+                    state.guests[index].start_at = Some(Instant::now() + Duration::from_secs(2));
+                }
+            }
+        }
+        drop(guard);
+        std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Creates a guest's region file at its configured size (QEMU maps it at that size, so an
+/// existing file of another size is an error, not something to resize under a running VM).
+fn prepare_region(g: &Guest) -> Result<nix::fcntl::Flock<std::fs::File>, ServeError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let err = |source| ServeError::Runtime {
+        path: g.region.clone(),
+        source,
+    };
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o660)
+        .open(&g.region)
+        .map_err(err)?;
+    let f = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(
+        |(_, e)| {
+            err(std::io::Error::other(format!(
+                "another Wormhole server serves this region ({e})"
+            )))
+        },
+    )?;
+    let (len, want) = (f.metadata().map_err(err)?.len(), g.size_mib << 20);
+    if len == 0 {
+        f.set_len(want).map_err(err)?;
+    } else if len != want {
+        return Err(err(std::io::Error::other(format!(
+            "exists with {len} bytes but size_mib = {} (QEMU maps it at its size: remove it or fix the setting)",
+            g.size_mib
+        ))));
+    }
+    Ok(f)
 }
 
 /// The server's state as `wh status` and the metrics endpoint show it.
@@ -546,6 +713,8 @@ pub struct SessionStatus {
     pub tenant: String,
     pub client_pid: Option<i32>,
     pub client_uid: Option<u32>,
+    /// The guest region (ivshmem) the session is served through, if any.
+    pub guest_region: Option<PathBuf>,
     pub uptime_s: f64,
     pub calls_per_s: f64,
     pub detail: Option<crate::worker::SessionDetail>,
@@ -582,6 +751,7 @@ fn snapshot(workers: &Workers) -> Snapshot {
             tenant: state.tenants[wk.tenant].cfg.name.clone(),
             client_pid: wk.peer_pid,
             client_uid: wk.peer_uid,
+            guest_region: wk.guest.map(|g| state.guests[g].cfg.region.clone()),
             uptime_s: uptime,
             calls_per_s: detail
                 .as_ref()

@@ -7,15 +7,17 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::Duration;
 use wormhole_protocol::{
     control, DecodeError, FrameHeader, Op, Reader, Writer, FLAG_ASYNC, FLAG_REPLY,
 };
 use wormhole_transport::link::read_frame;
+use wormhole_transport::rendezvous::{self, BeatWatch};
 use wormhole_transport::unix::send_frame_with_fds;
 use wormhole_transport::{
-    FrameLink, FutexWaiter, Layout, Region, ShmLink, SpinPolicy, TransportError,
+    FrameLink, FutexWaiter, Layout, PollWaiter, Region, ShmLink, SpinPolicy, TransportError,
 };
 
 static SESSION: OnceLock<Session> = OnceLock::new();
@@ -136,6 +138,178 @@ pub fn run(sock: UnixStream, stats: Option<UnixStream>, layout: Layout) -> Resul
             Ok(0) | Err(_) => return Ok(()),
             Ok(_) => tracing::warn!("unexpected bytes on the control socket"),
         }
+    }
+}
+
+/// How a guest-region worker's lanes wait: no futex reaches into a VM, so an idle lane polls
+/// with a sleep that grows to this bound (the latency of the first call after a pause).
+const GUEST_POLL: PollWaiter = PollWaiter {
+    max_sleep: Duration::from_millis(5),
+};
+/// A guest client whose heartbeat stops for this long is gone (killed, or its VM stopped).
+const GUEST_TIMEOUT: Duration = Duration::from_secs(3);
+/// A claimed region must see its HELLO within this time.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves one session of a guest region (an ivshmem backing file): resets the region, waits
+/// for a client in the guest to claim it, answers its HELLO on lane 0, serves the lanes it
+/// uses, and returns when the client closes or its heartbeat stops. The supervisor then
+/// starts a fresh worker (fresh driver state) for the guest's next session.
+pub fn run_guest(
+    path: &std::path::Path,
+    layout: Layout,
+    stats: Option<UnixStream>,
+) -> Result<(), WorkerError> {
+    if layout.lanes < 2 {
+        return Err(WorkerError::Transport(TransportError::Layout(
+            "a guest region needs a call lane and an event lane".into(),
+        )));
+    }
+    let region = Arc::new(Region::reset_file(path, layout)?);
+    {
+        let region = region.clone();
+        std::thread::Builder::new()
+            .name("heartbeat".into())
+            .spawn(move || loop {
+                region.rendezvous().beat_server();
+                std::thread::sleep(rendezvous::BEAT_INTERVAL);
+            })?;
+    }
+    if let Some(stats) = stats {
+        // Nothing else tells a guest worker that its supervisor is gone (it has no client
+        // socket), and an orphan must not keep serving a region a new server resets.
+        std::thread::Builder::new()
+            .name("stats".into())
+            .spawn(move || {
+                serve_stats(stats);
+                tracing::warn!("the supervisor is gone; ending the guest session");
+                std::process::exit(0);
+            })?;
+    }
+    let rv = region.rendezvous();
+    let epoch = rv.server_epoch.load(Ordering::Acquire);
+    let overtaken = || rv.server_epoch.load(Ordering::Acquire) != epoch;
+    tracing::info!(region = %path.display(), "guest region ready");
+    while rv.client_claim.load(Ordering::Acquire) == 0 {
+        if overtaken() {
+            tracing::warn!(region = %path.display(), "another worker reset the region; leaving it");
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let client = Arc::new(BeatWatch::new(
+        rv.client_beat.load(Ordering::Acquire),
+        GUEST_TIMEOUT,
+    ));
+    let alive: wormhole_transport::link::Liveness = {
+        let (region, client) = (region.clone(), client.clone());
+        Arc::new(move || {
+            let rv = region.rendezvous();
+            rv.client_state.load(Ordering::Acquire) != rendezvous::CLIENT_CLOSED
+                && client.alive(&rv.client_beat)
+        })
+    };
+    let policy = SpinPolicy {
+        sleep_slice: Duration::from_millis(100),
+        ..SpinPolicy::default()
+    };
+    let waiter = Arc::new(GUEST_POLL);
+    // The handshake: HELLO on lane 0, answered there.
+    let (req, rep) = region.lane(0).expect("lane 0");
+    let mut link = ShmLink::new(rep, req, waiter.clone(), policy, {
+        let (alive, start) = (alive.clone(), std::time::Instant::now());
+        Arc::new(move || alive() && start.elapsed() < HELLO_TIMEOUT)
+    });
+    let mut body = Vec::new();
+    let h = link.recv(&mut body)?;
+    if let Err(reason) = check_hello(&h, &body) {
+        tracing::warn!(region = %path.display(), "guest session refused: {reason}");
+        let mut w = Writer::new(control::REFUSED);
+        w.bytes(reason.as_bytes());
+        link.send(&w.finish(FLAG_REPLY, h.seq))?;
+        return Ok(());
+    }
+    let call_lanes = layout.lanes - 1;
+    let mut w = Writer::new(control::WELCOME);
+    w.u64(u64::from(std::process::id()));
+    w.u32(call_lanes);
+    w.u64(layout.ring_capacity);
+    link.send(&w.finish(FLAG_REPLY, h.seq))?;
+    rv.server_state
+        .store(rendezvous::STATE_SERVING, Ordering::Release);
+    tracing::info!(region = %path.display(), "guest session started");
+    // Callbacks go out on the reply ring of the last lane, which the client reads on its own
+    // thread.
+    let (ev_req, ev_rep) = region.lane(call_lanes).expect("event lane");
+    let events = ShmLink::new(ev_rep, ev_req, waiter.clone(), policy, alive.clone());
+    crate::callbacks::set_sink(Arc::new(Mutex::new(LinkWriter(events))));
+    // Serve each lane once the client hands it to a thread; end when the client goes.
+    let mut served = 0u64;
+    loop {
+        let used = rv.lanes_used.load(Ordering::Acquire) & ((1u64 << call_lanes.min(63)) - 1);
+        for lane in 0..call_lanes {
+            if used & !served & (1 << lane) != 0 {
+                served |= 1 << lane;
+                let region = region.clone();
+                let waiter = waiter.clone();
+                std::thread::Builder::new()
+                    .name(format!("lane-{lane}"))
+                    .spawn(move || {
+                        let (req, rep) = region.lane(lane).expect("lane within layout");
+                        // The lane lives until the worker ends the session (below).
+                        let link = ShmLink::new(rep, req, waiter, policy, Arc::new(|| true));
+                        if let Err(e) = serve_lane(link) {
+                            tracing::error!(lane, "ending guest session: {e}");
+                            std::process::exit(3);
+                        }
+                    })?;
+            }
+        }
+        if rv.client_state.load(Ordering::Acquire) == rendezvous::CLIENT_CLOSED {
+            tracing::info!(region = %path.display(), "guest session closed by the client");
+            return Ok(());
+        }
+        if overtaken() {
+            tracing::warn!(region = %path.display(), "another worker reset the region; ending the session");
+            return Ok(());
+        }
+        if !client.alive(&rv.client_beat) {
+            tracing::warn!(region = %path.display(), "guest client stopped its heartbeat; ending its session");
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn check_hello(h: &FrameHeader, body: &[u8]) -> Result<(), String> {
+    if h.opcode != control::HELLO {
+        return Err(format!("expected HELLO, got opcode {:#06x}", h.opcode));
+    }
+    let mut r = Reader::new(body);
+    let v = r.u8().map_err(|e| format!("malformed HELLO: {e}"))?;
+    let api = r.bytes().map_err(|e| format!("malformed HELLO: {e}"))?;
+    if v != wormhole_protocol::VERSION || api != wormhole_protocol::API_OPENCL.as_bytes() {
+        return Err(format!(
+            "unsupported version {v} or API {:?}",
+            String::from_utf8_lossy(api)
+        ));
+    }
+    Ok(())
+}
+
+/// Frames written to a shared-memory link (the callback sink of a guest session).
+struct LinkWriter(ShmLink);
+
+impl Write for LinkWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .send(buf)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 

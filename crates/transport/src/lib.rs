@@ -7,6 +7,7 @@
 mod error;
 pub mod link;
 pub mod region;
+pub mod rendezvous;
 pub mod ring;
 pub mod tls;
 pub mod unix;
@@ -15,4 +16,5 @@ pub mod wait;
 pub use error::TransportError;
 pub use link::{FrameLink, ShmLink, StreamLink};
 pub use region::{Layout, Region};
+pub use rendezvous::Rendezvous;
 pub use wait::{FutexWaiter, PollWaiter, SpinPolicy, Waiter};

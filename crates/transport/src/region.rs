@@ -9,11 +9,13 @@
 //! The creator writes the header; the other side reads it once, validates every field against
 //! the size of its own mapping, and keeps its own copy of the layout.
 
+use crate::rendezvous::{Rendezvous, RENDEZVOUS_OFFSET, STATE_INIT, STATE_READY};
 use crate::ring::{Ring, RingCtrl, CTRL_SIZE};
 use crate::TransportError;
 use memmap2::MmapRaw;
 use std::fs::File;
 use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::atomic::Ordering;
 
 pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"WHREGION");
 pub const REGION_VERSION: u32 = 1;
@@ -55,6 +57,23 @@ impl Layout {
             ring_capacity: self.ring_capacity,
             total_size: self.total_size(),
         }
+    }
+}
+
+impl Layout {
+    /// The largest layout of `lanes` lanes that fits in `size` bytes (ring capacity a power of
+    /// two, at least 4 KiB), e.g. for an ivshmem region whose size the VM configuration fixes.
+    pub fn fitting(size: u64, lanes: u32) -> Option<Layout> {
+        let per_lane = size.checked_sub(PAGE)? / u64::from(lanes.max(1));
+        let ring = per_lane.checked_sub(PAGE)? / 2;
+        if ring < 4096 {
+            return None;
+        }
+        let ring_capacity = 1u64 << (63 - ring.leading_zeros());
+        Some(Layout {
+            lanes,
+            ring_capacity: ring_capacity.min(1 << 30),
+        })
     }
 }
 
@@ -117,6 +136,106 @@ impl Region {
         Ok(region)
     }
 
+    /// (Re)initialises a region in an existing file of fixed size (the backing file of an
+    /// ivshmem device, which QEMU keeps mapped): the rendezvous is marked INIT while
+    /// everything is zeroed, then the epoch moves on and the region is READY for a client.
+    pub fn reset_file(path: &std::path::Path, layout: Layout) -> Result<Region, TransportError> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)?;
+        let size = file.metadata()?.len();
+        if layout.total_size() > size {
+            return Err(TransportError::Layout(format!(
+                "{} is {size} bytes, the layout needs {}",
+                path.display(),
+                layout.total_size()
+            )));
+        }
+        let map = MmapRaw::map_raw(&file)?;
+        let region = Region { map, layout, file };
+        let rv = region.rendezvous();
+        rv.server_state.store(STATE_INIT, Ordering::SeqCst);
+        let epoch = rv.server_epoch.load(Ordering::SeqCst);
+        // SAFETY: the mapping is at least total_size bytes long (checked above). A guest may
+        // map it concurrently, but sees STATE_INIT and waits until READY.
+        unsafe {
+            std::ptr::write_bytes(region.map.as_mut_ptr(), 0, layout.total_size() as usize);
+            std::ptr::write(
+                region.map.as_mut_ptr() as *mut RegionHeader,
+                layout.header(),
+            );
+        }
+        rv.server_epoch
+            .store(epoch.wrapping_add(1).max(1), Ordering::SeqCst);
+        rv.server_state.store(STATE_READY, Ordering::SeqCst);
+        Ok(region)
+    }
+
+    /// A guest client's side of the rendezvous: maps the region at `path` (an ivshmem BAR, or
+    /// the backing file on the host), waits until a worker has it READY, and claims it with
+    /// `nonce`. Returns the region and the worker's epoch. Fails when no worker's heartbeat
+    /// moves for `silence`, or nothing is READY for `patience` (another process holds it).
+    pub fn claim_guest(
+        path: &std::path::Path,
+        nonce: u32,
+        silence: std::time::Duration,
+        patience: std::time::Duration,
+    ) -> Result<(Region, u32), TransportError> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)?;
+        let map = MmapRaw::map_raw(&file)?;
+        if (map.len() as u64) < PAGE {
+            return Err(TransportError::Layout(format!(
+                "{} is smaller than a page",
+                path.display()
+            )));
+        }
+        // SAFETY: the mapping holds the header page; the rendezvous fields are atomics.
+        let rv = unsafe { &*(map.as_ptr().add(RENDEZVOUS_OFFSET) as *const Rendezvous) };
+        let server =
+            crate::rendezvous::BeatWatch::new(rv.server_beat.load(Ordering::Acquire), silence);
+        let start = std::time::Instant::now();
+        loop {
+            if rv.server_state.load(Ordering::Acquire) == STATE_READY {
+                let epoch = rv.server_epoch.load(Ordering::Acquire);
+                if rv
+                    .client_claim
+                    .compare_exchange(0, nonce.max(1), Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    let region = Self::open_file(file.try_clone()?)?;
+                    if rv.server_epoch.load(Ordering::Acquire) != epoch {
+                        return Err(TransportError::PeerGone);
+                    }
+                    return Ok((region, epoch));
+                }
+            }
+            if !server.alive(&rv.server_beat) {
+                return Err(TransportError::Layout(format!(
+                    "no Wormhole worker serves {} (its heartbeat is still)",
+                    path.display()
+                )));
+            }
+            if start.elapsed() > patience {
+                return Err(TransportError::Layout(format!(
+                    "{} stays busy: another process of this guest holds the session",
+                    path.display()
+                )));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
+    /// The rendezvous words in the header page (used where no socket accompanies the region).
+    pub fn rendezvous(&self) -> &Rendezvous {
+        // SAFETY: every region is at least a header page long (checked when mapped), the block
+        // is 8-byte aligned, and all its fields are atomics.
+        unsafe { &*(self.map.as_ptr().add(RENDEZVOUS_OFFSET) as *const Rendezvous) }
+    }
+
     /// Maps a region created by the peer and validates its header against the mapping.
     pub fn open_fd(fd: OwnedFd) -> Result<Region, TransportError> {
         Self::open_file(File::from(fd))
@@ -125,7 +244,7 @@ impl Region {
     pub fn open_file(file: File) -> Result<Region, TransportError> {
         let map = MmapRaw::map_raw(&file)?;
         let size = map.len() as u64;
-        if size < std::mem::size_of::<RegionHeader>() as u64 {
+        if size < PAGE {
             return Err(TransportError::Layout(
                 "region smaller than its header".into(),
             ));
@@ -225,6 +344,36 @@ mod tests {
         let b = Region::open_file(a.file().try_clone().unwrap()).unwrap();
         assert_eq!(b.layout(), layout);
         assert!(b.lane(2).is_none());
+    }
+
+    #[test]
+    fn fitting_layouts_fit() {
+        let l = Layout::fitting(16 << 20, 8).unwrap();
+        assert_eq!(l.ring_capacity, 512 * 1024);
+        assert!(l.total_size() <= 16 << 20);
+        assert!(Layout::fitting(4096, 2).is_none());
+    }
+
+    #[test]
+    fn reset_moves_the_epoch_on() {
+        let dir = std::env::temp_dir().join(format!("wh-region-{}", std::process::id()));
+        std::fs::write(&dir, vec![0xAB; 1 << 20]).unwrap();
+        let layout = Layout::fitting(1 << 20, 2).unwrap();
+        let a = Region::reset_file(&dir, layout).unwrap();
+        let first = a.rendezvous().server_epoch.load(Ordering::SeqCst);
+        assert_ne!(first, 0xABAB_ABAB);
+        assert_eq!(
+            a.rendezvous().server_state.load(Ordering::SeqCst),
+            STATE_READY
+        );
+        let b = Region::reset_file(&dir, layout).unwrap();
+        assert_eq!(
+            b.rendezvous().server_epoch.load(Ordering::SeqCst),
+            first.wrapping_add(1).max(1)
+        );
+        let c = Region::open_path(&dir).unwrap();
+        assert_eq!(c.layout(), layout);
+        std::fs::remove_file(&dir).unwrap();
     }
 
     #[test]

@@ -32,8 +32,11 @@ def c_programs(tmp_path_factory):
 class Server:
     """`wh serve` on a private socket, in its own process group (workers included)."""
 
-    def __init__(self, tmp: pathlib.Path, extra_env=None, tcp=False, config=None, metrics=False, tls=False):
+    def __init__(self, tmp: pathlib.Path, extra_env=None, tcp=False, config=None, metrics=False, tls=False, guest=False):
         self.dir = tmp
+        # A guest region (the backing file of an ivshmem device), reached here from the host
+        # by mapping the file itself: the same transport a VM guest uses through the BAR.
+        self.region = str(tmp / "guest.region") if guest else None
         self.socket = str(tmp / "wh.sock")
         self.tcp = f"127.0.0.1:{free_port()}" if tcp else None
         self.log = tmp / "server.log"
@@ -52,6 +55,8 @@ class Server:
         e["WORMHOLE_SOCKET"] = self.socket
         if self.tcp:
             e["WORMHOLE_SERVER"] = f"{'tls' if self.tls else 'tcp'}://{self.tcp}"
+        if self.region:
+            e["WORMHOLE_SERVER"] = f"ivshmem:{self.region}"
         if self.tls:
             e["WORMHOLE_CA"] = str(self.dir / "cert.pem")
         e.update(kw)
@@ -63,6 +68,7 @@ class Server:
             + (["--tcp", self.tcp] if self.tcp else [])
             + (["--config", str(self.config)] if self.config else [])
             + (["--metrics", self.metrics] if self.metrics else [])
+            + (["--guest-region", self.region] if self.region else [])
             + (["--tls-cert", str(self.dir / "cert.pem"), "--tls-key", str(self.dir / "key.pem")] if self.tls else []),
             stdout=subprocess.DEVNULL,
             stderr=open(self.log, "w"),
@@ -113,9 +119,10 @@ def server(tmp_path):
     s.stop()
 
 
-@pytest.fixture(params=["shm", "tcp"])
+@pytest.fixture(params=["shm", "tcp", "ivshmem"])
 def any_server(request, tmp_path):
-    """The same server, reached over shared memory and over TCP (loopback)."""
-    s = Server(tmp_path, tcp=request.param == "tcp").start()
+    """The same server, reached over shared memory, over TCP (loopback) and through a guest
+    region (ivshmem transport, mapped from the host)."""
+    s = Server(tmp_path, tcp=request.param == "tcp", guest=request.param == "ivshmem").start()
     yield s
     s.stop()

@@ -237,7 +237,8 @@ fn connect_guest(spec: &str) -> Result<Connection, ConnectError> {
     let dead = Arc::new(AtomicBool::new(false));
     let server = Arc::new(BeatWatch::new(
         rv.server_beat.load(Ordering::Acquire),
-        Duration::from_secs(1),
+        // Ten missed beats: a dead server fails a waiting call well within a second.
+        Duration::from_millis(500),
     ));
     let alive: wormhole_transport::link::Liveness = {
         let (dead, region) = (dead.clone(), region.clone());

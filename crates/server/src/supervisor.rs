@@ -31,6 +31,12 @@ pub enum ServeError {
         #[source]
         source: tls::TlsError,
     },
+    #[error("cannot serve the guest region {path}")]
+    Region {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot prepare the runtime directory {path}")]
     Runtime {
         path: PathBuf,
@@ -661,7 +667,7 @@ fn reap(config: &Config, vendors: &std::path::Path, workers: Workers) {
 /// existing file of another size is an error, not something to resize under a running VM).
 fn prepare_region(g: &Guest) -> Result<nix::fcntl::Flock<std::fs::File>, ServeError> {
     use std::os::unix::fs::OpenOptionsExt;
-    let err = |source| ServeError::Runtime {
+    let err = |source| ServeError::Region {
         path: g.region.clone(),
         source,
     };

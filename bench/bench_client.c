@@ -4,7 +4,9 @@
  *   start   time from process start to the first kernel result (measured by the caller)
  *   idle    connect, create a context, then stay idle for WH_IDLE_SECONDS (default 5)
  *   flood   keep the device busy with heavy kernels for WH_FLOOD_SECONDS (default 5)
- *   light   a latency-sensitive tenant: 300 tiny kernels + finish, 2 ms apart */
+ *   light   a latency-sensitive tenant: 300 tiny kernels + finish, 2 ms apart
+ *   rtt     WH_RTT_CALLS (default 1000) synchronous round trips only, bracketed by lines
+ *           "rtt_begin" / "rtt_end" on stdout (a VM benchmark counts device events between) */
 #define CL_TARGET_OPENCL_VERSION 300
 #include <CL/cl.h>
 #include <stdio.h>
@@ -193,6 +195,31 @@ int main(int argc, char **argv) {
         }
         stats("light", lat, L);
         return 0;
+    }
+    if (!strcmp(mode, "rtt")) {
+        const char *s = getenv("WH_RTT_CALLS");
+        int n = s ? atoi(s) : 1000;
+        if (n < 1) n = 1;
+        double *lat = calloc(n, sizeof *lat);
+        cl_event done;
+        CHECK(clEnqueueMarkerWithWaitList(q, 0, NULL, &done));
+        CHECK(clFinish(q));
+        cl_int st;
+        CHECK(clGetEventInfo(done, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof st, &st, NULL));
+        printf("rtt_begin %d\n", n);
+        fflush(stdout);
+        double t0 = now();
+        for (int i = 0; i < n; i++) {
+            double t = now();
+            CHECK(clGetEventInfo(done, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof st, &st, NULL));
+            lat[i] = now() - t;
+        }
+        double total = now() - t0;
+        printf("rtt_end %d\n", n);
+        fflush(stdout);
+        stats("roundtrip", lat, n);
+        printf("rtt_total_s %.6f\n", total);
+        return st == CL_COMPLETE ? 0 : 1;
     }
     if (!strcmp(mode, "idle")) {
         const char *s = getenv("WH_IDLE_SECONDS");

@@ -1,6 +1,7 @@
-//! `wh bench`: measures native OpenCL, Wormhole over shared memory and Wormhole over TCP
-//! loopback side by side in one run, with the same client program (bench/bench_client.c), and
-//! prints one table with absolute figures and ratios to native.
+//! `wh bench`: measures native OpenCL, Wormhole over shared memory, Wormhole over TCP
+//! loopback and Wormhole through a guest region (the ivshmem transport, mapped from the host)
+//! side by side in one run, with the same client program (bench/bench_client.c), and prints one
+//! table with absolute figures and ratios to native.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -25,17 +26,30 @@ enum Mode {
     Native,
     Shm,
     Tcp,
+    /// The guest-region transport (what a VM guest uses through ivshmem), its file mapped by a
+    /// host process: the polling waiter instead of the futex.
+    Guest,
 }
 
 struct Server {
     child: Child,
     socket: PathBuf,
     tcp: String,
+    region: PathBuf,
 }
 
 impl Server {
     fn start(dir: &Path, extra_env: &[(&str, &str)]) -> Result<Server, BenchError> {
+        Self::start_with(dir, extra_env, false)
+    }
+
+    fn start_with(
+        dir: &Path,
+        extra_env: &[(&str, &str)],
+        guest: bool,
+    ) -> Result<Server, BenchError> {
         let socket = dir.join("wh.sock");
+        let region = dir.join("guest.region");
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
@@ -45,6 +59,9 @@ impl Server {
             .arg(&socket)
             .args(["--tcp", &tcp])
             .stderr(Stdio::null());
+        if guest {
+            cmd.arg("--guest-region").arg(&region);
+        }
         for (k, v) in extra_env {
             cmd.env(k, v);
         }
@@ -59,7 +76,12 @@ impl Server {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        Ok(Server { child, socket, tcp })
+        Ok(Server {
+            child,
+            socket,
+            tcp,
+            region,
+        })
     }
 
     /// CPU seconds of the server and its reaped workers so far.
@@ -112,11 +134,14 @@ fn client_command(
         c.env("OCL_ICD_VENDORS", icd_dir)
             .env("OPENCL_VENDOR_PATH", icd_dir)
             .env("WORMHOLE_SOCKET", &server.socket);
-        if mode == Mode::Tcp {
-            c.env("WORMHOLE_SERVER", format!("tcp://{}", server.tcp));
-        } else {
-            c.env_remove("WORMHOLE_SERVER");
-        }
+        match mode {
+            Mode::Tcp => c.env("WORMHOLE_SERVER", format!("tcp://{}", server.tcp)),
+            Mode::Guest => c.env(
+                "WORMHOLE_SERVER",
+                format!("ivshmem:{}", server.region.display()),
+            ),
+            _ => c.env_remove("WORMHOLE_SERVER"),
+        };
     }
     c
 }
@@ -286,30 +311,46 @@ pub fn run(icd_lib: &Path) -> Result<(), BenchError> {
     let icd = dir.join("icd");
     std::fs::create_dir_all(&icd)?;
     std::fs::write(icd.join("wormhole.icd"), format!("{}\n", icd_lib.display()))?;
-    let server = Server::start(&dir, &[])?;
+    let plain = Server::start(&dir, &[])?;
     let cold_dir = dir.join("cold");
     std::fs::create_dir_all(&cold_dir)?;
-    let cold_server = Server::start(&cold_dir, &[("POCL_KERNEL_CACHE", "0")])?;
+    let cold_plain = Server::start(&cold_dir, &[("POCL_KERNEL_CACHE", "0")])?;
+    // Guest regions get servers of their own: their idle worker must not count in the
+    // shared-memory column's idle figure.
+    let guest_dir = dir.join("guest");
+    std::fs::create_dir_all(&guest_dir)?;
+    let guest = Server::start_with(&guest_dir, &[], true)?;
+    let cold_guest_dir = dir.join("cold-guest");
+    std::fs::create_dir_all(&cold_guest_dir)?;
+    let cold_guest = Server::start_with(&cold_guest_dir, &[("POCL_KERNEL_CACHE", "0")], true)?;
+    let server_for = |m: Mode| if m == Mode::Guest { &guest } else { &plain };
+    let cold_server_for = |m: Mode| {
+        if m == Mode::Guest {
+            &cold_guest
+        } else {
+            &cold_plain
+        }
+    };
 
-    let modes = [Mode::Native, Mode::Shm, Mode::Tcp];
-    eprintln!("wh bench: call-heavy workload (native, shared memory, TCP)...");
+    let modes = [Mode::Native, Mode::Shm, Mode::Tcp, Mode::Guest];
+    eprintln!("wh bench: call-heavy workload (native, shared memory, TCP, guest region)...");
     // Rounds alternate the modes so drift on a shared machine hits all columns alike; each
     // figure is the median of its rounds.
     const ROUNDS: usize = 3;
     let mut rounds: Vec<Vec<Figures>> = vec![Vec::new(); modes.len()];
     for _ in 0..ROUNDS {
         for (i, m) in modes.iter().enumerate() {
-            rounds[i].push(run_calls(&client, *m, &server, &icd)?);
+            rounds[i].push(run_calls(&client, *m, server_for(*m), &icd)?);
         }
     }
     let mut figs: Vec<Figures> = rounds.iter().map(|r| median_of(r)).collect();
     eprintln!("wh bench: start-up times...");
     for (i, m) in modes.iter().enumerate() {
-        let warm = time_start(&client, *m, &server, &icd, &[])?;
+        let warm = time_start(&client, *m, server_for(*m), &icd, &[])?;
         let cold = time_start(
             &client,
             *m,
-            &cold_server,
+            cold_server_for(*m),
             &icd,
             &[("POCL_KERNEL_CACHE", "0")],
         )?;
@@ -318,9 +359,10 @@ pub fn run(icd_lib: &Path) -> Result<(), BenchError> {
     }
     eprintln!("wh bench: fairness (a light tenant while a heavy one floods the device)...");
     for (i, m) in modes.iter().enumerate().take(2) {
-        let alone = run_mode(&client, *m, &server, &icd, "light", &[])?;
-        let flooded = with_flood(&client, *m, &server, &icd, || {
-            run_mode(&client, *m, &server, &icd, "light", &[])
+        let server = server_for(*m);
+        let alone = run_mode(&client, *m, server, &icd, "light", &[])?;
+        let flooded = with_flood(&client, *m, server, &icd, || {
+            run_mode(&client, *m, server, &icd, "light", &[])
         })?;
         for (k, v) in [
             ("light_alone_p99_us", alone.get("light_p99_us")),
@@ -334,7 +376,7 @@ pub fn run(icd_lib: &Path) -> Result<(), BenchError> {
     for (i, m) in modes.iter().enumerate().skip(1) {
         figs[i].insert(
             "idle_server_cpu_pct".into(),
-            idle_cpu(&client, *m, &server, &icd, 5)?,
+            idle_cpu(&client, *m, server_for(*m), &icd, 5)?,
         );
     }
     figs[0].insert("idle_server_cpu_pct".into(), 0.0);
@@ -408,8 +450,8 @@ pub fn run(icd_lib: &Path) -> Result<(), BenchError> {
         ),
     ];
     println!(
-        "{:<52} {:>12} {:>12} {:>12} {:>9} {:>9}",
-        "measurement", "native", "wh-shm", "wh-tcp", "shm/nat", "tcp/nat"
+        "{:<52} {:>12} {:>12} {:>12} {:>12} {:>9} {:>9} {:>9}",
+        "measurement", "native", "wh-shm", "wh-tcp", "wh-guest", "shm/nat", "tcp/nat", "guest/nat"
     );
     for (key, label, _higher_better) in rows {
         let v: Vec<f64> = figs
@@ -424,13 +466,15 @@ pub fn run(icd_lib: &Path) -> Result<(), BenchError> {
             }
         };
         println!(
-            "{:<52} {:>12} {:>12} {:>12} {:>9} {:>9}",
+            "{:<52} {:>12} {:>12} {:>12} {:>12} {:>9} {:>9} {:>9}",
             label,
             fmt(v[0]),
             fmt(v[1]),
             fmt(v[2]),
+            fmt(v[3]),
             ratio(v[1]),
-            ratio(v[2])
+            ratio(v[2]),
+            ratio(v[3])
         );
     }
     println!(
@@ -438,8 +482,8 @@ pub fn run(icd_lib: &Path) -> Result<(), BenchError> {
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         cpu_model()
     );
-    drop(server);
-    drop(cold_server);
+    println!("(wh-guest: the ivshmem transport of VM guests, its region mapped by a host process; in a real guest see scripts/bench-vm)");
+    drop((plain, cold_plain, guest, cold_guest));
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

@@ -144,8 +144,11 @@ pub fn run(sock: UnixStream, stats: Option<UnixStream>, layout: Layout) -> Resul
 /// How a guest-region worker's lanes wait: no futex reaches into a VM, so an idle lane polls
 /// with a sleep that grows to this bound (the latency of the first call after a pause).
 const GUEST_POLL: PollWaiter = PollWaiter {
-    max_sleep: Duration::from_millis(5),
+    max_sleep: Duration::from_millis(8),
 };
+/// How often a guest worker looks for newly used lanes and for its client's end: a thread's
+/// first call on a new lane may wait this long.
+const GUEST_TICK: Duration = Duration::from_millis(40);
 /// A guest client whose heartbeat stops for this long is gone (killed, or its VM stopped).
 const GUEST_TIMEOUT: Duration = Duration::from_secs(3);
 /// A claimed region must see its HELLO within this time.
@@ -195,7 +198,7 @@ pub fn run_guest(
             tracing::warn!(region = %path.display(), "another worker reset the region; leaving it");
             return Ok(());
         }
-        std::thread::sleep(Duration::from_millis(10));
+        std::thread::sleep(GUEST_TICK);
     }
     let client = Arc::new(BeatWatch::new(
         rv.client_beat.load(Ordering::Acquire),
@@ -277,7 +280,7 @@ pub fn run_guest(
             tracing::warn!(region = %path.display(), "guest client stopped its heartbeat; ending its session");
             return Ok(());
         }
-        std::thread::sleep(Duration::from_millis(10));
+        std::thread::sleep(GUEST_TICK);
     }
 }
 

@@ -54,4 +54,5 @@ fi
 echo "install: building Wormhole (release)"
 cargo build --release --workspace --quiet
 gcc -O2 -o target/release/wh-bench-client bench/bench_client.c -lOpenCL
+./scripts/vm/prepare.sh   # QEMU, kernel and initramfs for the guest tests (target/vm)
 echo "install: done ($(pwd)/target/release/wh)"

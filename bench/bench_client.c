@@ -5,8 +5,9 @@
  *   idle    connect, create a context, then stay idle for WH_IDLE_SECONDS (default 5)
  *   flood   keep the device busy with heavy kernels for WH_FLOOD_SECONDS (default 5)
  *   light   a latency-sensitive tenant: 300 tiny kernels + finish, 2 ms apart
- *   rtt     WH_RTT_CALLS (default 1000) synchronous round trips only, bracketed by lines
- *           "rtt_begin" / "rtt_end" on stdout (a VM benchmark counts device events between) */
+ *   rtt     WH_RTT_CALLS (default 1000) synchronous round trips only. In a benchmark guest
+ *           (WH_CTL_TTY set, see tests/guest.py) the calls are bracketed as the phase
+ *           WH_PHASE, so that the host counts the device events of exactly these calls. */
 #define CL_TARGET_OPENCL_VERSION 300
 #include <CL/cl.h>
 #include <stdio.h>
@@ -14,6 +15,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #define CHECK(x)                                                                   \
@@ -39,6 +41,14 @@ static int cmp(const void *a, const void *b) {
 static void stats(const char *name, double *v, int n) {
     qsort(v, n, sizeof *v, cmp);
     printf("%s_median_us %.3f\n%s_p99_us %.3f\n", name, v[n / 2] * 1e6, name, v[(int)(n * 0.99)] * 1e6);
+}
+
+/* One handshake line with the benchmark host ("B name" / "E"), answered by one line. */
+static void phase_mark(int tty, const char *line) {
+    if (tty < 0) return;
+    if (write(tty, line, strlen(line)) < 0) { perror("phase tty"); exit(1); }
+    char c;
+    while (read(tty, &c, 1) == 1 && c != '\n') {}
 }
 
 static const char *SRC =
@@ -206,8 +216,11 @@ int main(int argc, char **argv) {
         CHECK(clFinish(q));
         cl_int st;
         CHECK(clGetEventInfo(done, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof st, &st, NULL));
-        printf("rtt_begin %d\n", n);
-        fflush(stdout);
+        const char *tty_path = getenv("WH_CTL_TTY");
+        int tty = tty_path && *tty_path ? open(tty_path, O_RDWR | O_NOCTTY) : -1;
+        char mark[128];
+        snprintf(mark, sizeof mark, "B %s\n", getenv("WH_PHASE") ? getenv("WH_PHASE") : "rtt");
+        phase_mark(tty, mark);
         double t0 = now();
         for (int i = 0; i < n; i++) {
             double t = now();
@@ -215,8 +228,8 @@ int main(int argc, char **argv) {
             lat[i] = now() - t;
         }
         double total = now() - t0;
-        printf("rtt_end %d\n", n);
-        fflush(stdout);
+        phase_mark(tty, "E\n");
+        printf("rtt_calls %d\n", n);
         stats("roundtrip", lat, n);
         printf("rtt_total_s %.6f\n", total);
         return st == CL_COMPLETE ? 0 : 1;

@@ -103,3 +103,30 @@ def test_guest_tenant_quota_and_one_server_per_region(tmp_path, c_programs):
         assert r.returncode == 0, r.stderr
     finally:
         s.stop()
+
+
+def test_two_guests_two_regions_two_workers(tmp_path, c_programs):
+    r1, r2 = tmp_path / "vm1.region", tmp_path / "vm2.region"
+    cfg = tmp_path / "wormhole.toml"
+    cfg.write_text(
+        '[[tenant]]\nname = "vm1"\n\n[[tenant]]\nname = "vm2"\n\n'
+        f'[[guest]]\nregion = "{r1}"\ntenant = "vm1"\n\n[[guest]]\nregion = "{r2}"\ntenant = "vm2"\n'
+    )
+    s = Server(tmp_path, config=cfg).start()
+    try:
+        a = s.popen([c_programs["alloc"], "hold", "4"], WORMHOLE_SERVER=f"ivshmem:{r1}")
+        b = s.popen([c_programs["alloc"], "hold", "8"], WORMHOLE_SERVER=f"ivshmem:{r2}")
+        assert a.stdout.readline().split() == ["4", "0"]
+        assert b.stdout.readline().split() == ["8", "0"]
+        st = s.status()
+        by_region = {x["guest_region"]: x for x in st["sessions"]}
+        assert set(by_region) == {str(r1), str(r2)}
+        assert by_region[str(r1)]["tenant"] == "vm1" and by_region[str(r1)]["detail"]["mem_bytes"] == 4 << 20
+        assert by_region[str(r2)]["tenant"] == "vm2" and by_region[str(r2)]["detail"]["mem_bytes"] == 8 << 20
+        assert by_region[str(r1)]["worker"] != by_region[str(r2)]["worker"]
+        for p in (a, b):
+            p.stdin.write("done\n")
+            p.stdin.flush()
+            assert p.wait(timeout=10) == 0
+    finally:
+        s.stop()

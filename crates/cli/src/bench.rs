@@ -482,7 +482,7 @@ pub fn run(icd_lib: &Path) -> Result<(), BenchError> {
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         cpu_model()
     );
-    println!("(wh-guest: the ivshmem transport of VM guests, its region mapped by a host process; in a real guest see scripts/bench-vm)");
+    println!("(wh-guest: the ivshmem transport of VM guests, its region mapped by a host process; from a real guest see bench/vm_bench.py)");
     drop((plain, cold_plain, guest, cold_guest));
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())

@@ -105,6 +105,17 @@ class Server:
         return sorted(s["worker"] for s in self.status()["sessions"])
 
 
+def wait_for(pred, timeout=10.0):
+    """Polls `pred` until it returns something true (returned), or fails after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

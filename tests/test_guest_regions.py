@@ -9,20 +9,10 @@ import signal
 import subprocess
 import time
 
-from conftest import WH, Server
+from conftest import WH, Server, wait_for
 
 CL_SUCCESS = 0
 CL_MEM_OBJECT_ALLOCATION_FAILURE = -4
-
-
-def wait_for(pred, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def test_killed_guest_client_ends_its_session_and_frees_its_memory(tmp_path, c_programs):

@@ -6,16 +6,7 @@ import signal
 import time
 
 import pytest
-
-
-def wait_for(pred, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
+from conftest import wait_for
 
 
 def start_blocked(server, c_programs):

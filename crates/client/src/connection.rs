@@ -292,25 +292,7 @@ fn connect_guest(spec: &str) -> Result<Connection, ConnectError> {
     );
     {
         let dead = dead.clone();
-        std::thread::Builder::new()
-            .name("wormhole-events".into())
-            .spawn(move || {
-                let mut body = Vec::new();
-                loop {
-                    match events.recv(&mut body) {
-                        Ok(h) if h.opcode == control::CALLBACK => {
-                            crate::rt::callbacks::deliver(&body)
-                        }
-                        Ok(h) => log(&format!(
-                            "ignoring unexpected frame {:#06x} from the server",
-                            h.opcode
-                        )),
-                        Err(_) => break,
-                    }
-                }
-                mark_dead(&dead, || {});
-            })
-            .map_err(|e| ConnectError(format!("cannot start the callback thread: {e}")))?;
+        spawn_event_thread(dead, move |body| events.recv(body))?;
     }
     let lanes: Vec<Mutex<ShmLane>> = std::iter::once(lane0)
         .chain((1..n).map(link))
@@ -374,25 +356,7 @@ fn connect_local() -> Result<Connection, ConnectError> {
     let n = lanes.len();
     {
         let dead = dead.clone();
-        std::thread::Builder::new()
-            .name("wormhole-events".into())
-            .spawn(move || {
-                let mut body = Vec::new();
-                loop {
-                    match read_frame(&mut &sock, &mut body) {
-                        Ok(h) if h.opcode == control::CALLBACK => {
-                            crate::rt::callbacks::deliver(&body)
-                        }
-                        Ok(h) => log(&format!(
-                            "ignoring unexpected frame {:#06x} from the server",
-                            h.opcode
-                        )),
-                        Err(_) => break,
-                    }
-                }
-                mark_dead(&dead, || {});
-            })
-            .map_err(|e| ConnectError(format!("cannot start the callback thread: {e}")))?;
+        spawn_event_thread(dead, move |body| read_frame(&mut &sock, body))?;
     }
     Ok(Connection {
         transport: Transport::Shm {
@@ -522,6 +486,32 @@ fn connect_tcp(addr: &str, tls: bool) -> Result<Connection, ConnectError> {
         pid: std::process::id(),
         guest: None,
     })
+}
+
+/// Runs the callbacks the server sends (frames from `next`) on a thread of their own, until
+/// the channel ends, which ends the session.
+fn spawn_event_thread(
+    dead: Arc<AtomicBool>,
+    mut next: impl FnMut(&mut Vec<u8>) -> Result<FrameHeader, TransportError> + Send + 'static,
+) -> Result<(), ConnectError> {
+    std::thread::Builder::new()
+        .name("wormhole-events".into())
+        .spawn(move || {
+            let mut body = Vec::new();
+            loop {
+                match next(&mut body) {
+                    Ok(h) if h.opcode == control::CALLBACK => crate::rt::callbacks::deliver(&body),
+                    Ok(h) => log(&format!(
+                        "ignoring unexpected frame {:#06x} from the server",
+                        h.opcode
+                    )),
+                    Err(_) => break,
+                }
+            }
+            mark_dead(&dead, || {});
+        })
+        .map(|_| ())
+        .map_err(|e| ConnectError(format!("cannot start the callback thread: {e}")))
 }
 
 fn mark_dead(dead: &AtomicBool, wake: impl FnOnce()) {

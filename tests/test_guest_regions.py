@@ -120,3 +120,16 @@ def test_two_guests_two_regions_two_workers(tmp_path, c_programs):
             assert p.wait(timeout=10) == 0
     finally:
         s.stop()
+
+
+def test_forked_child_exiting_leaves_the_session_open(tmp_path, c_programs):
+    s = Server(tmp_path, guest=True).start()
+    try:
+        r = s.run([c_programs["fork_child"]])
+        assert r.returncode == 0, r.stderr
+        assert "fork OK" in r.stdout
+        # Only the parent's exit closes the session.
+        wait_for(lambda: "closed by the client" in s.log.read_text())
+        assert s.log.read_text().count("guest session started") == 1
+    finally:
+        s.stop()

@@ -175,10 +175,14 @@ fn find_ivshmem() -> Result<std::path::PathBuf, ConnectError> {
 
 /// The guest region of this process, marked closed when the process exits normally so the
 /// worker ends the session at once (a killed process is noticed by its silent heartbeat).
-static GUEST_REGION: OnceLock<Arc<Region>> = OnceLock::new();
+static GUEST_REGION: OnceLock<(Arc<Region>, u32)> = OnceLock::new();
 
 extern "C" fn close_guest_session() {
-    if let Some(r) = GUEST_REGION.get() {
+    // Only the process that opened the session closes it, not a forked child that exits.
+    if let Some((r, _)) = GUEST_REGION
+        .get()
+        .filter(|(_, pid)| *pid == std::process::id())
+    {
         r.rendezvous().client_state.store(
             wormhole_transport::rendezvous::CLIENT_CLOSED,
             Ordering::Release,
@@ -223,7 +227,7 @@ fn connect_guest(spec: &str) -> Result<Connection, ConnectError> {
     let rv = region.rendezvous();
     rv.client_state
         .store(rendezvous::CLIENT_ACTIVE, Ordering::Release);
-    let _ = GUEST_REGION.set(region.clone());
+    let _ = GUEST_REGION.set((region.clone(), std::process::id()));
     {
         let region = region.clone();
         std::thread::Builder::new()

@@ -415,7 +415,8 @@ class Guest:
                     "-D", str(w / "trace.log"),
                     # Only at boot and power-off: tells which vdev pointer is which device.
                     "-trace", "enable=virtio_set_status"]
-        extra = f"wh.msize={self.msize} wh.cache={self.cache}" + (" wh.net=1" if self.net else "")
+        extra = (f"wh.msize={self.msize} wh.cache={self.cache} wh.repo={self.repo.resolve()}"
+                 + (" wh.net=1" if self.net else ""))
         cmd += _kernel_cmd(w, nonce, extra)
         return cmd
 

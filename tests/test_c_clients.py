@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-PROGRAMS = ["vector_add", "multithread", "callbacks", "errors", "svm", "svm_fine"]
+PROGRAMS = ["vector_add", "multithread", "callbacks", "errors", "svm", "svm_fine", "bulk"]
 
 
 @pytest.mark.parametrize("name", PROGRAMS)

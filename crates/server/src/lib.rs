@@ -50,4 +50,7 @@ pub fn fuzz_request(data: &[u8]) {
             None => Err(DecodeError::UnknownOp(op)),
         }
     };
+    if let Some(t) = custom::take_trailer() {
+        t.release();
+    }
 }

@@ -364,6 +364,10 @@ fn handle(h: &FrameHeader, body: &[u8], out: &mut Vec<u8>) -> Result<bool, LaneE
                 "a call the client sent without waiting failed"
             );
         }
+        // No reply goes out, so neither does bulk data a handler left for it.
+        if let Some(t) = crate::custom::take_trailer() {
+            t.release();
+        }
         *out = w.finish_on(h.lane, 0, h.seq);
         return Ok(false);
     }
@@ -375,12 +379,49 @@ fn handle(h: &FrameHeader, body: &[u8], out: &mut Vec<u8>) -> Result<bool, LaneE
 const KEEP_BUFFER: usize = 64 << 20;
 
 fn serve_lane(mut link: ShmLink) -> Result<(), LaneError> {
+    use crate::custom::{StreamError, Streamed, STREAMED_WRITE_MIN};
     let mut body = Vec::new();
     let mut reply = Vec::new();
     loop {
-        let h = link.recv_reuse(&mut body)?;
+        let h = link.recv_header()?;
+        if h.opcode == Op::clEnqueueWriteBuffer as u16
+            && h.flags & FLAG_ASYNC == 0
+            && u64::from(h.len) >= STREAMED_WRITE_MIN
+        {
+            // Bulk data may go from the ring straight into the driver's buffer.
+            match crate::custom::stream_write(session(), &mut link, &h, &mut body) {
+                Ok(Streamed::Done(status)) => {
+                    let mut w = Writer::with_buffer(h.opcode, std::mem::take(&mut reply));
+                    w.i32(status);
+                    reply = w.finish_on(h.lane, FLAG_REPLY, h.seq);
+                    link.send(&reply)?;
+                    continue;
+                }
+                Ok(Streamed::Body) => {}
+                Err(StreamError::Transport(e)) => return Err(e.into()),
+                Err(StreamError::Malformed(source)) => {
+                    return Err(LaneError::Malformed {
+                        op: h.opcode,
+                        source,
+                    })
+                }
+            }
+        } else {
+            let n = h.len as usize;
+            if body.len() < n {
+                body.resize(n, 0);
+            }
+            link.recv_exact(&mut body[..n])?;
+        }
         if handle(&h, &body[..h.len as usize], &mut reply)? {
-            link.send(&reply)?;
+            match crate::custom::take_trailer() {
+                Some(t) => {
+                    let sent = link.send_parts(&[&reply, t.bytes()]);
+                    t.release();
+                    sent?;
+                }
+                None => link.send(&reply)?,
+            }
         }
         if body.len() > KEEP_BUFFER {
             body = Vec::new();
@@ -468,12 +509,19 @@ pub fn run_tcp<S: Duplex>(
                         for (h, body) in rx {
                             match handle(&h, &body, &mut reply) {
                                 Ok(true) => {
-                                    if writer
-                                        .lock()
-                                        .unwrap_or_else(|p| p.into_inner())
-                                        .write_all(&reply)
-                                        .is_err()
-                                    {
+                                    let trailer = crate::custom::take_trailer();
+                                    let sent = {
+                                        let mut out =
+                                            writer.lock().unwrap_or_else(|p| p.into_inner());
+                                        out.write_all(&reply).and_then(|_| match &trailer {
+                                            Some(t) => out.write_all(t.bytes()),
+                                            None => Ok(()),
+                                        })
+                                    };
+                                    if let Some(t) = trailer {
+                                        t.release();
+                                    }
+                                    if sent.is_err() {
                                         return;
                                     }
                                 }

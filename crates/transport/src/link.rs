@@ -72,6 +72,16 @@ impl ShmLink {
         self.rx.read_exact(buf, &self.ctx())
     }
 
+    /// Hands the next `n` bytes of the frame being received to `f` in place (see
+    /// [`Ring::read_in_place`]).
+    pub fn recv_in_place(
+        &mut self,
+        n: u64,
+        f: &mut dyn FnMut(*const u8, usize),
+    ) -> Result<(), TransportError> {
+        self.rx.read_in_place(n, f, &self.ctx())
+    }
+
     /// Receives a frame into `buf`, which only grows: the body is `buf[..header.len]`. Reusing
     /// one buffer avoids zeroing and faulting in fresh memory for every bulk request.
     pub fn recv_reuse(&mut self, buf: &mut Vec<u8>) -> Result<FrameHeader, TransportError> {

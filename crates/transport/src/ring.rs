@@ -160,6 +160,36 @@ impl Ring {
         Ok(())
     }
 
+    /// Consumer: hands the next `n` bytes to `f` where they lie in the ring, piece by piece as
+    /// they arrive (a pointer and a length; the producer does not touch a piece until `f`
+    /// returns), freeing each piece after `f`. Saves a copy when the bytes go somewhere else
+    /// anyway (bulk data into a mapped driver buffer).
+    pub fn read_in_place(
+        &self,
+        mut n: u64,
+        f: &mut dyn FnMut(*const u8, usize),
+        w: &WaitCtx<'_>,
+    ) -> Result<(), TransportError> {
+        let c = self.ctrl();
+        while n > 0 {
+            let avail = self.readable()?;
+            if avail == 0 {
+                wait_until(&c.consumer_waiting.0, w, || Ok(self.readable()? > 0))?;
+                continue;
+            }
+            let tail = c.tail.0.load(Ordering::Relaxed);
+            let off = tail & (self.cap - 1);
+            let take = avail.min(n).min(self.cap - off);
+            // SAFETY: [off, off+take) lies inside the data area and holds published bytes that
+            // stay ours until `tail` moves past them below.
+            f(unsafe { self.data.add(off as usize) }, take as usize);
+            c.tail.0.store(tail.wrapping_add(take), Ordering::Release);
+            wake_if_waiting(&c.producer_waiting.0, w);
+            n -= take;
+        }
+        Ok(())
+    }
+
     /// Consumer: waits until at least one byte is readable (used to block for the next request).
     pub fn wait_readable(&self, w: &WaitCtx<'_>) -> Result<(), TransportError> {
         if self.readable()? > 0 {

@@ -17,6 +17,103 @@ const MAX_TRANSFER: usize = (wormhole_protocol::MAX_BODY as usize) - 4096;
 pub const READ_INLINE: u8 = 0;
 pub const READ_DEFERRED: u8 = 1;
 
+/// Blocking reads at least this large leave from a mapping of the driver's buffer straight
+/// into the reply ring: one copy, overlapped with the client's copy out of the ring, instead of
+/// the driver filling a reply buffer that is then copied into the ring.
+const MAPPED_READ_MIN: usize = 64 * 1024;
+
+/// Bulk data that follows a reply's body, sent from the driver's memory (a mapped buffer);
+/// `release` (the unmap) runs once it has been sent.
+pub struct Trailer {
+    ptr: *const u8,
+    len: usize,
+    release: Box<dyn FnOnce()>,
+}
+
+impl Trailer {
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: `ptr` is a mapping of `len` bytes that stays mapped until `release` runs,
+        // which consumes the trailer.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    pub fn release(self) {
+        (self.release)()
+    }
+}
+
+thread_local! {
+    static TRAILER: std::cell::RefCell<Option<Trailer>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The trailer the request just handled on this thread left for its reply, if any.
+pub fn take_trailer() -> Option<Trailer> {
+    TRAILER.with(|t| t.borrow_mut().take())
+}
+
+/// A blocking read through a mapping (see MAPPED_READ_MIN). Returns false, having done
+/// nothing, if the driver does not map: the ordinary path then answers (with the native error
+/// code, if that is what went wrong).
+fn mapped_read(
+    s: &Session,
+    w: &mut Writer,
+    t: &Target,
+    wl: &WaitList,
+    offset: usize,
+    size: usize,
+) -> Result<bool, i32> {
+    let (n, list) = wl.resolve(s)?;
+    let mut err = CL_SUCCESS;
+    // SAFETY: handles resolved from the session's table; the list holds `n` events.
+    let ptr = unsafe {
+        ffi::clEnqueueMapBuffer(
+            t.queue,
+            t.mem,
+            CL_TRUE,
+            CL_MAP_READ,
+            offset,
+            size,
+            n,
+            list_ptr(&list) as *mut c_void,
+            std::ptr::null_mut(),
+            &mut err,
+        )
+    };
+    if err != CL_SUCCESS || ptr.is_null() {
+        return Ok(false);
+    }
+    // Another thread of the client may release the buffer or queue meanwhile: hold them
+    // until the unmap.
+    // SAFETY: live handles; each retain is paired with the release in `release`.
+    unsafe {
+        ffi::clRetainMemObject(t.mem);
+        ffi::clRetainCommandQueue(t.queue);
+    }
+    let (queue, mem) = (t.queue, t.mem);
+    w.i32(CL_SUCCESS);
+    w.u8(READ_INLINE);
+    w.trailing_bytes(size);
+    let trailer = Trailer {
+        ptr: ptr as *const u8,
+        len: size,
+        // SAFETY: unmaps what was mapped above, then drops the references taken for it.
+        release: Box::new(move || unsafe {
+            ffi::clEnqueueUnmapMemObject(
+                queue,
+                mem,
+                ptr,
+                0,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            );
+            ffi::clReleaseMemObject(mem);
+            ffi::clReleaseCommandQueue(queue);
+        }),
+    };
+    TRAILER.with(|t| *t.borrow_mut() = Some(trailer));
+    Ok(true)
+}
+
 type ReadCall<'a> = dyn Fn(u32, *mut c_void, u32, *const Handle, *mut Handle) -> i32 + 'a;
 
 /// The common part of every read: blocking reads go straight into the reply, non-blocking ones
@@ -133,6 +230,13 @@ pub fn clEnqueueReadBuffer(
     r.finish()?;
     let run = |w: &mut Writer| -> Result<(), i32> {
         let t = target(s, queue, mem)?;
+        if blocking != 0
+            && event_id == 0
+            && (MAPPED_READ_MIN..=MAX_TRANSFER).contains(&size)
+            && mapped_read(s, w, &t, &wl, offset, size)?
+        {
+            return Ok(());
+        }
         read_common(
             s,
             w,
@@ -696,4 +800,153 @@ pub fn collect(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), De
         }
     }
     Ok(())
+}
+
+/// Blocking writes at least this large are streamed: the data goes from the request ring
+/// straight into a mapping of the driver's buffer as it arrives (one copy, overlapped with the
+/// client's copy into the ring), instead of being gathered into a request buffer first and
+/// then copied again by the driver.
+pub const STREAMED_WRITE_MIN: u64 = 64 * 1024;
+
+/// What became of a request [`stream_write`] was offered.
+pub enum Streamed {
+    /// Done; the reply's status.
+    Done(i32),
+    /// Not streamable after all: the whole body is in the buffer (its first `h.len` bytes),
+    /// for the ordinary path.
+    Body,
+}
+
+/// Receives a `clEnqueueWriteBuffer` request whose header `h` was just read from `link`,
+/// streaming its data into the driver's buffer when it can (blocking, no event asked for, the
+/// driver maps the range); otherwise reads the rest of the body into `body`.
+pub fn stream_write(
+    s: &Session,
+    link: &mut wormhole_transport::ShmLink,
+    h: &wormhole_protocol::FrameHeader,
+    body: &mut Vec<u8>,
+) -> Result<Streamed, StreamError> {
+    let total = u64::from(h.len);
+    // The arguments before the data: queue, mem, blocking, offset, size (36 bytes), the wait
+    // list (flag, count, events), the event id, the data's flag and length. `body` only grows
+    // (no zeroing of a lane's reused buffer per request).
+    let mut filled = 0usize;
+    let mut need = |body: &mut Vec<u8>, n: usize| -> Result<usize, StreamError> {
+        if (filled + n) as u64 > total {
+            return Err(StreamError::Malformed(DecodeError::Truncated {
+                need: (filled + n) as u64,
+                have: total as usize,
+            }));
+        }
+        if body.len() < filled + n {
+            body.resize(filled + n, 0);
+        }
+        link.recv_exact(&mut body[filled..filled + n])?;
+        filled += n;
+        Ok(filled - n)
+    };
+    need(body, 37)?;
+    if body[36] == 1 {
+        need(body, 4)?;
+        let count = u32::from_le_bytes([body[37], body[38], body[39], body[40]]) as usize;
+        need(body, count.saturating_mul(8).min(total as usize))?;
+    }
+    let at = need(body, 9)?;
+    if body[at + 8] == 1 {
+        need(body, 8)?;
+    }
+    let head_len = filled;
+    let mut r = Reader::new(&body[..head_len]);
+    let (queue, mem, blocking, offset, size) =
+        (r.u64()?, r.u64()?, r.u32()?, r.usize()?, r.usize()?);
+    let wl = WaitList::decode(&mut r)?;
+    let event_id = r.u64()?;
+    let data_len = if r.bool()? { Some(r.u64()?) } else { None };
+    let rest = total - head_len as u64;
+    let streamable = blocking != 0
+        && event_id == 0
+        && data_len == Some(rest)
+        && rest == size as u64
+        && rest >= STREAMED_WRITE_MIN;
+    let mapped = if streamable {
+        map_for_write(s, queue, mem, &wl, offset, size)
+    } else {
+        None
+    };
+    let Some((t, ptr)) = mapped else {
+        // The ordinary path decodes the whole request and answers as the driver does.
+        if body.len() < total as usize {
+            body.resize(total as usize, 0);
+        }
+        link.recv_exact(&mut body[head_len..total as usize])?;
+        return Ok(Streamed::Body);
+    };
+    let mut at = 0usize;
+    link.recv_in_place(rest, &mut |src, n| {
+        // SAFETY: the mapping holds `size` (= rest) bytes and `at + n <= rest`; `src` holds
+        // `n` readable bytes of the ring.
+        unsafe { std::ptr::copy_nonoverlapping(src, (ptr as *mut u8).add(at), n) };
+        at += n;
+    })?;
+    // The write is done once the unmap is: wait for it, as a blocking write returns only then.
+    let mut ev: Handle = std::ptr::null_mut();
+    // SAFETY: unmaps the mapping made above; `ev` receives the unmap's event.
+    let st = unsafe {
+        ffi::clEnqueueUnmapMemObject(
+            t.queue,
+            t.mem,
+            ptr,
+            0,
+            std::ptr::null_mut(),
+            &mut ev as *mut Handle as *mut c_void,
+        )
+    };
+    if st == CL_SUCCESS && !ev.is_null() {
+        // SAFETY: `ev` is a live event we own; waited for, then released.
+        unsafe {
+            ffi::clWaitForEvents(1, &ev);
+            ffi::clReleaseEvent(ev);
+        }
+    }
+    s.calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    Ok(Streamed::Done(st))
+}
+
+/// Maps `[offset, offset + size)` of the buffer for writing (blocking, after the wait list);
+/// None if anything is amiss, and the ordinary path then reports what the driver says.
+fn map_for_write(
+    s: &Session,
+    queue: u64,
+    mem: u64,
+    wl: &WaitList,
+    offset: usize,
+    size: usize,
+) -> Option<(Target, *mut c_void)> {
+    let t = target(s, queue, mem).ok()?;
+    let (n, list) = wl.resolve(s).ok()?;
+    let mut err = CL_SUCCESS;
+    // SAFETY: handles from the session's table; the list holds `n` events.
+    let ptr = unsafe {
+        ffi::clEnqueueMapBuffer(
+            t.queue,
+            t.mem,
+            CL_TRUE,
+            CL_MAP_WRITE_INVALIDATE_REGION,
+            offset,
+            size,
+            n,
+            list_ptr(&list) as *mut c_void,
+            std::ptr::null_mut(),
+            &mut err,
+        )
+    };
+    (err == CL_SUCCESS && !ptr.is_null()).then_some((t, ptr))
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    #[error(transparent)]
+    Transport(#[from] wormhole_transport::TransportError),
+    #[error("malformed write request: {0}")]
+    Malformed(#[from] DecodeError),
 }

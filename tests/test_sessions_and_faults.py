@@ -82,3 +82,9 @@ def test_server_ignores_wormholes_own_icd(tmp_path, c_programs):
         assert r.stdout.count("Wormhole \u2192") == 1
     finally:
         s.stop()
+
+
+def test_forked_child_cannot_use_the_parents_local_session(server, c_programs):
+    r = server.run([c_programs["fork_child"]])
+    assert r.returncode == 0, r.stderr
+    assert "fork OK" in r.stdout

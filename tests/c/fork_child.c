@@ -1,5 +1,7 @@
-/* A process with a session forks a child that exits normally (running the libraries' exit
- * hooks); the parent's session must carry on. Prints "fork OK". */
+/* A process with a session forks a child that tries a call and exits normally (running the
+ * libraries' exit hooks). Through Wormhole the session stays the parent's: the child's call
+ * fails cleanly (it must not write into the parent's lanes), and the parent carries on.
+ * Prints "fork OK". */
 #include "common.h"
 #include <sys/wait.h>
 #include <unistd.h>
@@ -11,16 +13,20 @@ int main(void) {
     cl_int err;
     cl_context ctx = clCreateContext(NULL, 1, &d, NULL, NULL, &err);
     CHECK(err);
+    cl_command_queue q = clCreateCommandQueueWithProperties(ctx, d, NULL, &err);
+    CHECK(err);
     pid_t child = fork();
-    if (child == 0) exit(0);
+    if (child == 0) exit(clFinish(q) == CL_SUCCESS ? 3 : 0);
     int st;
     waitpid(child, &st, 0);
+    EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
     usleep(300 * 1000);
     cl_uint n;
     CHECK(clGetContextInfo(ctx, CL_CONTEXT_NUM_DEVICES, sizeof n, &n, NULL));
-    cl_command_queue q = clCreateCommandQueueWithProperties(ctx, d, NULL, &err);
-    CHECK(err);
     CHECK(clFinish(q));
+    cl_command_queue q2 = clCreateCommandQueueWithProperties(ctx, d, NULL, &err);
+    CHECK(err);
+    CHECK(clFinish(q2));
     printf("fork OK\n");
     return 0;
 }

@@ -46,7 +46,6 @@ pub struct Connection {
     transport: Transport,
     lanes: usize,
     dead: Arc<AtomicBool>,
-    pid: u32,
     /// A guest session's region: the worker serves a lane once it is marked used here.
     guest: Option<Arc<Region>>,
 }
@@ -63,14 +62,27 @@ pub fn log(msg: &str) {
     eprintln!("wormhole: {msg}");
 }
 
+/// Set in the child of a fork(): the session (its lanes, its worker) stays the parent's, so
+/// the child's calls fail instead of corrupting it. A fork handler, not a getpid() per call
+/// (a system call on every forwarded call).
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn in_forked_child() {
+    FORKED.store(true, Ordering::Relaxed);
+}
+
 /// The session, connecting on first use. `None` when no server could be reached (logged once).
 pub fn get() -> Option<&'static Connection> {
     CONNECTION
-        .get_or_init(|| match connect() {
-            Ok(c) => Some(c),
-            Err(e) => {
-                log(&format!("no OpenCL platforms: {e}"));
-                None
+        .get_or_init(|| {
+            // SAFETY: registers a handler that only stores to an atomic (async-signal-safe).
+            unsafe { libc::pthread_atfork(None, None, Some(in_forked_child)) };
+            match connect() {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    log(&format!("no OpenCL platforms: {e}"));
+                    None
+                }
             }
         })
         .as_ref()
@@ -309,7 +321,6 @@ fn connect_guest(spec: &str) -> Result<Connection, ConnectError> {
         },
         lanes: n as usize,
         dead,
-        pid: std::process::id(),
         guest: Some(region),
     })
 }
@@ -369,7 +380,6 @@ fn connect_local() -> Result<Connection, ConnectError> {
         },
         lanes: n,
         dead,
-        pid: std::process::id(),
         guest: None,
     })
 }
@@ -487,7 +497,6 @@ fn connect_tcp(addr: &str, tls: bool) -> Result<Connection, ConnectError> {
         },
         lanes: n,
         dead,
-        pid: std::process::id(),
         guest: None,
     })
 }
@@ -549,7 +558,7 @@ impl Connection {
         payload: &[u8],
         sink: Option<(usize, &mut [u8])>,
     ) -> Result<(Vec<u8>, bool), CallError> {
-        if self.dead.load(Ordering::Relaxed) || std::process::id() != self.pid {
+        if self.dead.load(Ordering::Relaxed) || FORKED.load(Ordering::Relaxed) {
             return Err(CallError::Unavailable);
         }
         let idx = self.my_lane();
@@ -588,7 +597,7 @@ impl Connection {
 
     /// Sends a request with FLAG_ASYNC: no reply comes back.
     pub fn send_async(&self, w: Writer) -> Result<(), CallError> {
-        if self.dead.load(Ordering::Relaxed) || std::process::id() != self.pid {
+        if self.dead.load(Ordering::Relaxed) || FORKED.load(Ordering::Relaxed) {
             return Err(CallError::Unavailable);
         }
         let idx = self.my_lane();

@@ -64,7 +64,7 @@ def test_region_nobody_serves_fails_fast(tmp_path, c_programs):
     assert r.returncode != 0
     assert "-1001" in r.stderr  # CL_PLATFORM_NOT_FOUND_KHR: no platforms
     assert "no Wormhole worker serves" in r.stderr
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 6
 
 
 def test_guest_tenant_quota_and_one_server_per_region(tmp_path, c_programs):
@@ -106,8 +106,9 @@ def test_two_guests_two_regions_two_workers(tmp_path, c_programs):
     try:
         a = s.popen([c_programs["alloc"], "hold", "4"], WORMHOLE_SERVER=f"ivshmem:{r1}")
         b = s.popen([c_programs["alloc"], "hold", "8"], WORMHOLE_SERVER=f"ivshmem:{r2}")
-        assert a.stdout.readline().split() == ["4", "0"]
-        assert b.stdout.readline().split() == ["8", "0"]
+        for p, mib in ((a, "4"), (b, "8")):
+            line = p.stdout.readline()
+            assert line.split() == [mib, "0"], line + (p.stderr.read() if p.poll() is not None else "")
         st = s.status()
         by_region = {x["guest_region"]: x for x in st["sessions"]}
         assert set(by_region) == {str(r1), str(r2)}

@@ -224,9 +224,10 @@ fn connect_guest(spec: &str) -> Result<Connection, ConnectError> {
     let (region, epoch) = Region::claim_guest(
         &path,
         nonce,
-        // Between two sessions the region has no worker for a moment (the supervisor starts a
-        // fresh one within ~200 ms); a heartbeat silent for longer means no server.
-        Duration::from_millis(1500),
+        // Between two sessions (or right after the server starts) the region has no worker
+        // for a moment: the supervisor starts one within ~200 ms, longer on a loaded machine.
+        // A heartbeat silent for 3 s means no server.
+        Duration::from_secs(3),
         Duration::from_secs(10),
     )
     .map_err(|e| {

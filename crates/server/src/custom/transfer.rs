@@ -22,23 +22,21 @@ pub const READ_DEFERRED: u8 = 1;
 /// the driver filling a reply buffer that is then copied into the ring.
 const MAPPED_READ_MIN: usize = 64 * 1024;
 
-/// Bulk data that follows a reply's body, sent from the driver's memory (a mapped buffer);
-/// `release` (the unmap) runs once it has been sent.
+/// Bulk data that follows a reply's body, sent from the driver's memory (a mapped range, which
+/// is unmapped once the data has been sent).
 pub struct Trailer {
-    ptr: *const u8,
+    range: MappedRange,
     len: usize,
-    release: Box<dyn FnOnce()>,
 }
 
 impl Trailer {
     pub fn bytes(&self) -> &[u8] {
-        // SAFETY: `ptr` is a mapping of `len` bytes that stays mapped until `release` runs,
-        // which consumes the trailer.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+        // SAFETY: the range maps `len` bytes and stays mapped until the trailer is released.
+        unsafe { std::slice::from_raw_parts(self.range.ptr as *const u8, self.len) }
     }
 
     pub fn release(self) {
-        (self.release)()
+        drop(self.range)
     }
 }
 
@@ -51,6 +49,90 @@ pub fn take_trailer() -> Option<Trailer> {
     TRAILER.with(|t| t.borrow_mut().take())
 }
 
+/// A range of a buffer mapped by a blocking `clEnqueueMapBuffer`. It holds a reference to the
+/// buffer and its queue (another thread of the client may release them meanwhile) and gives
+/// both up when unmapped, or when dropped.
+struct MappedRange {
+    queue: Handle,
+    mem: Handle,
+    ptr: *mut c_void,
+}
+
+impl MappedRange {
+    /// Maps `[offset, offset + size)` with `flags` once the wait list completes; None if
+    /// anything is amiss, and the ordinary path then answers with what the driver says.
+    fn map(
+        s: &Session,
+        t: &Target,
+        wl: &WaitList,
+        flags: u64,
+        offset: usize,
+        size: usize,
+    ) -> Option<MappedRange> {
+        let (n, list) = wl.resolve(s).ok()?;
+        let mut err = CL_SUCCESS;
+        // SAFETY: handles resolved from the session's table; the list holds `n` events.
+        let ptr = unsafe {
+            ffi::clEnqueueMapBuffer(
+                t.queue,
+                t.mem,
+                CL_TRUE,
+                flags,
+                offset,
+                size,
+                n,
+                list_ptr(&list) as *mut c_void,
+                std::ptr::null_mut(),
+                &mut err,
+            )
+        };
+        if err != CL_SUCCESS || ptr.is_null() {
+            return None;
+        }
+        // SAFETY: live handles; each retain is paired with a release in `unmap`.
+        unsafe {
+            ffi::clRetainMemObject(t.mem);
+            ffi::clRetainCommandQueue(t.queue);
+        }
+        Some(MappedRange {
+            queue: t.queue,
+            mem: t.mem,
+            ptr,
+        })
+    }
+
+    /// Unmaps, returning the driver's status; `event` (if not null) receives the unmap's event.
+    fn unmap(self, event: *mut Handle) -> i32 {
+        let st = self.release(event);
+        std::mem::forget(self);
+        st
+    }
+
+    fn release(&self, event: *mut Handle) -> i32 {
+        // SAFETY: unmaps what `map` mapped, then drops the references `map` took; called once
+        // (by `unmap`, which forgets the range, or by `drop`).
+        unsafe {
+            let st = ffi::clEnqueueUnmapMemObject(
+                self.queue,
+                self.mem,
+                self.ptr,
+                0,
+                std::ptr::null_mut(),
+                event as *mut c_void,
+            );
+            ffi::clReleaseMemObject(self.mem);
+            ffi::clReleaseCommandQueue(self.queue);
+            st
+        }
+    }
+}
+
+impl Drop for MappedRange {
+    fn drop(&mut self) {
+        self.release(std::ptr::null_mut());
+    }
+}
+
 /// A blocking read through a mapping (see MAPPED_READ_MIN). Returns false, having done
 /// nothing, if the driver does not map: the ordinary path then answers (with the native error
 /// code, if that is what went wrong).
@@ -61,57 +143,16 @@ fn mapped_read(
     wl: &WaitList,
     offset: usize,
     size: usize,
-) -> Result<bool, i32> {
-    let (n, list) = wl.resolve(s)?;
-    let mut err = CL_SUCCESS;
-    // SAFETY: handles resolved from the session's table; the list holds `n` events.
-    let ptr = unsafe {
-        ffi::clEnqueueMapBuffer(
-            t.queue,
-            t.mem,
-            CL_TRUE,
-            CL_MAP_READ,
-            offset,
-            size,
-            n,
-            list_ptr(&list) as *mut c_void,
-            std::ptr::null_mut(),
-            &mut err,
-        )
+) -> bool {
+    let Some(range) = MappedRange::map(s, t, wl, CL_MAP_READ, offset, size) else {
+        return false;
     };
-    if err != CL_SUCCESS || ptr.is_null() {
-        return Ok(false);
-    }
-    // Another thread of the client may release the buffer or queue meanwhile: hold them
-    // until the unmap.
-    // SAFETY: live handles; each retain is paired with the release in `release`.
-    unsafe {
-        ffi::clRetainMemObject(t.mem);
-        ffi::clRetainCommandQueue(t.queue);
-    }
-    let (queue, mem) = (t.queue, t.mem);
     w.i32(CL_SUCCESS);
     w.u8(READ_INLINE);
     w.trailing_bytes(size);
-    let trailer = Trailer {
-        ptr: ptr as *const u8,
-        len: size,
-        // SAFETY: unmaps what was mapped above, then drops the references taken for it.
-        release: Box::new(move || unsafe {
-            ffi::clEnqueueUnmapMemObject(
-                queue,
-                mem,
-                ptr,
-                0,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-            );
-            ffi::clReleaseMemObject(mem);
-            ffi::clReleaseCommandQueue(queue);
-        }),
-    };
+    let trailer = Trailer { range, len: size };
     TRAILER.with(|t| *t.borrow_mut() = Some(trailer));
-    Ok(true)
+    true
 }
 
 type ReadCall<'a> = dyn Fn(u32, *mut c_void, u32, *const Handle, *mut Handle) -> i32 + 'a;
@@ -233,7 +274,7 @@ pub fn clEnqueueReadBuffer(
         if blocking != 0
             && event_id == 0
             && (MAPPED_READ_MIN..=MAX_TRANSFER).contains(&size)
-            && mapped_read(s, w, &t, &wl, offset, size)?
+            && mapped_read(s, w, &t, &wl, offset, size)
         {
             return Ok(());
         }
@@ -869,11 +910,13 @@ pub fn stream_write(
         && rest == size as u64
         && rest >= STREAMED_WRITE_MIN;
     let mapped = if streamable {
-        map_for_write(s, queue, mem, &wl, offset, size)
+        target(s, queue, mem).ok().and_then(|t| {
+            MappedRange::map(s, &t, &wl, CL_MAP_WRITE_INVALIDATE_REGION, offset, size)
+        })
     } else {
         None
     };
-    let Some((t, ptr)) = mapped else {
+    let Some(range) = mapped else {
         // The ordinary path decodes the whole request and answers as the driver does.
         if body.len() < total as usize {
             body.resize(total as usize, 0);
@@ -885,22 +928,12 @@ pub fn stream_write(
     link.recv_in_place(rest, &mut |src, n| {
         // SAFETY: the mapping holds `size` (= rest) bytes and `at + n <= rest`; `src` holds
         // `n` readable bytes of the ring.
-        unsafe { std::ptr::copy_nonoverlapping(src, (ptr as *mut u8).add(at), n) };
+        unsafe { std::ptr::copy_nonoverlapping(src, (range.ptr as *mut u8).add(at), n) };
         at += n;
     })?;
     // The write is done once the unmap is: wait for it, as a blocking write returns only then.
     let mut ev: Handle = std::ptr::null_mut();
-    // SAFETY: unmaps the mapping made above; `ev` receives the unmap's event.
-    let st = unsafe {
-        ffi::clEnqueueUnmapMemObject(
-            t.queue,
-            t.mem,
-            ptr,
-            0,
-            std::ptr::null_mut(),
-            &mut ev as *mut Handle as *mut c_void,
-        )
-    };
+    let st = range.unmap(&mut ev);
     if st == CL_SUCCESS && !ev.is_null() {
         // SAFETY: `ev` is a live event we own; waited for, then released.
         unsafe {
@@ -910,37 +943,6 @@ pub fn stream_write(
     }
     s.calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     Ok(Streamed::Done(st))
-}
-
-/// Maps `[offset, offset + size)` of the buffer for writing (blocking, after the wait list);
-/// None if anything is amiss, and the ordinary path then reports what the driver says.
-fn map_for_write(
-    s: &Session,
-    queue: u64,
-    mem: u64,
-    wl: &WaitList,
-    offset: usize,
-    size: usize,
-) -> Option<(Target, *mut c_void)> {
-    let t = target(s, queue, mem).ok()?;
-    let (n, list) = wl.resolve(s).ok()?;
-    let mut err = CL_SUCCESS;
-    // SAFETY: handles from the session's table; the list holds `n` events.
-    let ptr = unsafe {
-        ffi::clEnqueueMapBuffer(
-            t.queue,
-            t.mem,
-            CL_TRUE,
-            CL_MAP_WRITE_INVALIDATE_REGION,
-            offset,
-            size,
-            n,
-            list_ptr(&list) as *mut c_void,
-            std::ptr::null_mut(),
-            &mut err,
-        )
-    };
-    (err == CL_SUCCESS && !ptr.is_null()).then_some((t, ptr))
 }
 
 #[derive(Debug, thiserror::Error)]

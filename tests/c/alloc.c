@@ -4,14 +4,11 @@
 #include <string.h>
 
 int main(int argc, char **argv) {
-    cl_platform_id p;
     cl_device_id d;
-    first_device(&p, &d);
+    cl_context ctx;
+    cl_command_queue q;
+    open_queue(&d, &ctx, &q);
     cl_int err;
-    cl_context ctx = clCreateContext(NULL, 1, &d, NULL, NULL, &err);
-    CHECK(err);
-    cl_command_queue q = clCreateCommandQueueWithProperties(ctx, d, NULL, &err);
-    CHECK(err);
     int hold = argc > 1 && !strcmp(argv[1], "hold");
     for (int i = hold ? 2 : 1; i < argc; i++) {
         size_t mib = (size_t)atol(argv[i]);

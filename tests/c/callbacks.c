@@ -37,14 +37,11 @@ static int wait_for(atomic_int *flag) {
 }
 
 int main(void) {
-    cl_platform_id p;
     cl_device_id d;
-    first_device(&p, &d);
+    cl_context ctx;
+    cl_command_queue q;
+    open_queue(&d, &ctx, &q);
     cl_int err;
-    cl_context ctx = clCreateContext(NULL, 1, &d, NULL, NULL, &err);
-    CHECK(err);
-    cl_command_queue q = clCreateCommandQueueWithProperties(ctx, d, NULL, &err);
-    CHECK(err);
     const char *src = "__kernel void inc(__global int *x) { x[get_global_id(0)] += 1; }";
     cl_program prog = clCreateProgramWithSource(ctx, 1, &src, NULL, &err);
     CHECK(err);

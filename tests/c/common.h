@@ -28,6 +28,17 @@ static inline void first_device(cl_platform_id *p, cl_device_id *d) {
     CHECK(clGetDeviceIDs(*p, CL_DEVICE_TYPE_ALL, 1, d, NULL));
 }
 
+/* The first device, a context on it and an in-order queue: how most test clients start. */
+static inline void open_queue(cl_device_id *d, cl_context *ctx, cl_command_queue *q) {
+    cl_platform_id p;
+    cl_int err;
+    first_device(&p, d);
+    *ctx = clCreateContext(NULL, 1, d, NULL, NULL, &err);
+    CHECK(err);
+    *q = clCreateCommandQueueWithProperties(*ctx, *d, NULL, &err);
+    CHECK(err);
+}
+
 static inline cl_program build(cl_context ctx, cl_device_id dev, const char *src) {
     cl_int err;
     cl_program prog = clCreateProgramWithSource(ctx, 1, &src, NULL, &err);

@@ -7,14 +7,11 @@
 #include <string.h>
 
 int main(void) {
-    cl_platform_id p;
     cl_device_id d;
-    first_device(&p, &d);
+    cl_context ctx;
+    cl_command_queue q;
+    open_queue(&d, &ctx, &q);
     cl_int err;
-    cl_context ctx = clCreateContext(NULL, 1, &d, NULL, NULL, &err);
-    CHECK(err);
-    cl_command_queue q = clCreateCommandQueueWithProperties(ctx, d, NULL, &err);
-    CHECK(err);
     cl_mem buf = clCreateBuffer(ctx, CL_MEM_READ_WRITE, 64, NULL, &err);
     CHECK(err);
     char small[4];

@@ -43,7 +43,6 @@ def test_quota_overrun_fails_cleanly(quota_server, c_programs):
 
 def test_quota_is_per_tenant_across_sessions_and_freed_by_kill(quota_server, c_programs):
     holder = quota_server.popen([c_programs["alloc"], "hold", "48"], WORMHOLE_SERVER="")
-    holder.stdin = None
     assert holder.stdout.readline().split() == ["48", "0"]
     # A second session of the same tenant shares the 64 MiB.
     r = quota_server.run([c_programs["alloc"], "32"], WORMHOLE_SERVER="")

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use wormhole_protocol::{control, Reader, Writer, API_OPENCL, FLAG_REPLY, VERSION};
+use wormhole_protocol::{control, Reader, Writer, FLAG_REPLY};
 use wormhole_transport::link::read_frame;
 use wormhole_transport::tls::{self, rustls, TlsReader, TlsWriter};
 
@@ -358,32 +358,10 @@ fn accept(
             return Ok(());
         }
     }
-    let mut r = Reader::new(&body);
-    let hello = (|| {
-        let v = r.u8()?;
-        let api = r.bytes()?.to_vec();
-        // A token (TCP tenants) may follow.
-        let token = if r.remaining() > 0 {
-            r.opt_bytes()?
-        } else {
-            None
-        };
-        Ok::<_, wormhole_protocol::DecodeError>((v, api, token))
-    })();
-    let token = match hello {
-        Ok((v, api, token)) if v == VERSION && api == API_OPENCL.as_bytes() => token,
-        Ok((v, api, _)) => {
-            refuse(
-                &stream,
-                &format!(
-                    "unsupported version {v} or API {:?}",
-                    String::from_utf8_lossy(&api)
-                ),
-            );
-            return Ok(());
-        }
-        Err(e) => {
-            refuse(&stream, &format!("malformed HELLO: {e}"));
+    let token = match crate::worker::parse_hello(&body) {
+        Ok(token) => token,
+        Err(reason) => {
+            refuse(&stream, &reason);
             return Ok(());
         }
     };

@@ -288,16 +288,37 @@ fn check_hello(h: &FrameHeader, body: &[u8]) -> Result<(), String> {
     if h.opcode != control::HELLO {
         return Err(format!("expected HELLO, got opcode {:#06x}", h.opcode));
     }
+    parse_hello(body).map(|_token| ())
+}
+
+/// Checks a HELLO body (version, API, then a tenant token if any) and returns the token, or
+/// the reason to refuse the session.
+pub(crate) fn parse_hello(body: &[u8]) -> Result<Option<Vec<u8>>, String> {
     let mut r = Reader::new(body);
-    let v = r.u8().map_err(|e| format!("malformed HELLO: {e}"))?;
-    let api = r.bytes().map_err(|e| format!("malformed HELLO: {e}"))?;
-    if v != wormhole_protocol::VERSION || api != wormhole_protocol::API_OPENCL.as_bytes() {
-        return Err(format!(
+    let hello = (|| {
+        let v = r.u8()?;
+        let api = r.bytes()?;
+        // A token (TCP tenants) may follow.
+        let token = if r.remaining() > 0 {
+            r.opt_bytes()?
+        } else {
+            None
+        };
+        Ok::<_, DecodeError>((v, api, token))
+    })();
+    match hello {
+        Ok((v, api, token))
+            if v == wormhole_protocol::VERSION
+                && api == wormhole_protocol::API_OPENCL.as_bytes() =>
+        {
+            Ok(token)
+        }
+        Ok((v, api, _)) => Err(format!(
             "unsupported version {v} or API {:?}",
             String::from_utf8_lossy(api)
-        ));
+        )),
+        Err(e) => Err(format!("malformed HELLO: {e}")),
     }
-    Ok(())
 }
 
 /// Frames written to a shared-memory link (the callback sink of a guest session).

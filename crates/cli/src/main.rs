@@ -194,7 +194,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             for region in guest_regions {
                 c.guests.push(wormhole_server::config::Guest {
                     region,
-                    size_mib: 16,
+                    size_mib: wormhole_server::config::Guest::default_size_mib(),
                     tenant: None,
                 });
             }

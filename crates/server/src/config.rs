@@ -51,7 +51,7 @@ pub struct Guest {
 }
 
 impl Guest {
-    fn default_size_mib() -> u64 {
+    pub fn default_size_mib() -> u64 {
         16
     }
 

@@ -307,7 +307,15 @@ fn run_program(socket: Option<PathBuf>, program: Vec<String>) -> Result<(), CliE
     };
     let dir = std::env::temp_dir().join(format!("wormhole-icd-{uid}-{tag:016x}"));
     std::fs::create_dir_all(&dir)?;
-    std::fs::write(dir.join("wormhole.icd"), format!("{}\n", lib.display()))?;
+    // Programs started at the same moment share the file: replace it atomically (a loader
+    // reading it half-written would find no platform), and only when it differs.
+    let icd = dir.join("wormhole.icd");
+    let line = format!("{}\n", lib.display());
+    if std::fs::read_to_string(&icd).ok().as_deref() != Some(line.as_str()) {
+        let tmp = dir.join(format!("wormhole.icd.{}", std::process::id()));
+        std::fs::write(&tmp, &line)?;
+        std::fs::rename(&tmp, &icd)?;
+    }
     let mut cmd = std::process::Command::new(&program[0]);
     cmd.args(&program[1..])
         .env("OCL_ICD_VENDORS", &dir)

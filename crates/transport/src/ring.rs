@@ -35,6 +35,11 @@ pub struct RingCtrl {
 
 pub const CTRL_SIZE: usize = std::mem::size_of::<RingCtrl>();
 
+/// Bulk data moves through a ring in pieces of at most this size, each published (or freed) on
+/// its own, so that the consumer copies one piece while the producer writes the next: the two
+/// copies of a large transfer overlap on two cores instead of taking turns.
+pub const STREAM_PIECE: u64 = 32 * 1024;
+
 /// One ring as seen from one side. Cheap to copy; it does not own the memory.
 #[derive(Debug, Clone, Copy)]
 pub struct Ring {
@@ -112,7 +117,7 @@ impl Ring {
                 wait_until(&c.producer_waiting.0, w, || Ok(self.writable()? > 0))?;
                 continue;
             }
-            let n = free.min(data.len() as u64) as usize;
+            let n = free.min(data.len() as u64).min(STREAM_PIECE) as usize;
             let head = c.head.0.load(Ordering::Relaxed);
             let off = (head & (self.cap - 1)) as usize;
             let first = n.min(self.cap as usize - off);
@@ -140,7 +145,7 @@ impl Ring {
                 wait_until(&c.consumer_waiting.0, w, || Ok(self.readable()? > 0))?;
                 continue;
             }
-            let n = avail.min(buf.len() as u64) as usize;
+            let n = avail.min(buf.len() as u64).min(STREAM_PIECE) as usize;
             let tail = c.tail.0.load(Ordering::Relaxed);
             let off = (tail & (self.cap - 1)) as usize;
             let first = n.min(self.cap as usize - off);
@@ -179,7 +184,7 @@ impl Ring {
             }
             let tail = c.tail.0.load(Ordering::Relaxed);
             let off = tail & (self.cap - 1);
-            let take = avail.min(n).min(self.cap - off);
+            let take = avail.min(n).min(self.cap - off).min(STREAM_PIECE);
             // SAFETY: [off, off+take) lies inside the data area and holds published bytes that
             // stay ours until `tail` moves past them below.
             f(unsafe { self.data.add(off as usize) }, take as usize);

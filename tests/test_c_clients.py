@@ -4,7 +4,9 @@ import subprocess
 
 import pytest
 
-PROGRAMS = ["vector_add", "multithread", "callbacks", "errors", "svm", "svm_fine", "bulk"]
+from conftest import Server
+
+PROGRAMS = ["vector_add", "multithread", "callbacks", "errors", "svm", "svm_fine", "bulk", "windows"]
 
 
 @pytest.mark.parametrize("name", PROGRAMS)
@@ -28,3 +30,37 @@ def test_repeated_sessions_are_independent(server, c_programs):
     for _ in range(3):
         r = server.run([c_programs["vector_add"]])
         assert r.returncode == 0, r.stderr
+
+
+def test_large_buffers_are_copied_by_the_client_itself(server, c_programs):
+    """Over shared memory, large buffers of PoCL's CPU device live in the session's arena:
+    blocking transfers are the client's own copies (counted by the worker as direct), and the
+    arena's bytes are reported. Small buffers keep driver storage."""
+    p = server.popen([c_programs["windows"], "hold"])
+    try:
+        assert p.stdout.readline().strip() == "windows OK", p.stderr.read()
+        detail = server.status()["sessions"][0]["detail"]
+        assert detail["direct_transfers"] >= 80
+        # src, dst and plain, 16 MiB each, are what the program still holds.
+        assert detail["shared_mem_bytes"] == 3 * (16 << 20)
+        assert detail["mem_bytes"] == 3 * (16 << 20)
+    finally:
+        p.stdin.close()
+        assert p.wait(timeout=60) == 0
+
+
+def test_remote_sessions_keep_driver_storage(tmp_path, c_programs):
+    """Over TCP the client cannot reach the server's memory: every transfer is forwarded."""
+    tcp = Server(tmp_path, tcp=True).start()
+    try:
+        p = tcp.popen([c_programs["windows"], "hold"])
+        try:
+            assert p.stdout.readline().strip() == "windows OK", p.stderr.read()
+            detail = tcp.status()["sessions"][0]["detail"]
+            assert detail["direct_transfers"] == 0 and detail["shared_mem_bytes"] == 0
+            assert detail["mem_bytes"] == 3 * (16 << 20)
+        finally:
+            p.stdin.close()
+            assert p.wait(timeout=60) == 0
+    finally:
+        tcp.stop()

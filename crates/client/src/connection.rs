@@ -15,7 +15,9 @@ use wormhole_protocol::{
 };
 use wormhole_transport::link::read_frame;
 use wormhole_transport::unix::recv_frame_with_fds;
-use wormhole_transport::{FrameLink, FutexWaiter, Region, ShmLink, SpinPolicy, TransportError};
+use wormhole_transport::{
+    Arena, FrameLink, FutexWaiter, Region, ShmLink, SpinPolicy, TransportError,
+};
 
 /// One lane of the shared region.
 pub struct ShmLane {
@@ -48,6 +50,8 @@ pub struct Connection {
     dead: Arc<AtomicBool>,
     /// A guest session's region: the worker serves a lane once it is marked used here.
     guest: Option<Arc<Region>>,
+    /// Local sessions: where windowed buffers' bytes lie (see the server's `arena` module).
+    arena: Option<Arena>,
 }
 
 static CONNECTION: OnceLock<Option<Connection>> = OnceLock::new();
@@ -323,6 +327,7 @@ fn connect_guest(spec: &str) -> Result<Connection, ConnectError> {
         lanes: n as usize,
         dead,
         guest: Some(region),
+        arena: None,
     })
 }
 
@@ -339,15 +344,26 @@ fn connect_local() -> Result<Connection, ConnectError> {
         .map_err(|e| ConnectError(format!("server hung up during HELLO: {e}")))?;
     sock.set_read_timeout(Some(WELCOME_TIMEOUT)).ok();
     let mut body = Vec::new();
-    let (h, mut fds) = recv_frame_with_fds(&sock, &mut body)
+    let (h, fds) = recv_frame_with_fds(&sock, &mut body)
         .map_err(|e| ConnectError(format!("no answer from the server: {e}")))?;
     sock.set_read_timeout(None).ok();
     welcome(&h, &body)?;
+    let mut fds = fds.into_iter();
     let fd = fds
-        .pop()
+        .next()
         .ok_or_else(|| ConnectError("the server sent no shared region".into()))?;
     let region =
         Arc::new(Region::open_fd(fd).map_err(|e| ConnectError(format!("bad shared region: {e}")))?);
+    // Without an arena every transfer simply goes through the rings.
+    let arena = fds.next().and_then(|fd| match Arena::open_fd(fd) {
+        Ok(a) => Some(a),
+        Err(e) => {
+            log(&format!(
+                "buffer arena not mapped ({e}); transfers use the rings"
+            ));
+            None
+        }
+    });
     let dead = Arc::new(AtomicBool::new(false));
     let alive = {
         let dead = dead.clone();
@@ -382,6 +398,7 @@ fn connect_local() -> Result<Connection, ConnectError> {
         lanes: n,
         dead,
         guest: None,
+        arena,
     })
 }
 
@@ -499,6 +516,7 @@ fn connect_tcp(addr: &str, tls: bool) -> Result<Connection, ConnectError> {
         lanes: n,
         dead,
         guest: None,
+        arena: None,
     })
 }
 
@@ -546,6 +564,11 @@ static WARNED: AtomicU32 = AtomicU32::new(0);
 
 impl Connection {
     /// Sends a request on this thread's lane and returns the reply body.
+    /// The session's buffer arena (local sessions whose server offers one).
+    pub fn arena(&self) -> Option<&Arena> {
+        self.arena.as_ref()
+    }
+
     pub fn call(&self, w: Writer) -> Result<Vec<u8>, CallError> {
         self.call_bulk(w, &[], None).map(|(r, _)| r)
     }

@@ -18,6 +18,8 @@ pub struct MemInfo {
     pub host_ptr: usize,
     /// (image type, element size) for images.
     pub image: Option<(u32, usize)>,
+    /// (arena offset, size) of a buffer whose bytes the client may copy itself.
+    pub window: Option<(u64, usize)>,
 }
 
 /// How a kernel argument was set: its size and what its value was (NULL, bytes, a handle of

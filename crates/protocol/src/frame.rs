@@ -34,6 +34,9 @@ pub mod control {
     pub const SVM_PUSH: u16 = 0xF006;
     /// Client → server: the current contents of fine-grained SVM ranges (addr, len)*.
     pub const SVM_PULL: u16 = 0xF007;
+    /// Client → server: wait as a blocking transfer of a windowed buffer would, then let the
+    /// client copy its bytes in the shared arena itself (body: queue, mem; reply: status).
+    pub const DIRECT: u16 = 0xF008;
 }
 
 /// `magic u16 | version u8 | flags u8 | opcode u16 | lane u16 | len u32 | seq u32`,

@@ -39,7 +39,7 @@ pub fn query(
                 return Err(st);
             }
         }
-        rewrite(s, op, param, kind, &mut buf);
+        rewrite(s, op, param, obj, kind, &mut buf);
         let n = buf.len();
         (buf, n)
     };
@@ -49,7 +49,7 @@ pub fn query(
     Ok(())
 }
 
-fn rewrite(s: &Session, op: Op, param: u32, kind: InfoValue, buf: &mut Vec<u8>) {
+fn rewrite(s: &Session, op: Op, param: u32, obj: Handle, kind: InfoValue, buf: &mut Vec<u8>) {
     match kind {
         InfoValue::Handles(k) => {
             for c in buf.chunks_exact_mut(8) {
@@ -73,6 +73,10 @@ fn rewrite(s: &Session, op: Op, param: u32, kind: InfoValue, buf: &mut Vec<u8>) 
             let v = u64::from_le_bytes(buf[..8].try_into().unwrap_or([0; 8]))
                 & (CL_DEVICE_SVM_COARSE_GRAIN_BUFFER | CL_DEVICE_SVM_FINE_GRAIN_BUFFER);
             buf.copy_from_slice(&v.to_le_bytes());
+        }
+        (Op::clGetMemObjectInfo, CL_MEM_FLAGS) if buf.len() == 8 => {
+            let v = u64::from_le_bytes(buf[..8].try_into().unwrap_or([0; 8]));
+            buf.copy_from_slice(&crate::arena::visible_flags(obj, v).to_le_bytes());
         }
         // Native kernels would run client code in the server: not forwarded (README).
         (Op::clGetDeviceInfo, CL_DEVICE_EXECUTION_CAPABILITIES) if buf.len() == 8 => {

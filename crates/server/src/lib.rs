@@ -3,6 +3,7 @@
 //! through Wormhole's own ICD), maps client handles to real objects in a per-session table,
 //! and serves the session's lanes, one thread per lane.
 
+mod arena;
 mod callbacks;
 pub mod config;
 mod custom;
@@ -44,6 +45,8 @@ pub fn fuzz_request(data: &[u8]) {
     let mut r = Reader::new(body);
     let _ = if op == control::COLLECT {
         custom::collect(&s, &mut r, &mut w)
+    } else if op == control::DIRECT {
+        arena::direct(&s, &mut r, &mut w)
     } else {
         match Op::from_u16(op) {
             Some(o) => generated::dispatch(&s, o, &mut r, &mut w),

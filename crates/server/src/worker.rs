@@ -17,7 +17,7 @@ use wormhole_transport::link::read_frame;
 use wormhole_transport::rendezvous::{self, BeatWatch};
 use wormhole_transport::unix::send_frame_with_fds;
 use wormhole_transport::{
-    FrameLink, FutexWaiter, Layout, PollWaiter, Region, ShmLink, SpinPolicy, TransportError,
+    Arena, FrameLink, FutexWaiter, Layout, PollWaiter, Region, ShmLink, SpinPolicy, TransportError,
 };
 
 static SESSION: OnceLock<Session> = OnceLock::new();
@@ -98,11 +98,18 @@ pub enum WorkerError {
 /// the client disconnects.
 pub fn run(sock: UnixStream, stats: Option<UnixStream>, layout: Layout) -> Result<(), WorkerError> {
     let region = Region::create_memfd(layout)?;
+    // Large buffers of in-place devices live here, where the client copies them itself.
+    let arena = Arena::create(wormhole_transport::arena::ARENA_SIZE)?;
     let mut w = Writer::new(control::WELCOME);
     w.u64(u64::from(std::process::id()));
     w.u32(layout.lanes);
     w.u64(layout.ring_capacity);
-    send_frame_with_fds(&sock, &w.finish(0, 0), &[region.file().as_raw_fd()])?;
+    send_frame_with_fds(
+        &sock,
+        &w.finish(0, 0),
+        &[region.file().as_raw_fd(), arena.file().as_raw_fd()],
+    )?;
+    crate::arena::enable(arena);
     crate::callbacks::set_sink(Arc::new(Mutex::new(sock.try_clone()?)));
 
     let region = Arc::new(region);
@@ -358,6 +365,8 @@ fn handle(h: &FrameHeader, body: &[u8], out: &mut Vec<u8>) -> Result<bool, LaneE
         crate::custom::svm_push(s, &mut r, &mut w)
     } else if h.opcode == control::SVM_PULL {
         crate::custom::svm_pull(s, &mut r, &mut w)
+    } else if h.opcode == control::DIRECT {
+        crate::arena::direct(s, &mut r, &mut w)
     } else {
         match Op::from_u16(h.opcode) {
             Some(op) => crate::generated::dispatch(s, op, &mut r, &mut w),
@@ -571,6 +580,12 @@ pub struct SessionDetail {
     pub calls: u64,
     pub async_failures: u64,
     pub mem_bytes: i64,
+    /// Bytes of buffers stored in the arena the client maps, and the blocking transfers the
+    /// client copied there itself (see `arena`).
+    #[serde(default)]
+    pub shared_mem_bytes: u64,
+    #[serde(default)]
+    pub direct_transfers: u64,
     pub objects: std::collections::BTreeMap<String, usize>,
 }
 
@@ -584,6 +599,8 @@ fn detail() -> SessionDetail {
         calls: s.calls.load(std::sync::atomic::Ordering::Relaxed),
         async_failures: s.async_failures.load(std::sync::atomic::Ordering::Relaxed),
         mem_bytes: s.mem_bytes(),
+        shared_mem_bytes: crate::arena::SHARED_BYTES.load(std::sync::atomic::Ordering::Relaxed),
+        direct_transfers: crate::arena::DIRECT_TRANSFERS.load(std::sync::atomic::Ordering::Relaxed),
         objects: s
             .object_counts()
             .into_iter()

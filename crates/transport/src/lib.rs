@@ -4,6 +4,7 @@
 //! an ivshmem BAR between a VM guest and its host); how a waiting side sleeps is pluggable
 //! ([`wait::Waiter`]) because a futex does not cross a VM boundary.
 
+pub mod arena;
 mod error;
 pub mod link;
 pub mod region;
@@ -13,6 +14,7 @@ pub mod tls;
 pub mod unix;
 pub mod wait;
 
+pub use arena::Arena;
 pub use error::TransportError;
 pub use link::{FrameLink, ShmLink, StreamLink};
 pub use region::{Layout, Region};

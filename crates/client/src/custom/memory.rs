@@ -46,16 +46,22 @@ unsafe fn create_buffer(
     };
     w.opt_bytes(data);
     let reply = rt::call(w)?;
-    match Reader::new(&reply).i32()? {
-        CL_SUCCESS => Ok(objects::new_object(
-            HandleKind::Mem,
-            new_id,
-            Some(objects::MemInfo {
-                flags,
-                host_ptr: host_ptr as usize,
-                image: None,
-            }),
-        )),
+    let mut r = Reader::new(&reply);
+    match r.i32()? {
+        CL_SUCCESS => {
+            // Where the server put the buffer's bytes in the shared arena, if it did.
+            let window = r.u64().ok().filter(|&o| o != u64::MAX).map(|o| (o, size));
+            Ok(objects::new_object(
+                HandleKind::Mem,
+                new_id,
+                Some(objects::MemInfo {
+                    flags,
+                    host_ptr: host_ptr as usize,
+                    image: None,
+                    window,
+                }),
+            ))
+        }
         e => Err(ClErr(e)),
     }
 }
@@ -202,6 +208,7 @@ unsafe fn create_image(
                     flags,
                     host_ptr: host_ptr as usize,
                     image,
+                    window: None,
                 }),
             ))
         }

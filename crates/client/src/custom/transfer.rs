@@ -85,6 +85,61 @@ fn finish_write_bulk(
     Ok(st)
 }
 
+/// Host-access flags under which the driver refuses reads or writes: such calls take the
+/// ordinary path, which reports its error.
+const HOST_ACCESS_FLAGS: u64 =
+    CL_MEM_HOST_WRITE_ONLY | CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_NO_ACCESS;
+
+/// A blocking read or write of a windowed buffer (see the server's `arena` module): the server
+/// waits as the native call would, then the bytes are copied here, between the application's
+/// memory and the buffer's own storage in the shared arena. One copy and no driver command.
+/// `None`: the ordinary path must run (no window, out of range, a wait list or an event, or
+/// the server declined), and it then answers exactly as the driver does.
+///
+/// # Safety
+/// `app` must hold `size` bytes, readable (`write`) or writable (read).
+#[allow(clippy::too_many_arguments)]
+unsafe fn direct_copy(
+    q: &objects::ClObject,
+    b: &objects::ClObject,
+    blocking: u32,
+    offset: usize,
+    size: usize,
+    app: *mut u8,
+    plain: bool,
+    write: bool,
+) -> Option<i32> {
+    let m = b.mem?;
+    let (off, len) = m.window?;
+    if blocking == 0 || !plain || app.is_null() || size == 0 || m.flags & HOST_ACCESS_FLAGS != 0 {
+        return None;
+    }
+    if offset.checked_add(size)? > len {
+        return None;
+    }
+    let at = crate::connection::get()?
+        .arena()?
+        .range(off.checked_add(offset as u64)?, size as u64)?;
+    let mut w = Writer::new(wormhole_protocol::control::DIRECT);
+    w.u64(q.id);
+    w.u64(b.id);
+    let reply = rt::call(w).ok()?;
+    if Reader::new(&reply).i32().ok()? != CL_SUCCESS {
+        return None;
+    }
+    // SAFETY: `at` holds `size` bytes of the buffer, which nothing else touches now (the server
+    // waited for the queue); `app` holds `size` bytes per the caller.
+    unsafe {
+        if write {
+            std::ptr::copy_nonoverlapping(app as *const u8, at, size);
+        } else {
+            std::ptr::copy_nonoverlapping(at as *const u8, app, size);
+        }
+    }
+    rt::after_sync();
+    Some(CL_SUCCESS)
+}
+
 pub unsafe extern "C" fn clEnqueueReadBuffer(
     queue: Handle,
     buffer: Handle,
@@ -106,6 +161,13 @@ pub unsafe extern "C" fn clEnqueueReadBuffer(
         };
         if ptr.is_null() {
             return Err(ClErr(CL_INVALID_VALUE));
+        }
+        let plain = n == 0 && list.is_null() && event.is_null();
+        // SAFETY: the application promises `size` writable bytes at `ptr`.
+        let direct =
+            unsafe { direct_copy(q, b, blocking, offset, size, ptr as *mut u8, plain, false) };
+        if let Some(st) = direct {
+            return Ok(st);
         }
         let mut w = rt::request(Op::clEnqueueReadBuffer);
         w.u64(q.id);
@@ -150,6 +212,13 @@ pub unsafe extern "C" fn clEnqueueWriteBuffer(
                 obj(buffer, HandleKind::Mem)?,
             )
         };
+        let plain = n == 0 && list.is_null() && event.is_null();
+        // SAFETY: the application promises `size` readable bytes at `ptr`.
+        let direct =
+            unsafe { direct_copy(q, b, blocking, offset, size, ptr as *mut u8, plain, true) };
+        if let Some(st) = direct {
+            return Ok(st);
+        }
         let mut w = rt::request(Op::clEnqueueWriteBuffer);
         w.u64(q.id);
         w.u64(b.id);

@@ -2,6 +2,7 @@
 //! server-side shadow of the client's memory that lives as long as the memory object.
 
 use super::*;
+use crate::arena::{Placement, NO_WINDOW};
 use crate::generated::ffi;
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ffi::c_void;
@@ -82,7 +83,8 @@ fn create_buffer(
     let svm_ptr = r.u64()?;
     let data = r.opt_bytes_ref()?;
     r.finish()?;
-    let run = || -> Result<i32, i32> {
+    let mut window = NO_WINDOW;
+    let mut run = || -> Result<i32, i32> {
         s.check_new_id(new_id)?;
         let context = s.resolve(context, HandleKind::Context, false)?;
         if let Some(d) = data {
@@ -92,16 +94,24 @@ fn create_buffer(
         }
         // Refuse what cannot fit the quota before the driver allocates it.
         crate::worker::limits().precheck(size as u64)?;
-        let (hp, shadow) = if svm_ptr != 0 {
+        let placement = if svm_ptr == 0 {
+            Placement::new(context, flags, size, nonnull, data)
+        } else {
+            None
+        };
+        let (flags, (hp, shadow)) = if let Some(p) = &placement {
+            let (f, hp) = p.driver_args();
+            (f, (hp, None))
+        } else if svm_ptr != 0 {
             // A buffer over shared virtual memory uses that memory itself (same address on
             // both sides), once it is known to be this session's.
             let p = usize::try_from(svm_ptr).map_err(|_| CL_INVALID_HOST_PTR)?;
             if !s.svm_contains(p, size) {
                 return Err(CL_INVALID_HOST_PTR);
             }
-            (p as *mut c_void, None)
+            (flags, (p as *mut c_void, None))
         } else {
-            host_ptr(flags, nonnull, data)?
+            (flags, host_ptr(flags, nonnull, data)?)
         };
         let mut err = CL_SUCCESS;
         // SAFETY: `hp` is NULL, a dummy, or `size` bytes of data; props end with 0.
@@ -121,13 +131,23 @@ fn create_buffer(
                 ffi::clCreateBuffer(context, flags, size, hp, &mut err)
             }
         };
+        if err == CL_SUCCESS && !mem.is_null() {
+            // Bound before anything can destroy the buffer, so its storage outlives it.
+            if let Some(p) = placement {
+                window = p.bind(mem);
+            }
+        }
         let st = crate::rt::bind_created(s, new_id, HandleKind::Mem, mem, err);
         if st == CL_SUCCESS {
             keep_shadow(mem, shadow);
+        } else {
+            window = NO_WINDOW;
         }
         Ok(st)
     };
     w.i32(run().unwrap_or_else(|e| e));
+    // Where the buffer's bytes lie in the session's arena, for the client's own copies.
+    w.u64(window);
     Ok(())
 }
 

@@ -1,0 +1,106 @@
+//! Buffer storage shared with the tenant: a sparse memfd that both sides of a local session
+//! map. The server places the storage of some device buffers in it (buffers of devices that
+//! compute on host memory directly, such as a CPU device), so that the client can copy between
+//! the application and such a buffer itself: one copy, as a native call makes, instead of one
+//! into the ring and another out of it.
+//!
+//! Only pages in use cost memory: the file is sparse, and freed ranges are punched out.
+
+use crate::TransportError;
+use memmap2::MmapRaw;
+use std::fs::File;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+/// Virtual size of a session's arena: address space only, never committed as a whole.
+pub const ARENA_SIZE: u64 = 64 << 30;
+
+pub struct Arena {
+    file: File,
+    map: MmapRaw,
+}
+
+impl Arena {
+    /// A fresh, empty arena (server side).
+    pub fn create(size: u64) -> Result<Arena, TransportError> {
+        let fd = nix::sys::memfd::memfd_create(
+            c"wormhole-buffers",
+            nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC,
+        )?;
+        let file = File::from(fd);
+        file.set_len(size)?;
+        Self::open_file(file)
+    }
+
+    /// The peer's arena, received over the session socket (client side).
+    pub fn open_fd(fd: OwnedFd) -> Result<Arena, TransportError> {
+        Self::open_file(File::from(fd))
+    }
+
+    fn open_file(file: File) -> Result<Arena, TransportError> {
+        let map = MmapRaw::map_raw(&file)?;
+        Ok(Arena { file, map })
+    }
+
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    pub fn len(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.len() == 0
+    }
+
+    /// Where `[off, off + len)` lies in this process, if inside the arena (the offset may come
+    /// from the peer, so it is checked, never trusted).
+    pub fn range(&self, off: u64, len: u64) -> Option<*mut u8> {
+        let end = off.checked_add(len)?;
+        if end > self.len() {
+            return None;
+        }
+        // SAFETY: off + len lies inside the mapping.
+        Some(unsafe { self.map.as_mut_ptr().add(off as usize) })
+    }
+
+    /// Gives the pages of a freed range back to the system (they read as zeros afterwards).
+    pub fn discard(&self, off: u64, len: u64) {
+        if self.range(off, len).is_none() {
+            return;
+        }
+        // SAFETY: plain system call on our own file descriptor; a failure only means the pages
+        // stay allocated until the session ends.
+        unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                off as libc::off_t,
+                len as libc::off_t,
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_sides_see_the_same_bytes_and_ranges_are_checked() {
+        let a = Arena::create(1 << 30).unwrap();
+        let b = Arena::open_fd(a.file().try_clone().unwrap().into()).unwrap();
+        assert_eq!(b.len(), 1 << 30);
+        let p = a.range(4096, 8).unwrap();
+        // SAFETY: 8 bytes inside the arena.
+        unsafe { std::ptr::copy_nonoverlapping(b"wormhole".as_ptr(), p, 8) };
+        let q = b.range(4096, 8).unwrap();
+        // SAFETY: as above, in the peer's mapping.
+        assert_eq!(unsafe { std::slice::from_raw_parts(q, 8) }, b"wormhole");
+        a.discard(0, 8192);
+        // SAFETY: as above.
+        assert_eq!(unsafe { std::slice::from_raw_parts(q, 8) }, &[0u8; 8]);
+        assert!(b.range((1 << 30) - 4, 8).is_none());
+        assert!(b.range(u64::MAX, 2).is_none());
+    }
+}

@@ -88,3 +88,30 @@ def test_forked_child_cannot_use_the_parents_local_session(server, c_programs):
     r = server.run([c_programs["fork_child"]])
     assert r.returncode == 0, r.stderr
     assert "fork OK" in r.stdout
+
+
+def test_sessions_start_on_a_standby_worker(server, c_programs):
+    """The server keeps a worker with its driver loaded for the next session: a session starts
+    on it, a new one takes its place, and one killed is replaced too. Standby workers are not
+    sessions: they never show up as such, nor hold memory or use CPU."""
+    standby = lambda: server.status()["tenants"][0]["standby_worker"]  # noqa: E731
+    first = wait_for(standby)
+    assert server.status()["sessions"] == []
+    p = start_blocked(server, c_programs)
+    try:
+        (worker,) = wait_for(server.worker_pids)
+        assert worker == first
+        second = wait_for(lambda: (lambda s: s if s not in (None, first) else None)(standby()))
+        # Asleep until it gets a session: no CPU time beyond its start.
+        ticks = lambda pid: sum(int(x) for x in open(f"/proc/{pid}/stat").read().split()[13:15])  # noqa: E731
+        before = ticks(second)
+        time.sleep(1.0)
+        assert ticks(second) - before <= 1
+        os.kill(second, signal.SIGKILL)
+        third = wait_for(lambda: (lambda s: s if s not in (None, second) else None)(standby()), timeout=15)
+        assert third != first
+        assert server.worker_pids() == [first]
+    finally:
+        p.kill()
+    r = server.run([c_programs["vector_add"]])
+    assert r.returncode == 0, r.stderr

@@ -82,6 +82,7 @@ enum Cmd {
         lanes: u32,
         #[arg(long)]
         ring_kib: u64,
+        /// unix, tcp, tls, guest, or standby (warm up, then wait for a session's socket).
         #[arg(long, default_value = "unix")]
         transport: String,
         #[arg(long, default_value = "default")]
@@ -239,25 +240,37 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 wormhole_server::worker::run_guest(&region, layout, Some(stats))?;
                 return Ok(());
             }
-            if transport == "tcp" {
-                // SAFETY: as above, the session's TCP stream is fd 3.
-                let sock = unsafe { std::net::TcpStream::from_raw_fd(3) };
-                wormhole_server::worker::run_tcp(sock, Some(stats), lanes)?;
-                return Ok(());
-            }
-            if transport == "tls" {
-                // SAFETY: as above: fd 3 is the worker's end of the supervisor's TLS proxy.
-                let sock = unsafe { UnixStream::from_raw_fd(3) };
-                wormhole_server::worker::run_tcp(sock, Some(stats), lanes)?;
-                return Ok(());
-            }
-            // SAFETY: as above, the session's Unix socket is fd 3.
-            let sock = unsafe { UnixStream::from_raw_fd(3) };
-            let layout = wormhole_transport::Layout {
-                lanes,
-                ring_capacity: ring_kib * 1024,
+            // SAFETY: as above, fd 3 is the session's socket or stream (a Unix socket, a TCP
+            // stream, or the worker's end of the supervisor's TLS proxy) or, for a standby
+            // worker, its line to the supervisor; nothing else in this process owns it.
+            let fd3 = unsafe { std::os::fd::OwnedFd::from_raw_fd(3) };
+            let (transport, session) = if transport == "standby" {
+                // Ready before any tenant waits; the session arrives later.
+                wormhole_server::worker::warm_up();
+                match wormhole_server::worker::await_session(&UnixStream::from(fd3))? {
+                    Some(handed) => handed,
+                    None => return Ok(()),
+                }
+            } else {
+                (transport, fd3)
             };
-            wormhole_server::worker::run(sock, Some(stats), layout)?;
+            match transport.as_str() {
+                "tcp" => wormhole_server::worker::run_tcp(
+                    std::net::TcpStream::from(session),
+                    Some(stats),
+                    lanes,
+                )?,
+                "tls" => {
+                    wormhole_server::worker::run_tcp(UnixStream::from(session), Some(stats), lanes)?
+                }
+                _ => {
+                    let layout = wormhole_transport::Layout {
+                        lanes,
+                        ring_capacity: ring_kib * 1024,
+                    };
+                    wormhole_server::worker::run(UnixStream::from(session), Some(stats), layout)?
+                }
+            }
             Ok(())
         }
         Cmd::Run { socket, program } => run_program(socket, program),

@@ -37,6 +37,9 @@ pub mod control {
     /// Client → server: wait as a blocking transfer of a windowed buffer would, then let the
     /// client copy its bytes in the shared arena itself (body: queue, mem; reply: status).
     pub const DIRECT: u16 = 0xF008;
+    /// Supervisor → standby worker: serve this session (body: transport name; the session's
+    /// socket attached).
+    pub const HANDOFF: u16 = 0xF009;
 }
 
 /// `magic u16 | version u8 | flags u8 | opcode u16 | lane u16 | len u32 | seq u32`,

@@ -55,6 +55,14 @@ struct Worker {
     slot: usize,
     /// The guest region this worker serves, if any.
     guest: Option<usize>,
+    /// A standby worker (driver loaded, no session yet): the line its session is handed over.
+    standby: Option<UnixStream>,
+}
+
+impl Worker {
+    fn in_session(&self) -> bool {
+        self.standby.is_none()
+    }
 }
 
 /// A tenant's limits and the memory ledger its sessions share.
@@ -62,6 +70,8 @@ struct TenantState {
     cfg: Tenant,
     ledger: Ledger,
     slots: Vec<bool>,
+    /// When the tenant's next standby worker may start (None: one is up).
+    standby_at: Option<Instant>,
 }
 
 /// A guest region and when its next worker may start.
@@ -114,6 +124,7 @@ pub fn serve(config: Config) -> Result<(), ServeError> {
             cfg,
             ledger,
             slots: vec![false; crate::quota::SLOTS],
+            standby_at: Some(Instant::now()),
         });
     }
     let mut guests = Vec::new();
@@ -369,7 +380,9 @@ fn accept(
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .workers
-        .len()
+        .values()
+        .filter(|w| w.in_session())
+        .count()
         >= config.max_sessions
     {
         refuse(
@@ -421,7 +434,7 @@ fn accept(
     let open_sessions = state
         .workers
         .values()
-        .filter(|w| w.tenant == tenant)
+        .filter(|w| w.tenant == tenant && w.in_session())
         .count();
     let t = &mut state.tenants[tenant];
     if t.cfg.max_sessions.is_some_and(|m| open_sessions >= m) {
@@ -433,22 +446,30 @@ fn accept(
         refuse(&stream, &reason);
         return Ok(());
     }
-    let Some(slot) = t.slots.iter().position(|used| !used) else {
-        drop(state);
-        refuse(&stream, "no session slot left for this tenant");
-        return Ok(());
+    // A standby worker has its driver loaded already: the session starts without waiting
+    // for a process to start and find its devices.
+    let pid = match hand_to_standby(&mut state, tenant, stream.fd(), transport) {
+        Some(pid) => pid,
+        None => {
+            let t = &mut state.tenants[tenant];
+            let Some(slot) = t.slots.iter().position(|used| !used) else {
+                drop(state);
+                refuse(&stream, "no session slot left for this tenant");
+                return Ok(());
+            };
+            spawn_worker(
+                config,
+                vendors,
+                &mut state,
+                tenant,
+                slot,
+                Serves::Client {
+                    fd: stream.fd(),
+                    transport,
+                },
+            )?
+        }
     };
-    let pid = spawn_worker(
-        config,
-        vendors,
-        &mut state,
-        tenant,
-        slot,
-        Serves::Client {
-            fd: stream.fd(),
-            transport,
-        },
-    )?;
     let wk = state.workers.get_mut(&pid).expect("just inserted");
     wk.peer_pid = cred.map(|c| c.pid());
     wk.peer_uid = cred.map(|c| c.uid());
@@ -465,6 +486,40 @@ fn accept(
     Ok(())
 }
 
+/// How long after a standby worker takes a session its successor starts.
+const STANDBY_DELAY: Duration = Duration::from_millis(250);
+
+/// Hands a session to the tenant's standby worker; its pid, or None if there is none (or it
+/// is gone: it is then reaped, and a new one started later).
+fn hand_to_standby(
+    state: &mut State,
+    tenant: usize,
+    fd: std::os::fd::RawFd,
+    transport: &str,
+) -> Option<u32> {
+    let (&pid, wk) = state
+        .workers
+        .iter_mut()
+        .find(|(_, w)| w.tenant == tenant && !w.in_session())?;
+    let line = wk.standby.take()?;
+    let mut w = Writer::new(control::HANDOFF);
+    w.bytes(transport.as_bytes());
+    match wormhole_transport::unix::send_frame_with_fds(&line, &w.finish(0, 0), &[fd]) {
+        Ok(()) => {
+            wk.started = Instant::now();
+            // The reaper starts the next standby worker, a little later: loading the driver
+            // takes CPU the new session's own start-up needs now.
+            state.tenants[tenant].standby_at = Some(Instant::now() + STANDBY_DELAY);
+            Some(pid)
+        }
+        Err(e) => {
+            tracing::warn!(worker = pid, "standby worker unreachable: {e}");
+            let _ = wk.child.kill();
+            None
+        }
+    }
+}
+
 /// What a new worker serves.
 enum Serves<'a> {
     /// A connected client, whose socket or stream becomes the worker's fd 3.
@@ -474,6 +529,8 @@ enum Serves<'a> {
     },
     /// The guest region `guests[index]`.
     Guest { index: usize, cfg: &'a Guest },
+    /// Nothing yet: a standby worker, whose fd 3 is this line from the supervisor.
+    Standby { line: std::os::fd::RawFd },
 }
 
 /// Starts `wh worker` for one session of `tenant` in its ledger slot `slot`, and records it.
@@ -516,6 +573,15 @@ fn spawn_worker(
                 .arg("--region")
                 .arg(&cfg.region);
             (devnull.as_raw_fd(), Some(index))
+        }
+        Serves::Standby { line } => {
+            cmd.arg("--lanes")
+                .arg(config.lanes.to_string())
+                .arg("--ring-kib")
+                .arg(config.ring_kib.to_string())
+                .arg("--transport")
+                .arg("standby");
+            (line, None)
         }
     };
     cmd.arg("--tenant")
@@ -568,6 +634,7 @@ fn spawn_worker(
             tenant,
             slot,
             guest,
+            standby: None,
         },
     );
     Ok(pid)
@@ -597,6 +664,13 @@ fn reap(config: &Config, vendors: &std::path::Path, workers: Workers) {
                 let t = &mut tenants[wk.tenant];
                 t.ledger.write_off(wk.slot);
                 t.slots[wk.slot] = false;
+                if !wk.in_session() {
+                    // A standby worker that cannot even start is not restarted in a tight loop.
+                    tracing::warn!(worker = pid, "standby worker ended before any session");
+                    let quick = wk.started.elapsed() < Duration::from_secs(2);
+                    t.standby_at =
+                        Some(Instant::now() + Duration::from_secs(if quick { 5 } else { 0 }));
+                }
                 if let Some(g) = wk.guest {
                     // A worker that dies at once (bad region, driver trouble) is not
                     // restarted in a tight loop.
@@ -607,6 +681,9 @@ fn reap(config: &Config, vendors: &std::path::Path, workers: Workers) {
             }
             !done
         });
+        for tenant in 0..state.tenants.len() {
+            start_standby(config, vendors, state, tenant);
+        }
         for index in 0..state.guests.len() {
             let g = &state.guests[index];
             if g.start_at.is_none_or(|t| t > Instant::now()) {
@@ -639,6 +716,43 @@ fn reap(config: &Config, vendors: &std::path::Path, workers: Workers) {
         drop(guard);
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Starts the tenant's standby worker when it is due and a session slot is free.
+fn start_standby(config: &Config, vendors: &std::path::Path, state: &mut State, tenant: usize) {
+    let t = &state.tenants[tenant];
+    if t.standby_at.is_none_or(|at| at > Instant::now()) {
+        return;
+    }
+    let Some(slot) = t.slots.iter().position(|u| !u) else {
+        return;
+    };
+    let started = UnixStream::pair().and_then(|(ours, theirs)| {
+        let pid = spawn_worker(
+            config,
+            vendors,
+            state,
+            tenant,
+            slot,
+            Serves::Standby {
+                line: theirs.as_raw_fd(),
+            },
+        )?;
+        if let Some(wk) = state.workers.get_mut(&pid) {
+            wk.standby = Some(ours);
+        }
+        Ok(pid)
+    });
+    state.tenants[tenant].standby_at = match started {
+        Ok(pid) => {
+            tracing::debug!(worker = pid, tenant = %state.tenants[tenant].cfg.name, "standby worker started");
+            None
+        }
+        Err(e) => {
+            tracing::error!("cannot start a standby worker: {e}");
+            Some(Instant::now() + Duration::from_secs(5))
+        }
+    };
 }
 
 /// Creates a guest's region file at its configured size (QEMU maps it at that size, so an
@@ -689,6 +803,8 @@ pub struct TenantStatus {
     pub sessions: usize,
     pub mem_bytes: i64,
     pub mem_quota: Option<u64>,
+    /// The worker waiting, driver loaded, for the tenant's next session.
+    pub standby_worker: Option<u32>,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -713,13 +829,22 @@ fn snapshot(workers: &Workers) -> Snapshot {
         .enumerate()
         .map(|(i, t)| TenantStatus {
             name: t.cfg.name.clone(),
-            sessions: state.workers.values().filter(|w| w.tenant == i).count(),
+            sessions: state
+                .workers
+                .values()
+                .filter(|w| w.tenant == i && w.in_session())
+                .count(),
             mem_bytes: t.ledger.total(),
             mem_quota: t.cfg.mem_quota_mib.map(|q| q << 20),
+            standby_worker: state
+                .workers
+                .iter()
+                .find(|(_, w)| w.tenant == i && !w.in_session())
+                .map(|(pid, _)| *pid),
         })
         .collect();
     let mut sessions = Vec::new();
-    for (pid, wk) in state.workers.iter_mut() {
+    for (pid, wk) in state.workers.iter_mut().filter(|(_, w)| w.in_session()) {
         let mut q = Writer::new(control::STATUS);
         q.u8(0);
         let _ = wk.stats.set_read_timeout(Some(Duration::from_millis(500)));

@@ -15,7 +15,7 @@ use wormhole_protocol::{
 };
 use wormhole_transport::link::read_frame;
 use wormhole_transport::rendezvous::{self, BeatWatch};
-use wormhole_transport::unix::send_frame_with_fds;
+use wormhole_transport::unix::{recv_frame_with_fds, send_frame_with_fds};
 use wormhole_transport::{
     Arena, FrameLink, FutexWaiter, Layout, PollWaiter, Region, ShmLink, SpinPolicy, TransportError,
 };
@@ -92,6 +92,50 @@ pub enum WorkerError {
     Transport(#[from] TransportError),
     #[error("I/O failed")]
     Io(#[from] std::io::Error),
+}
+
+/// What a standby worker does before any tenant waits for it: load the driver and let it find
+/// its devices, the slow part of a session's start (tens of milliseconds for PoCL).
+pub fn warm_up() {
+    use crate::generated::ffi;
+    use std::ptr::null_mut;
+    use wormhole_protocol::cl::{CL_DEVICE_TYPE_ALL, CL_SUCCESS};
+    // SAFETY: plain queries into local buffers of the sizes given.
+    unsafe {
+        let mut n = 0u32;
+        if ffi::clGetPlatformIDs(0, null_mut(), &mut n) != CL_SUCCESS || n == 0 {
+            return;
+        }
+        let mut platforms = vec![null_mut(); n as usize];
+        ffi::clGetPlatformIDs(n, platforms.as_mut_ptr(), null_mut());
+        for p in platforms {
+            let mut devices = 0u32;
+            ffi::clGetDeviceIDs(p, CL_DEVICE_TYPE_ALL, 0, null_mut(), &mut devices);
+        }
+    }
+}
+
+/// A standby worker waits here for the supervisor to hand it a session: the transport's name
+/// and the session's socket. `None` once the supervisor has gone.
+pub fn await_session(
+    ctl: &UnixStream,
+) -> Result<Option<(String, std::os::fd::OwnedFd)>, WorkerError> {
+    let mut body = Vec::new();
+    let (h, fds) = match recv_frame_with_fds(ctl, &mut body) {
+        Ok(got) => got,
+        Err(TransportError::PeerGone) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let transport = Reader::new(&body)
+        .bytes()
+        .ok()
+        .and_then(|b| String::from_utf8(b.to_vec()).ok());
+    match (h.opcode, transport, fds.into_iter().next()) {
+        (control::HANDOFF, Some(transport), Some(fd)) => Ok(Some((transport, fd))),
+        _ => Err(WorkerError::Io(std::io::Error::other(
+            "the supervisor's handoff carried no session",
+        ))),
+    }
 }
 
 /// Serves one session on `sock` (HELLO was already checked by the supervisor). Returns when

@@ -130,10 +130,11 @@ unsafe fn direct_copy(
     // SAFETY: `at` holds `size` bytes of the buffer, which nothing else touches now (the server
     // waited for the queue); `app` holds `size` bytes per the caller.
     unsafe {
+        use wormhole_transport::copy::copy_bulk;
         if write {
-            std::ptr::copy_nonoverlapping(app as *const u8, at, size);
+            copy_bulk(at, app, size);
         } else {
-            std::ptr::copy_nonoverlapping(at as *const u8, app, size);
+            copy_bulk(app, at, size);
         }
     }
     rt::after_sync();

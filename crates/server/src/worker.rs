@@ -143,17 +143,20 @@ pub fn await_session(
 pub fn run(sock: UnixStream, stats: Option<UnixStream>, layout: Layout) -> Result<(), WorkerError> {
     let region = Region::create_memfd(layout)?;
     // Large buffers of in-place devices live here, where the client copies them itself.
-    let arena = Arena::create(wormhole_transport::arena::ARENA_SIZE)?;
+    // Without one (an address-space limit, say) every transfer goes through the rings.
+    let arena = Arena::create(wormhole_transport::arena::ARENA_SIZE)
+        .inspect_err(|e| tracing::warn!("no buffer arena for this session: {e}"))
+        .ok();
     let mut w = Writer::new(control::WELCOME);
     w.u64(u64::from(std::process::id()));
     w.u32(layout.lanes);
     w.u64(layout.ring_capacity);
-    send_frame_with_fds(
-        &sock,
-        &w.finish(0, 0),
-        &[region.file().as_raw_fd(), arena.file().as_raw_fd()],
-    )?;
-    crate::arena::enable(arena);
+    let mut fds = vec![region.file().as_raw_fd()];
+    fds.extend(arena.as_ref().map(|a| a.file().as_raw_fd()));
+    send_frame_with_fds(&sock, &w.finish(0, 0), &fds)?;
+    if let Some(arena) = arena {
+        crate::arena::enable(arena);
+    }
     crate::callbacks::set_sink(Arc::new(Mutex::new(sock.try_clone()?)));
 
     let region = Arc::new(region);

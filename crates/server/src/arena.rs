@@ -18,9 +18,8 @@ use std::sync::{Mutex, OnceLock};
 use wormhole_protocol::{cl::*, DecodeError, HandleKind, Reader, Writer};
 use wormhole_transport::Arena;
 
-/// Smaller buffers keep ordinary driver storage: the ring moves them fast enough, and arena
-/// space is handed out in whole pages.
-pub const WINDOW_MIN: usize = 64 * 1024;
+/// Smaller buffers keep ordinary driver storage: arena space is handed out in whole pages.
+pub const WINDOW_MIN: usize = 4096;
 
 /// A `DIRECT` answer meaning "use the ordinary path" (which then reports any error exactly as
 /// the driver does).

@@ -19,6 +19,22 @@ use wormhole_transport::{
     Arena, FrameLink, FutexWaiter, Region, ShmLink, SpinPolicy, TransportError,
 };
 
+/// How to wait for a reply. Calls that wait for the device (`clFinish`, `clWaitForEvents`)
+/// yield the CPU from the start instead of spinning: on a machine with few cores the driver's
+/// threads that run the awaited kernels, and the worker thread that answers, need it.
+fn policy_for(opcode: u16) -> SpinPolicy {
+    use wormhole_protocol::Op;
+    let waits_for_device = opcode == Op::clFinish as u16 || opcode == Op::clWaitForEvents as u16;
+    SpinPolicy {
+        spin: if waits_for_device {
+            Duration::ZERO
+        } else {
+            SpinPolicy::default().spin
+        },
+        ..SpinPolicy::default()
+    }
+}
+
 /// One lane of the shared region.
 pub struct ShmLane {
     link: ShmLink,
@@ -591,6 +607,7 @@ impl Connection {
                 let mut lane = lanes[idx].lock().unwrap_or_else(|p| p.into_inner());
                 lane.seq = lane.seq.wrapping_add(1);
                 let seq = lane.seq;
+                lane.link.set_policy(policy_for(w.opcode()));
                 let frame = w.finish(0, seq);
                 (|| {
                     lane.link.send_parts(&[&frame, payload])?;

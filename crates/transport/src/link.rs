@@ -51,6 +51,11 @@ impl ShmLink {
         }
     }
 
+    /// How this side waits from now on.
+    pub fn set_policy(&mut self, policy: SpinPolicy) {
+        self.policy = policy;
+    }
+
     /// Sends one frame made of several parts (a header-and-body head, then bulk data).
     pub fn send_parts(&mut self, parts: &[&[u8]]) -> Result<(), TransportError> {
         let ctx = self.ctx();

@@ -114,7 +114,16 @@ impl Ring {
         while !data.is_empty() {
             let free = self.writable()?;
             if free == 0 {
-                wait_until(&c.producer_waiting.0, w, || Ok(self.writable()? > 0))?;
+                // A full ring means the consumer is far behind: spinning would only take the
+                // CPU it (and the driver's threads) need, so yield from the start.
+                let patient = WaitCtx {
+                    policy: SpinPolicy {
+                        spin: std::time::Duration::ZERO,
+                        ..w.policy
+                    },
+                    ..*w
+                };
+                wait_until(&c.producer_waiting.0, &patient, || Ok(self.writable()? > 0))?;
                 continue;
             }
             let n = free.min(data.len() as u64).min(STREAM_PIECE) as usize;

@@ -107,6 +107,25 @@ int main(int argc, char **argv) {
     CHECK(clEnqueueUnmapMemObject(q, src, m, 0, NULL, NULL));
     CHECK(clEnqueueReadBuffer(q, src, CL_TRUE, 0, size, c, 0, NULL, NULL));
     for (size_t i = 0; i < n; i++) EXPECT(c[i] == (int)(i ^ 0x5555));
+    /* a non-blocking map and unmap with events, as PyOpenCL does, and an invalidating map */
+    cl_event mapped, unmapped;
+    int *part = clEnqueueMapBuffer(q, src, CL_FALSE, CL_MAP_READ, 4096, 4096, 0, NULL, &mapped, &err);
+    CHECK(err);
+    CHECK(clWaitForEvents(1, &mapped));
+    EXPECT(part[0] == (int)(1024 ^ 0x5555) && part[1023] == (int)(2047 ^ 0x5555));
+    CHECK(clEnqueueUnmapMemObject(q, src, part, 0, NULL, &unmapped));
+    CHECK(clWaitForEvents(1, &unmapped));
+    clReleaseEvent(mapped);
+    clReleaseEvent(unmapped);
+    part = clEnqueueMapBuffer(q, src, CL_TRUE, CL_MAP_WRITE_INVALIDATE_REGION, 0, 8192, 0, NULL, NULL, &err);
+    CHECK(err);
+    for (int i = 0; i < 2048; i++) part[i] = 3 * i;
+    CHECK(clEnqueueUnmapMemObject(q, src, part, 0, NULL, NULL));
+    CHECK(clSetKernelArg(copy, 0, sizeof src, &src));
+    CHECK(clSetKernelArg(copy, 1, sizeof dst, &dst));
+    CHECK(clEnqueueNDRangeKernel(q, copy, 1, NULL, &n, NULL, 0, NULL, NULL));
+    CHECK(clEnqueueReadBuffer(q, dst, CL_TRUE, 0, 8192, c, 0, NULL, NULL));
+    for (int i = 0; i < 2048; i++) EXPECT(c[i] == 3 * i);
 
     /* an out-of-order queue */
     cl_queue_properties props[] = {CL_QUEUE_PROPERTIES, CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE, 0};

@@ -295,6 +295,15 @@ impl Drop for Placement {
     }
 }
 
+/// Where `[ptr, ptr + len)` lies in the arena, if it does (a mapping of a windowed buffer:
+/// for CL_MEM_USE_HOST_PTR the driver must map at the host pointer itself).
+pub fn offset_of(ptr: *mut c_void, len: usize) -> Option<u64> {
+    let shared = SHARED.get()?;
+    let base = shared.arena.range(0, 0)? as usize;
+    let off = (ptr as usize).checked_sub(base)? as u64;
+    shared.arena.range(off, len as u64).map(|_| off)
+}
+
 /// CL_MEM_FLAGS as the application must see them: a windowed buffer (or a sub-buffer of one)
 /// reports the host-pointer flags the application asked for, not the ones the driver got.
 pub fn visible_flags(mem: Handle, flags: u64) -> u64 {

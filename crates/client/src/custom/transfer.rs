@@ -85,6 +85,11 @@ fn finish_write_bulk(
     Ok(st)
 }
 
+/// The session's buffer arena, when this client maps one.
+fn arena() -> Option<&'static wormhole_transport::Arena> {
+    crate::connection::get()?.arena()
+}
+
 /// Host-access flags under which the driver refuses reads or writes: such calls take the
 /// ordinary path, which reports its error.
 const HOST_ACCESS_FLAGS: u64 =
@@ -551,8 +556,34 @@ fn finish_map(
         return Err(ClErr(st));
     }
     let pitches = [r.usize()?, r.usize()?];
+    let in_place = r.u64()?;
+    // The mapping's length (an invalidating map comes without its bytes).
+    let len = usize::try_from(r.u64()?).map_err(|_| ClErr(CL_OUT_OF_RESOURCES))?;
+    if in_place != u64::MAX {
+        // The mapping is the buffer's own storage in the arena: nothing to copy now, nothing
+        // to send back at the unmap.
+        let ptr = arena()
+            .and_then(|a| a.range(in_place, len as u64))
+            .ok_or(ClErr(CL_OUT_OF_RESOURCES))?;
+        MAPS.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(MapEntry {
+                ptr: ptr as usize,
+                mem_id: o.id,
+                token,
+                len,
+                writes: false,
+                owned: None,
+            });
+        // SAFETY: the application's `cl_event *` or NULL.
+        unsafe { set_event(event, ev_id) };
+        rt::after_sync();
+        return Ok((ptr as *mut c_void, pitches));
+    }
     let data = r.bytes()?;
-    let len = data.len();
+    if !data.is_empty() && data.len() != len {
+        return Err(ClErr(CL_OUT_OF_RESOURCES));
+    }
     let use_host = o
         .mem
         .filter(|m| m.flags & CL_MEM_USE_HOST_PTR != 0 && m.host_ptr != 0 && m.image.is_none());
@@ -621,6 +652,7 @@ pub unsafe extern "C" fn clEnqueueMapBuffer(
         let ev_id = unsafe { wait_and_event(&mut w, n, list, event) }?;
         let token = rt::alloc_id();
         w.u64(token);
+        w.bool(arena().is_some());
         finish_map(w, b, offset, flags, token, event, ev_id).map(|(p, _)| p)
     })
 }
@@ -658,6 +690,7 @@ pub unsafe extern "C" fn clEnqueueMapImage(
         let ev_id = unsafe { wait_and_event(&mut w, n, list, event) }?;
         let token = rt::alloc_id();
         w.u64(token);
+        w.bool(arena().is_some());
         let (p, pitches) = finish_map(w, i, 0, flags, token, event, ev_id)?;
         // SAFETY: the application's outputs (row_pitch checked above).
         unsafe {

@@ -618,11 +618,13 @@ type MapCall<'a> =
     dyn Fn(u32, *const Handle, *mut Handle, &mut i32) -> (*mut c_void, usize, [usize; 2]) + 'a;
 
 #[allow(clippy::too_many_arguments)]
+/// Maps through the driver and answers with the mapped bytes, or, when the mapping lies in
+/// the session's buffer arena and the client maps the arena too (`in_place_ok`), with where it
+/// lies: the client then hands the application the arena memory itself, no copy either way.
 fn map_common(
     s: &Session,
     w: &mut Writer,
-    flags: u64,
-    token: u64,
+    (flags, token, in_place_ok): (u64, u64, bool),
     mem: Handle,
     wl: &WaitList,
     event_id: u64,
@@ -646,7 +648,11 @@ fn map_common(
     w.i32(CL_SUCCESS);
     w.u64(pitches[0] as u64);
     w.u64(pitches[1] as u64);
-    if flags & CL_MAP_WRITE_INVALIDATE_REGION != 0 || len == 0 {
+    let in_place = crate::arena::offset_of(ptr, len).filter(|_| in_place_ok);
+    w.u64(in_place.unwrap_or(crate::arena::NO_WINDOW));
+    // The mapping's length: the bytes below are absent for an invalidating map.
+    w.u64(len as u64);
+    if in_place.is_some() || flags & CL_MAP_WRITE_INVALIDATE_REGION != 0 || len == 0 {
         w.bytes(&[]);
     } else {
         // SAFETY: the driver mapped `len` readable bytes at `ptr`.
@@ -669,31 +675,39 @@ pub fn clEnqueueMapBuffer(
         r.usize()?,
     );
     let wl = WaitList::decode(r)?;
-    let (event_id, token) = (r.u64()?, r.u64()?);
+    let (event_id, token, in_place_ok) = (r.u64()?, r.u64()?, r.bool()?);
     r.finish()?;
     let run = |w: &mut Writer| -> Result<(), i32> {
         let t = target(s, queue, mem)?;
         if size > MAX_TRANSFER {
             return Err(CL_OUT_OF_RESOURCES);
         }
-        map_common(s, w, flags, token, t.mem, &wl, event_id, &|n, l, e, err| {
-            // SAFETY: plain blocking map; list and event pointers come from map_common.
-            let p = unsafe {
-                ffi::clEnqueueMapBuffer(
-                    t.queue,
-                    t.mem,
-                    CL_TRUE,
-                    flags,
-                    offset,
-                    size,
-                    n,
-                    l as *mut c_void,
-                    e as *mut c_void,
-                    err,
-                )
-            };
-            (p, size, [0, 0])
-        })
+        map_common(
+            s,
+            w,
+            (flags, token, in_place_ok),
+            t.mem,
+            &wl,
+            event_id,
+            &|n, l, e, err| {
+                // SAFETY: plain blocking map; list and event pointers come from map_common.
+                let p = unsafe {
+                    ffi::clEnqueueMapBuffer(
+                        t.queue,
+                        t.mem,
+                        CL_TRUE,
+                        flags,
+                        offset,
+                        size,
+                        n,
+                        l as *mut c_void,
+                        e as *mut c_void,
+                        err,
+                    )
+                };
+                (p, size, [0, 0])
+            },
+        )
     };
     if let Err(e) = run(w) {
         w.i32(e);
@@ -709,34 +723,42 @@ pub fn clEnqueueMapImage(
     let (queue, mem, _blocking, flags) = (r.u64()?, r.u64()?, r.u32()?, r.u64()?);
     let (origin, region) = (triple(r)?, triple(r)?);
     let wl = WaitList::decode(r)?;
-    let (event_id, token) = (r.u64()?, r.u64()?);
+    let (event_id, token, in_place_ok) = (r.u64()?, r.u64()?, r.bool()?);
     r.finish()?;
     let run = |w: &mut Writer| -> Result<(), i32> {
         let t = target(s, queue, mem)?;
         let (elem, ty) = image_info(t.mem)?;
-        map_common(s, w, flags, token, t.mem, &wl, event_id, &|n, l, e, err| {
-            let mut row = 0usize;
-            let mut slice = 0usize;
-            // SAFETY: plain blocking map; pitches are locals.
-            let p = unsafe {
-                ffi::clEnqueueMapImage(
-                    t.queue,
-                    t.mem,
-                    CL_TRUE,
-                    flags,
-                    origin.as_ptr() as *mut c_void,
-                    region.as_ptr() as *mut c_void,
-                    &mut row as *mut usize as *mut c_void,
-                    &mut slice as *mut usize as *mut c_void,
-                    n,
-                    l as *mut c_void,
-                    e as *mut c_void,
-                    err,
-                )
-            };
-            let len = image_span(ty, region, row, slice, elem).map_or(0, |(s, _)| s.len);
-            (p, len, [row, slice])
-        })
+        map_common(
+            s,
+            w,
+            (flags, token, in_place_ok),
+            t.mem,
+            &wl,
+            event_id,
+            &|n, l, e, err| {
+                let mut row = 0usize;
+                let mut slice = 0usize;
+                // SAFETY: plain blocking map; pitches are locals.
+                let p = unsafe {
+                    ffi::clEnqueueMapImage(
+                        t.queue,
+                        t.mem,
+                        CL_TRUE,
+                        flags,
+                        origin.as_ptr() as *mut c_void,
+                        region.as_ptr() as *mut c_void,
+                        &mut row as *mut usize as *mut c_void,
+                        &mut slice as *mut usize as *mut c_void,
+                        n,
+                        l as *mut c_void,
+                        e as *mut c_void,
+                        err,
+                    )
+                };
+                let len = image_span(ty, region, row, slice, elem).map_or(0, |(s, _)| s.len);
+                (p, len, [row, slice])
+            },
+        )
     };
     if let Err(e) = run(w) {
         w.i32(e);

@@ -22,13 +22,7 @@ pub struct Arena {
 impl Arena {
     /// A fresh, empty arena (server side).
     pub fn create(size: u64) -> Result<Arena, TransportError> {
-        let fd = nix::sys::memfd::memfd_create(
-            c"wormhole-buffers",
-            nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC,
-        )?;
-        let file = File::from(fd);
-        file.set_len(size)?;
-        Self::open_file(file)
+        Self::open_file(crate::region::memfd(c"wormhole-buffers", size)?)
     }
 
     /// The peer's arena, received over the session socket (client side).

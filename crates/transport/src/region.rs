@@ -96,16 +96,18 @@ pub struct Region {
     file: File,
 }
 
+/// An anonymous, sparse, close-on-exec memory file of `size` bytes, to share by its descriptor.
+pub(crate) fn memfd(name: &std::ffi::CStr, size: u64) -> Result<File, TransportError> {
+    let fd = nix::sys::memfd::memfd_create(name, nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC)?;
+    let file = File::from(fd);
+    file.set_len(size)?;
+    Ok(file)
+}
+
 impl Region {
     /// Creates a fresh region in an anonymous memfd (server side of a local session).
     pub fn create_memfd(layout: Layout) -> Result<Region, TransportError> {
-        let fd = nix::sys::memfd::memfd_create(
-            c"wormhole-session",
-            nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC,
-        )?;
-        let file = File::from(fd);
-        file.set_len(layout.total_size())?;
-        Self::init(file, layout)
+        Self::init(memfd(c"wormhole-session", layout.total_size())?, layout)
     }
 
     /// Creates (or re-initialises) a region in a file, e.g. the backing file of an ivshmem device.

@@ -32,8 +32,12 @@ def c_programs(tmp_path_factory):
 class Server:
     """`wh serve` on a private socket, in its own process group (workers included)."""
 
-    def __init__(self, tmp: pathlib.Path, extra_env=None, tcp=False, config=None, metrics=False, tls=False, guest=False):
+    def __init__(self, tmp: pathlib.Path, extra_env=None, tcp=False, config=None, metrics=False, tls=False, guest=False,
+                 program_cache="own"):
         self.dir = tmp
+        # Each server keeps built programs in a directory of its own ("own"), so no test sees
+        # another's; None leaves it to the config file, False turns the cache off.
+        self.program_cache = str(tmp / "programs") if program_cache == "own" else program_cache
         # A guest region (the backing file of an ivshmem device), reached here from the host
         # by mapping the file itself: the same transport a VM guest uses through the BAR.
         self.region = str(tmp / "guest.region") if guest else None
@@ -69,6 +73,8 @@ class Server:
             + (["--config", str(self.config)] if self.config else [])
             + (["--metrics", self.metrics] if self.metrics else [])
             + (["--guest-region", self.region] if self.region else [])
+            + (["--program-cache", self.program_cache] if self.program_cache else [])
+            + (["--no-program-cache"] if self.program_cache is False else [])
             + (["--tls-cert", str(self.dir / "cert.pem"), "--tls-key", str(self.dir / "key.pem")] if self.tls else []),
             stdout=subprocess.DEVNULL,
             stderr=open(self.log, "w"),

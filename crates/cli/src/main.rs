@@ -51,6 +51,12 @@ enum Cmd {
         /// give it to QEMU as the memory of an `ivshmem-plain` device). Repeatable.
         #[arg(long = "guest-region")]
         guest_regions: Vec<PathBuf>,
+        /// Keep built programs for every session in DIR [default: ~/.cache/wormhole/programs].
+        #[arg(long, conflicts_with = "no_program_cache")]
+        program_cache: Option<PathBuf>,
+        /// Compile every program (no program cache).
+        #[arg(long)]
+        no_program_cache: bool,
     },
     /// Write a self-signed certificate and key for testing TLS (cert.pem, key.pem in DIR).
     GenCert {
@@ -99,6 +105,11 @@ enum Cmd {
         /// The guest region (transport "guest").
         #[arg(long)]
         region: Option<PathBuf>,
+        /// The program cache shared by all sessions (checked by the supervisor).
+        #[arg(long)]
+        program_cache: Option<PathBuf>,
+        #[arg(long, default_value_t = 256)]
+        program_cache_mib: u64,
     },
 }
 
@@ -171,6 +182,8 @@ fn run(cli: Cli) -> Result<(), CliError> {
             tls_cert,
             tls_key,
             guest_regions,
+            program_cache,
+            no_program_cache,
         } => {
             let mut c = match config {
                 Some(p) => Config::load(&p)?,
@@ -199,6 +212,12 @@ fn run(cli: Cli) -> Result<(), CliError> {
                     tenant: None,
                 });
             }
+            if let Some(d) = program_cache {
+                c.program_cache = wormhole_server::config::ProgramCacheSetting::Dir(d);
+            }
+            if no_program_cache {
+                c.program_cache = wormhole_server::config::ProgramCacheSetting::On(false);
+            }
             c.validate()?;
             wormhole_server::supervisor::serve(c)?;
             Ok(())
@@ -213,7 +232,18 @@ fn run(cli: Cli) -> Result<(), CliError> {
             max_objects,
             devices,
             region,
+            program_cache,
+            program_cache_mib,
         } => {
+            if let Some(dir) = program_cache {
+                match wormhole_server::program_cache::ProgramCache::open(
+                    &dir,
+                    program_cache_mib << 20,
+                ) {
+                    Ok(c) => wormhole_server::program_cache::set(c),
+                    Err(e) => tracing::warn!("program cache off in this session: {e}"),
+                }
+            }
             // SAFETY: the supervisor hands the tenant's memory ledger as fd 5 (dup2 before exec).
             let ledger = wormhole_server::quota::Ledger::from_fd(unsafe {
                 std::os::fd::OwnedFd::from_raw_fd(5)

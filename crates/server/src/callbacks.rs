@@ -74,6 +74,16 @@ unsafe extern "C" fn program_notify(_program: Handle, ud: *mut c_void) {
     send(header(CallbackKind::ProgramNotify, &ctx));
 }
 
+/// Reports a build that completed without the driver's callback (a build the program cache
+/// served) to the client, as the driver would have: `ud` is what `make` returned, or NULL.
+pub fn program_built(ud: *mut c_void) {
+    if !ud.is_null() {
+        // SAFETY: `ud` is a Box<Ctx> from `make` that no driver was given, so this is its
+        // only use.
+        unsafe { program_notify(std::ptr::null_mut(), ud) };
+    }
+}
+
 unsafe extern "C" fn event_notify(_event: Handle, status: i32, ud: *mut c_void) {
     // SAFETY: as above; an event callback fires once.
     let ctx = unsafe { Box::from_raw(ud as *mut Ctx) };

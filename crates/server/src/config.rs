@@ -33,6 +33,20 @@ pub struct Config {
     /// maps as the BAR of an `ivshmem-plain` device).
     #[serde(rename = "guest")]
     pub guests: Vec<Guest>,
+    /// Where built programs are kept for every session (`program_cache`): a directory, or
+    /// `false` to compile every program. Default: `$XDG_CACHE_HOME/wormhole/programs`
+    /// (`~/.cache/wormhole/programs`).
+    pub program_cache: ProgramCacheSetting,
+    /// The most the program cache holds on disk, MiB (least recently used entries go first).
+    pub program_cache_mib: u64,
+}
+
+/// `program_cache = true | false | "/dir"`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum ProgramCacheSetting {
+    On(bool),
+    Dir(PathBuf),
 }
 
 /// A VM guest: its region and the tenant its sessions belong to.
@@ -117,6 +131,8 @@ impl Default for Config {
             name_prefix: "Wormhole \u{2192} ".into(),
             tenants: Vec::new(),
             guests: Vec::new(),
+            program_cache: ProgramCacheSetting::On(true),
+            program_cache_mib: crate::program_cache::DEFAULT_MAX_BYTES >> 20,
         }
     }
 }
@@ -216,6 +232,12 @@ impl Config {
                 _ => {}
             }
         }
+        if self.program_cache_mib == 0 {
+            return Err(ConfigError::Invalid(
+                "program_cache_mib must be at least 1 (program_cache = false turns the cache off)"
+                    .into(),
+            ));
+        }
         if self.lanes == 0 || self.lanes > 256 {
             return Err(ConfigError::Invalid(format!(
                 "lanes = {} must be 1..=256",
@@ -223,6 +245,19 @@ impl Config {
             )));
         }
         Ok(())
+    }
+
+    /// The program cache's directory, if the cache is on (and a default can be found).
+    pub fn program_cache_dir(&self) -> Option<PathBuf> {
+        match &self.program_cache {
+            ProgramCacheSetting::On(false) => None,
+            ProgramCacheSetting::Dir(d) => Some(d.clone()),
+            ProgramCacheSetting::On(true) => std::env::var_os("XDG_CACHE_HOME")
+                .filter(|d| !d.is_empty())
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+                .map(|d| d.join("wormhole").join("programs")),
+        }
     }
 
     pub fn layout(&self) -> wormhole_transport::Layout {

@@ -2,7 +2,6 @@
 //! then rewrites what the client must see differently: handles become session ids, forwarded
 //! device names are marked, and capabilities Wormhole does not forward are hidden.
 
-use crate::generated::ffi;
 use crate::session::{Handle, Session};
 use std::ffi::c_void;
 use wormhole_protocol::info::{info_value, InfoValue};
@@ -25,20 +24,9 @@ pub fn query(
 ) -> Result<(), i32> {
     let kind = info_value(op, param);
     let (value, reported) = if kind == InfoValue::Binaries {
-        binaries(obj, &call)?
+        binaries(obj)?
     } else {
-        let mut size = 0usize;
-        let st = call(0, std::ptr::null_mut(), &mut size);
-        if st != CL_SUCCESS {
-            return Err(st);
-        }
-        let mut buf = crate::rt::out_buffer(Some(size))?;
-        if size > 0 {
-            let st = call(size, buf.as_mut_ptr() as *mut c_void, std::ptr::null_mut());
-            if st != CL_SUCCESS {
-                return Err(st);
-            }
-        }
+        let mut buf = crate::rt::info_bytes(&call)?;
         rewrite(s, op, param, obj, kind, &mut buf);
         let n = buf.len();
         (buf, n)
@@ -74,6 +62,14 @@ fn rewrite(s: &Session, op: Op, param: u32, obj: Handle, kind: InfoValue, buf: &
                 & (CL_DEVICE_SVM_COARSE_GRAIN_BUFFER | CL_DEVICE_SVM_FINE_GRAIN_BUFFER);
             buf.copy_from_slice(&v.to_le_bytes());
         }
+        // A program whose build the program cache served answers these as the program built
+        // from source would (custom/program.rs).
+        (Op::clGetProgramInfo, CL_PROGRAM_SOURCE)
+        | (Op::clGetProgramBuildInfo, CL_PROGRAM_BUILD_LOG) => {
+            if let Some(v) = crate::custom::cached_program_answer(s, obj, param) {
+                *buf = v;
+            }
+        }
         (Op::clGetMemObjectInfo, CL_MEM_FLAGS) if buf.len() == 8 => {
             let v = u64::from_le_bytes(buf[..8].try_into().unwrap_or([0; 8]));
             buf.copy_from_slice(&crate::arena::visible_flags(obj, v).to_le_bytes());
@@ -90,66 +86,16 @@ fn rewrite(s: &Session, op: Op, param: u32, obj: Handle, kind: InfoValue, buf: &
 
 /// CL_PROGRAM_BINARIES: the value is an array of pointers into the caller's memory. The server
 /// fetches every binary and sends `count u32, (len u64, bytes)*`; the client scatters them.
-fn binaries(
-    program: Handle,
-    call: &impl Fn(usize, *mut c_void, *mut usize) -> i32,
-) -> Result<(Vec<u8>, usize), i32> {
-    let mut n_bytes = 0usize;
-    // SAFETY: `program` is a live program; outputs are locals of the sizes passed.
-    let st = unsafe {
-        ffi::clGetProgramInfo(
-            program,
-            CL_PROGRAM_BINARY_SIZES,
-            0,
-            std::ptr::null_mut(),
-            &mut n_bytes,
-        )
-    };
-    if st != CL_SUCCESS {
-        return Err(st);
-    }
-    let n = n_bytes / 8;
-    let mut sizes = vec![0usize; n];
-    // SAFETY: `sizes` holds n_bytes bytes.
-    let st = unsafe {
-        ffi::clGetProgramInfo(
-            program,
-            CL_PROGRAM_BINARY_SIZES,
-            n_bytes,
-            sizes.as_mut_ptr() as *mut c_void,
-            std::ptr::null_mut(),
-        )
-    };
-    if st != CL_SUCCESS {
-        return Err(st);
-    }
-    let mut bins: Vec<Vec<u8>> = Vec::with_capacity(n);
-    for sz in &sizes {
-        bins.push(crate::rt::out_buffer(Some(*sz))?);
-    }
-    let mut ptrs: Vec<*mut u8> = bins
-        .iter_mut()
-        .map(|b| {
-            if b.is_empty() {
-                std::ptr::null_mut()
-            } else {
-                b.as_mut_ptr()
-            }
-        })
-        .collect();
-    let st = call(
-        n * 8,
-        ptrs.as_mut_ptr() as *mut c_void,
-        std::ptr::null_mut(),
-    );
-    if st != CL_SUCCESS {
-        return Err(st);
-    }
+fn binaries(program: Handle) -> Result<(Vec<u8>, usize), i32> {
+    let bins = crate::rt::program_binaries(program)?;
     let mut packed = Writer::new(0);
-    packed.u32(n as u32);
+    packed.u32(bins.len() as u32);
     for b in &bins {
         packed.bytes(b);
     }
     let frame = packed.finish(0, 0);
-    Ok((frame[wormhole_protocol::HEADER_LEN..].to_vec(), n * 8))
+    Ok((
+        frame[wormhole_protocol::HEADER_LEN..].to_vec(),
+        bins.len() * 8,
+    ))
 }

@@ -8,6 +8,7 @@ mod callbacks;
 pub mod config;
 mod custom;
 mod info;
+pub mod program_cache;
 mod props;
 pub mod quota;
 mod rt;

@@ -29,6 +29,86 @@ pub fn out_buffer(len: Option<usize>) -> Result<Vec<u8>, i32> {
     }
 }
 
+/// A whole info value through the two-call protocol: its size first, then its bytes.
+pub fn info_bytes(call: impl Fn(usize, *mut c_void, *mut usize) -> i32) -> Result<Vec<u8>, i32> {
+    let mut size = 0usize;
+    let st = call(0, std::ptr::null_mut(), &mut size);
+    if st != CL_SUCCESS {
+        return Err(st);
+    }
+    let mut buf = out_buffer(Some(size))?;
+    if size > 0 {
+        let st = call(size, buf.as_mut_ptr() as *mut c_void, std::ptr::null_mut());
+        if st != CL_SUCCESS {
+            return Err(st);
+        }
+    }
+    Ok(buf)
+}
+
+/// Info values of objects the caller knows to be live (from the session's table, or returned
+/// by the driver just now).
+pub fn program_info(program: Handle, param: u32) -> Result<Vec<u8>, i32> {
+    // SAFETY: a live program; `info_bytes` passes a buffer of the size it gives.
+    info_bytes(|n, p, r| unsafe { ffi::clGetProgramInfo(program, param, n, p, r) })
+}
+
+pub fn program_build_info(program: Handle, device: Handle, param: u32) -> Result<Vec<u8>, i32> {
+    // SAFETY: as above.
+    info_bytes(|n, p, r| unsafe { ffi::clGetProgramBuildInfo(program, device, param, n, p, r) })
+}
+
+pub fn device_info(device: Handle, param: u32) -> Result<Vec<u8>, i32> {
+    // SAFETY: as above.
+    info_bytes(|n, p, r| unsafe { ffi::clGetDeviceInfo(device, param, n, p, r) })
+}
+
+pub fn platform_info(platform: Handle, param: u32) -> Result<Vec<u8>, i32> {
+    // SAFETY: as above.
+    info_bytes(|n, p, r| unsafe { ffi::clGetPlatformInfo(platform, param, n, p, r) })
+}
+
+/// An info value that is one handle (CL_PROGRAM_CONTEXT, CL_DEVICE_PLATFORM, ...).
+pub fn handle_value(v: &[u8]) -> Option<Handle> {
+    Some(u64::from_le_bytes(v.get(..8)?.try_into().ok()?) as Handle)
+}
+
+/// The binaries of a built program, one per device in the order of CL_PROGRAM_DEVICES (empty
+/// where the driver has none).
+pub fn program_binaries(program: Handle) -> Result<Vec<Vec<u8>>, i32> {
+    let sizes = program_info(program, CL_PROGRAM_BINARY_SIZES)?;
+    let mut bins: Vec<Vec<u8>> = Vec::new();
+    for sz in sizes.chunks_exact(8) {
+        let sz = u64::from_le_bytes(sz.try_into().unwrap_or([0; 8]));
+        bins.push(out_buffer(usize::try_from(sz).ok())?);
+    }
+    let mut ptrs: Vec<*mut u8> = bins
+        .iter_mut()
+        .map(|b| {
+            if b.is_empty() {
+                std::ptr::null_mut()
+            } else {
+                b.as_mut_ptr()
+            }
+        })
+        .collect();
+    // SAFETY: one pointer per device, each to a buffer of the size the driver reported (NULL
+    // where that size is 0, which the driver skips).
+    let st = unsafe {
+        ffi::clGetProgramInfo(
+            program,
+            CL_PROGRAM_BINARIES,
+            ptrs.len() * 8,
+            ptrs.as_mut_ptr() as *mut c_void,
+            std::ptr::null_mut(),
+        )
+    };
+    if st != CL_SUCCESS {
+        return Err(st);
+    }
+    Ok(bins)
+}
+
 pub fn handle_buffer(count: u32) -> Result<Vec<Handle>, i32> {
     if count > MAX_HANDLES {
         return Err(CL_OUT_OF_HOST_MEMORY);

@@ -42,6 +42,22 @@ pub struct Session {
     pub calls: AtomicU64,
     /// Calls sent without waiting that failed anyway (see worker::handle).
     pub async_failures: AtomicU64,
+    /// Programs whose build came from the program cache, by the real object the id names now
+    /// (see custom/program.rs).
+    pub cached_programs: Mutex<HashMap<usize, CachedProgram>>,
+    /// Builds that may swap the object behind a program id take turns.
+    pub build_lock: Mutex<()>,
+}
+
+/// A program the application created from source and whose build the program cache served:
+/// its id now names a program created from the cached binary. The source program is kept (one
+/// reference of the session's own) for what only it can answer, its source, and for a rebuild
+/// with other options.
+pub struct CachedProgram {
+    pub source_program: Handle,
+    /// The options of the build the binary came from, and that build's log.
+    pub options: Vec<u8>,
+    pub log: Vec<u8>,
 }
 
 // SAFETY: the raw pointers inside are OpenCL objects and host buffers owned by this session;
@@ -116,12 +132,34 @@ impl Session {
         t.by_ptr.insert(ptr as usize, id);
     }
 
+    /// Points an existing id at another real object of its kind.
+    pub fn rebind(&self, id: u64, kind: HandleKind, ptr: Handle) {
+        let mut t = self.handles.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, old)) = t.by_id.insert(id, (kind, ptr as usize)) {
+            if t.by_ptr.get(&old) == Some(&id) {
+                t.by_ptr.remove(&old);
+            }
+        }
+        t.by_ptr.insert(ptr as usize, id);
+    }
+
     /// The client dropped its last reference to `id`.
     pub fn forget(&self, id: u64) {
         let mut t = self.handles.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, p)) = t.by_id.remove(&id) {
+        if let Some((kind, p)) = t.by_id.remove(&id) {
             if t.by_ptr.get(&p) == Some(&id) {
                 t.by_ptr.remove(&p);
+            }
+            if kind == HandleKind::Program {
+                drop(t);
+                let cached = self
+                    .cached_programs
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&p);
+                if let Some(c) = cached {
+                    crate::custom::release_program(c.source_program);
+                }
             }
         }
     }

@@ -1,7 +1,8 @@
 //! The supervisor: accepts sessions on the Unix socket, checks their HELLO, and hands each to
 //! a fresh worker process (`wh worker`); reaps workers and answers `wh status`.
 
-use crate::config::{Config, Guest, Tenant};
+use crate::config::{Config, Guest, ProgramCacheSetting, Tenant};
+use crate::program_cache::ProgramCache;
 use crate::quota::Ledger;
 use std::collections::HashMap;
 use std::io::Write;
@@ -94,7 +95,25 @@ struct State {
 type Workers = Arc<Mutex<State>>;
 
 /// Runs the server in the foreground until killed.
-pub fn serve(config: Config) -> Result<(), ServeError> {
+pub fn serve(mut config: Config) -> Result<(), ServeError> {
+    // Workers get the program cache only once it is known to be usable (and safe: the
+    // server's own directory).
+    config.program_cache = match config.program_cache_dir() {
+        Some(d) => match ProgramCache::open(&d, config.program_cache_mib << 20) {
+            Ok(_) => {
+                tracing::info!(dir = %d.display(), "program cache shared by all sessions");
+                ProgramCacheSetting::Dir(d)
+            }
+            Err(e) => {
+                let cause = std::error::Error::source(&e)
+                    .map(|c| format!(": {c}"))
+                    .unwrap_or_default();
+                tracing::warn!("program cache off: {e}{cause}");
+                ProgramCacheSetting::On(false)
+            }
+        },
+        None => ProgramCacheSetting::On(false),
+    };
     let dir = config
         .socket
         .parent()
@@ -598,6 +617,12 @@ fn spawn_worker(
     }
     for d in &t.cfg.devices {
         cmd.arg("--device").arg(d);
+    }
+    if let Some(d) = config.program_cache_dir() {
+        cmd.arg("--program-cache")
+            .arg(d)
+            .arg("--program-cache-mib")
+            .arg(config.program_cache_mib.to_string());
     }
     let ledger_fd = t.ledger.raw_fd();
     // SAFETY: fcntl and dup2 are async-signal-safe (no allocation: fixed array); the source

@@ -633,6 +633,11 @@ pub struct SessionDetail {
     pub shared_mem_bytes: u64,
     #[serde(default)]
     pub direct_transfers: u64,
+    /// Builds the program cache served, and builds it could have served but compiled.
+    #[serde(default)]
+    pub program_cache_hits: u64,
+    #[serde(default)]
+    pub program_cache_misses: u64,
     pub objects: std::collections::BTreeMap<String, usize>,
 }
 
@@ -648,6 +653,9 @@ fn detail() -> SessionDetail {
         mem_bytes: s.mem_bytes(),
         shared_mem_bytes: crate::arena::SHARED_BYTES.load(std::sync::atomic::Ordering::Relaxed),
         direct_transfers: crate::arena::DIRECT_TRANSFERS.load(std::sync::atomic::Ordering::Relaxed),
+        program_cache_hits: crate::program_cache::HITS.load(std::sync::atomic::Ordering::Relaxed),
+        program_cache_misses: crate::program_cache::MISSES
+            .load(std::sync::atomic::Ordering::Relaxed),
         objects: s
             .object_counts()
             .into_iter()

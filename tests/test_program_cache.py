@@ -1,0 +1,105 @@
+"""The program cache all sessions of a server share: a build it serves behaves as a compiled
+one (tests/c/program_cache.c checks code, source, log, references, rebuilds, callbacks and
+errors), the next session's builds come from it, and it never serves what it should not."""
+
+import hashlib
+import os
+import stat
+import struct
+
+import pytest
+from conftest import Server
+
+
+@pytest.fixture
+def cache_server(tmp_path):
+    # PoCL's own kernel cache off: every build the program cache does not serve compiles.
+    s = Server(tmp_path, extra_env={"POCL_KERNEL_CACHE": "0"}).start()
+    yield s
+    s.stop()
+
+
+def counts(server, client, steps=("a", "b", "c", "d")):
+    """Runs the cache client in one session and returns its (hits, misses)."""
+    p = server.popen([client, "hold"])
+    try:
+        for step in steps:
+            line = p.stdout.readline()
+            assert line == f"{step} ok\n", line + p.stderr.read()
+        assert p.stdout.readline() == "ready\n"
+        (session,) = server.status()["sessions"]
+        d = session["detail"]
+        return d["program_cache_hits"], d["program_cache_misses"]
+    finally:
+        p.stdin.close()
+        assert p.wait(timeout=60) == 0, p.stderr.read()
+
+
+def test_next_sessions_build_from_the_cache(cache_server, c_programs):
+    client = c_programs["program_cache"]
+    # First session: a) and c) compile (c fails, and is not stored); d) builds a's program
+    # again in the same session: served. b) rebuilds an already built program: the driver's.
+    assert counts(cache_server, client) == (1, 2)
+    # Second session: a) and d) served; b) other options of a served program: compiled from
+    # its source (and stored); c) compiled again.
+    assert counts(cache_server, client) == (2, 2)
+    # Third: everything but the failing build is served.
+    assert counts(cache_server, client) == (3, 1)
+    entries = list((cache_server.dir / "programs").glob("*.bin"))
+    assert len(entries) == 2  # -DSCALE=3 and -DSCALE=5 for the one device
+    mode = stat.S_IMODE(os.stat(cache_server.dir / "programs").st_mode)
+    assert mode == 0o700
+
+
+def test_damaged_entries_are_compiled_again(cache_server, c_programs):
+    client = c_programs["program_cache"]
+    counts(cache_server, client)
+    for e in (cache_server.dir / "programs").glob("*.bin"):
+        data = e.read_bytes()
+        e.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    # a) finds its entry damaged: removed, compiled and stored again; b) rebuilds a compiled
+    # program (the driver's own rebuild); c) fails; d) served.
+    assert counts(cache_server, client) == (1, 2)
+    assert "damaged entry removed" in cache_server.log.read_text()
+    # b) now meets its damaged entry.
+    assert counts(cache_server, client) == (2, 2)
+    assert counts(cache_server, client) == (3, 1)
+
+
+def test_binaries_the_driver_refuses_are_compiled_again(cache_server, c_programs):
+    client = c_programs["program_cache"]
+    counts(cache_server, client)
+    # Entries sound by every check of the cache (magic, key, lengths, digest) whose binary the
+    # driver refuses, as after a driver update that kept its version string.
+    for e in (cache_server.dir / "programs").glob("*.bin"):
+        data = e.read_bytes()
+        magic, key, log_len = data[:8], data[8:40], struct.unpack("<Q", data[72:80])[0]
+        log, binary = data[88 : 88 + log_len], b"\xa5" * 4096
+        digest = hashlib.sha256(log + binary).digest()
+        e.write_bytes(magic + key + digest + struct.pack("<QQ", len(log), len(binary)) + log + binary)
+    assert counts(cache_server, client) == (1, 2)
+    assert "the driver refused a cached binary" in cache_server.log.read_text()
+    assert counts(cache_server, client) == (2, 2)
+    assert counts(cache_server, client) == (3, 1)
+
+
+def test_cache_off(tmp_path, c_programs):
+    s = Server(tmp_path, program_cache=False).start()
+    try:
+        assert counts(s, c_programs["program_cache"]) == (0, 0)
+        assert not (tmp_path / "programs").exists()
+    finally:
+        s.stop()
+
+
+def test_a_directory_others_may_write_is_refused(tmp_path, c_programs):
+    shared = tmp_path / "programs"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    s = Server(tmp_path).start()
+    try:
+        assert counts(s, c_programs["program_cache"]) == (0, 0)
+        assert "program cache off" in s.log.read_text()
+        assert not list(shared.iterdir())
+    finally:
+        s.stop()

@@ -31,6 +31,13 @@ enum Mode {
     Guest,
 }
 
+/// Whether a server may serve builds from caches (its own program cache, PoCL's kernel cache).
+#[derive(Clone, Copy)]
+enum Cache {
+    Warm,
+    Cold,
+}
+
 struct Server {
     child: Child,
     socket: PathBuf,
@@ -39,15 +46,11 @@ struct Server {
 }
 
 impl Server {
-    fn start(dir: &Path, extra_env: &[(&str, &str)]) -> Result<Server, BenchError> {
-        Self::start_with(dir, extra_env, false)
+    fn start(dir: &Path, cache: Cache) -> Result<Server, BenchError> {
+        Self::start_with(dir, cache, false)
     }
 
-    fn start_with(
-        dir: &Path,
-        extra_env: &[(&str, &str)],
-        guest: bool,
-    ) -> Result<Server, BenchError> {
+    fn start_with(dir: &Path, cache: Cache, guest: bool) -> Result<Server, BenchError> {
         let socket = dir.join("wh.sock");
         let region = dir.join("guest.region");
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
@@ -62,9 +65,12 @@ impl Server {
         if guest {
             cmd.arg("--guest-region").arg(&region);
         }
-        for (k, v) in extra_env {
-            cmd.env(k, v);
-        }
+        match cache {
+            // The server's program cache in the bench's own directory (warmed by the runs).
+            Cache::Warm => cmd.arg("--program-cache").arg(dir.join("programs")),
+            // Every build compiles: neither Wormhole's cache nor PoCL's.
+            Cache::Cold => cmd.arg("--no-program-cache").env("POCL_KERNEL_CACHE", "0"),
+        };
         let child = cmd.spawn()?;
         let deadline = Instant::now() + Duration::from_secs(10);
         while !socket.exists() {
@@ -311,18 +317,18 @@ pub fn run(icd_lib: &Path) -> Result<(), BenchError> {
     let icd = dir.join("icd");
     std::fs::create_dir_all(&icd)?;
     std::fs::write(icd.join("wormhole.icd"), format!("{}\n", icd_lib.display()))?;
-    let plain = Server::start(&dir, &[])?;
+    let plain = Server::start(&dir, Cache::Warm)?;
     let cold_dir = dir.join("cold");
     std::fs::create_dir_all(&cold_dir)?;
-    let cold_plain = Server::start(&cold_dir, &[("POCL_KERNEL_CACHE", "0")])?;
+    let cold_plain = Server::start(&cold_dir, Cache::Cold)?;
     // Guest regions get servers of their own: their idle worker must not count in the
     // shared-memory column's idle figure.
     let guest_dir = dir.join("guest");
     std::fs::create_dir_all(&guest_dir)?;
-    let guest = Server::start_with(&guest_dir, &[], true)?;
+    let guest = Server::start_with(&guest_dir, Cache::Warm, true)?;
     let cold_guest_dir = dir.join("cold-guest");
     std::fs::create_dir_all(&cold_guest_dir)?;
-    let cold_guest = Server::start_with(&cold_guest_dir, &[("POCL_KERNEL_CACHE", "0")], true)?;
+    let cold_guest = Server::start_with(&cold_guest_dir, Cache::Cold, true)?;
     let server_for = |m: Mode| if m == Mode::Guest { &guest } else { &plain };
     let cold_server_for = |m: Mode| {
         if m == Mode::Guest {

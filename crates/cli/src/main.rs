@@ -260,13 +260,13 @@ fn run(cli: Cli) -> Result<(), CliError> {
             // SAFETY: the supervisor hands the stats socket as fd 4 (dup2 before exec); nothing
             // else in this process owns it.
             let stats = unsafe { UnixStream::from_raw_fd(4) };
+            let layout = wormhole_transport::Layout {
+                lanes,
+                ring_capacity: ring_kib * 1024,
+            };
             if transport == "guest" {
                 let region = region
                     .ok_or_else(|| CliError::Answer("transport guest needs --region".into()))?;
-                let layout = wormhole_transport::Layout {
-                    lanes,
-                    ring_capacity: ring_kib * 1024,
-                };
                 wormhole_server::worker::run_guest(&region, layout, Some(stats))?;
                 return Ok(());
             }
@@ -274,15 +274,17 @@ fn run(cli: Cli) -> Result<(), CliError> {
             // stream, or the worker's end of the supervisor's TLS proxy) or, for a standby
             // worker, its line to the supervisor; nothing else in this process owns it.
             let fd3 = unsafe { std::os::fd::OwnedFd::from_raw_fd(3) };
-            let (transport, session) = if transport == "standby" {
-                // Ready before any tenant waits; the session arrives later.
+            let (transport, session, memory) = if transport == "standby" {
+                // Ready before any tenant waits (the driver loaded, a local session's shared
+                // memory made); the session arrives later.
                 wormhole_server::worker::warm_up();
+                let memory = wormhole_server::worker::SharedMemory::create(layout)?;
                 match wormhole_server::worker::await_session(&UnixStream::from(fd3))? {
-                    Some(handed) => handed,
+                    Some((transport, session)) => (transport, session, Some(memory)),
                     None => return Ok(()),
                 }
             } else {
-                (transport, fd3)
+                (transport, fd3, None)
             };
             match transport.as_str() {
                 "tcp" => wormhole_server::worker::run_tcp(
@@ -293,13 +295,12 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 "tls" => {
                     wormhole_server::worker::run_tcp(UnixStream::from(session), Some(stats), lanes)?
                 }
-                _ => {
-                    let layout = wormhole_transport::Layout {
-                        lanes,
-                        ring_capacity: ring_kib * 1024,
-                    };
-                    wormhole_server::worker::run(UnixStream::from(session), Some(stats), layout)?
-                }
+                _ => wormhole_server::worker::run(
+                    UnixStream::from(session),
+                    Some(stats),
+                    layout,
+                    memory,
+                )?,
             }
             Ok(())
         }

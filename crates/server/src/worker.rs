@@ -138,15 +138,39 @@ pub fn await_session(
     }
 }
 
-/// Serves one session on `sock` (HELLO was already checked by the supervisor). Returns when
-/// the client disconnects.
-pub fn run(sock: UnixStream, stats: Option<UnixStream>, layout: Layout) -> Result<(), WorkerError> {
-    let region = Region::create_memfd(layout)?;
-    // Large buffers of in-place devices live here, where the client copies them itself.
-    // Without one (an address-space limit, say) every transfer goes through the rings.
-    let arena = Arena::create(wormhole_transport::arena::ARENA_SIZE)
-        .inspect_err(|e| tracing::warn!("no buffer arena for this session: {e}"))
-        .ok();
+/// The shared memory of a local session: its region of lanes and its buffer arena. A standby
+/// worker makes them before any tenant waits, so a session's start pays none of it.
+pub struct SharedMemory {
+    region: Region,
+    arena: Option<Arena>,
+}
+
+impl SharedMemory {
+    pub fn create(layout: Layout) -> Result<SharedMemory, WorkerError> {
+        Ok(SharedMemory {
+            region: Region::create_memfd(layout)?,
+            // Large buffers of in-place devices live here, where the client copies them
+            // itself. Without one (an address-space limit, say) every transfer goes through
+            // the rings.
+            arena: Arena::create(wormhole_transport::arena::ARENA_SIZE)
+                .inspect_err(|e| tracing::warn!("no buffer arena for this session: {e}"))
+                .ok(),
+        })
+    }
+}
+
+/// Serves one session on `sock` (HELLO was already checked by the supervisor) in `memory`
+/// (made now if None). Returns when the client disconnects.
+pub fn run(
+    sock: UnixStream,
+    stats: Option<UnixStream>,
+    layout: Layout,
+    memory: Option<SharedMemory>,
+) -> Result<(), WorkerError> {
+    let SharedMemory { region, arena } = match memory {
+        Some(m) => m,
+        None => SharedMemory::create(layout)?,
+    };
     let mut w = Writer::new(control::WELCOME);
     w.u64(u64::from(std::process::id()));
     w.u32(layout.lanes);

@@ -7,32 +7,67 @@
 //! Only pages in use cost memory: the file is sparse, and freed ranges are punched out.
 
 use crate::TransportError;
-use memmap2::MmapRaw;
+use std::ffi::c_void;
 use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
 
 /// Virtual size of a session's arena: address space only, never committed as a whole.
 pub const ARENA_SIZE: u64 = 64 << 30;
 
+/// Where a client asks for its view of the arena: 32 TiB, far below where the kernel places
+/// mappings of its own accord (just under the top of the address space, in the server as
+/// here). Shared virtual memory is mirrored in the client at the addresses the server's
+/// driver hands out, which come from the server's mapping area; an arena of 64 GiB placed by
+/// the kernel in the client's mapping area would cover such addresses in about one session
+/// in ten. The kernel takes the hint when the range is free, else it picks a place.
+const CLIENT_HINT: usize = 0x2000_0000_0000;
+
 pub struct Arena {
     file: File,
-    map: MmapRaw,
+    ptr: *mut u8,
+    len: usize,
 }
+
+// SAFETY: the mapping is plain shared memory, owned by this value until drop; what is written
+// where is governed by the users of `range`.
+unsafe impl Send for Arena {}
+// SAFETY: as above.
+unsafe impl Sync for Arena {}
 
 impl Arena {
     /// A fresh, empty arena (server side).
     pub fn create(size: u64) -> Result<Arena, TransportError> {
-        Self::open_file(crate::region::memfd(c"wormhole-buffers", size)?)
+        Self::map(crate::region::memfd(c"wormhole-buffers", size)?, None)
     }
 
     /// The peer's arena, received over the session socket (client side).
     pub fn open_fd(fd: OwnedFd) -> Result<Arena, TransportError> {
-        Self::open_file(File::from(fd))
+        Self::map(File::from(fd), Some(CLIENT_HINT))
     }
 
-    fn open_file(file: File) -> Result<Arena, TransportError> {
-        let map = MmapRaw::map_raw(&file)?;
-        Ok(Arena { file, map })
+    fn map(file: File, hint: Option<usize>) -> Result<Arena, TransportError> {
+        let len = usize::try_from(file.metadata()?.len())
+            .map_err(|_| TransportError::Corrupt("arena larger than the address space"))?;
+        // SAFETY: a shared mapping of our own file descriptor; without MAP_FIXED the hint
+        // never replaces an existing mapping.
+        let ptr = unsafe {
+            libc::mmap(
+                hint.unwrap_or(0) as *mut c_void,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_NORESERVE,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        Ok(Arena {
+            file,
+            ptr: ptr as *mut u8,
+            len,
+        })
     }
 
     pub fn file(&self) -> &File {
@@ -40,11 +75,11 @@ impl Arena {
     }
 
     pub fn len(&self) -> u64 {
-        self.map.len() as u64
+        self.len as u64
     }
 
     pub fn is_empty(&self) -> bool {
-        self.map.len() == 0
+        self.len == 0
     }
 
     /// Where `[off, off + len)` lies in this process, if inside the arena (the offset may come
@@ -55,7 +90,7 @@ impl Arena {
             return None;
         }
         // SAFETY: off + len lies inside the mapping.
-        Some(unsafe { self.map.as_mut_ptr().add(off as usize) })
+        Some(unsafe { self.ptr.add(off as usize) })
     }
 
     /// Gives the pages of a freed range back to the system (they read as zeros afterwards).
@@ -73,6 +108,13 @@ impl Arena {
                 len as libc::off_t,
             );
         }
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping; nothing refers to it after the arena is gone.
+        unsafe { libc::munmap(self.ptr as *mut c_void, self.len) };
     }
 }
 
@@ -95,6 +137,8 @@ mod tests {
         // SAFETY: as above.
         assert_eq!(unsafe { std::slice::from_raw_parts(q, 8) }, &[0u8; 8]);
         assert!(b.range((1 << 30) - 4, 8).is_none());
+        // The client's view sits where the hint asks (the range is free in a test process).
+        assert_eq!(b.range(0, 1).unwrap() as usize, CLIENT_HINT);
         assert!(b.range(u64::MAX, 2).is_none());
     }
 }

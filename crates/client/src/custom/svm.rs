@@ -265,6 +265,13 @@ pub unsafe extern "C" fn clSVMAlloc(
         }
         refused.push(p);
     }
+    if result.is_null() && !refused.is_empty() {
+        crate::connection::log(&format!(
+            "clSVMAlloc of {size} bytes fails: none of the {} addresses the server's driver \
+             offered is free in this process (SVM lives at the same address on both sides)",
+            refused.len()
+        ));
+    }
     for p in refused {
         server_free(ctx.id, p);
     }

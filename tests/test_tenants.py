@@ -64,6 +64,16 @@ def test_quota_is_per_tenant_across_sessions_and_freed_by_kill(quota_server, c_p
     assert statuses(r.stdout) == [CL_SUCCESS]
 
 
+def test_freed_shared_virtual_memory_returns_to_the_quota(quota_server, c_programs):
+    # 4 x 48 MiB in turn under a 64 MiB quota: each free gives its bytes back; the last asks
+    # for more than the quota and is refused.
+    r = quota_server.run([c_programs["alloc"], "svm-cycle", "48", "48", "48", "48", "80"], WORMHOLE_SERVER="")
+    assert r.returncode == 0, r.stderr
+    assert statuses(r.stdout) == [CL_SUCCESS] * 4 + [CL_MEM_OBJECT_ALLOCATION_FAILURE]
+    local = [t for t in quota_server.status()["tenants"] if t["name"] == "local"][0]
+    assert local["mem_bytes"] == 0
+
+
 def test_unknown_uid_and_bad_tokens_are_refused(tmp_path, c_programs):
     cfg = config(tmp_path, '[[tenant]]\nname = "someone"\nuids = [4242]\ntoken = "right"\n')
     s = Server(tmp_path, tcp=True, config=cfg).start()

@@ -1,5 +1,7 @@
 /* Allocates buffers of the sizes given (MiB) and prints the status of each creation (kept
- * alive until the end), then waits for a line on stdin if asked to (argv[1] == "hold"). */
+ * alive until the end), then waits for a line on stdin if asked to (argv[1] == "hold").
+ * With argv[1] == "svm-cycle", allocates and frees shared virtual memory of each size in
+ * turn instead (status 0, or -4 when clSVMAlloc returns NULL). */
 #include "common.h"
 #include <string.h>
 
@@ -9,6 +11,20 @@ int main(int argc, char **argv) {
     cl_command_queue q;
     open_queue(&d, &ctx, &q);
     cl_int err;
+    if (argc > 1 && !strcmp(argv[1], "svm-cycle")) {
+        for (int i = 2; i < argc; i++) {
+            size_t mib = (size_t)atol(argv[i]);
+            char *p = clSVMAlloc(ctx, CL_MEM_READ_WRITE, mib << 20, 0);
+            if (p) {
+                CHECK(clEnqueueSVMMemFill(q, p, "\1", 1, mib << 20, 0, NULL, NULL));
+                CHECK(clFinish(q));
+                clSVMFree(ctx, p);
+            }
+            printf("%zu %d\n", mib, p ? CL_SUCCESS : CL_MEM_OBJECT_ALLOCATION_FAILURE);
+            fflush(stdout);
+        }
+        return 0;
+    }
     int hold = argc > 1 && !strcmp(argv[1], "hold");
     for (int i = hold ? 2 : 1; i < argc; i++) {
         size_t mib = (size_t)atol(argv[i]);

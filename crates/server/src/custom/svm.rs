@@ -56,14 +56,11 @@ pub fn clSVMFree(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), 
         s.resolve(context, HandleKind::Context, false),
         usize::try_from(ptr),
     ) {
-        if s.svm
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&p)
-            .is_some()
-        {
+        let freed = s.svm.lock().unwrap_or_else(|p| p.into_inner()).remove(&p);
+        if let Some(len) = freed {
             // SAFETY: `p` is an allocation of this session, freed once.
             unsafe { ffi::clSVMFree(ctx, p as *mut c_void) };
+            crate::worker::limits().release(len as u64);
         }
     }
     w.i32(CL_SUCCESS);

@@ -67,6 +67,9 @@ class Server:
         return {k: v for k, v in e.items() if v != ""}
 
     def start(self):
+        # The socket's appearance says "ready": a killed predecessor's must not count.
+        if os.path.exists(self.socket):
+            os.unlink(self.socket)
         self.proc = subprocess.Popen(
             [str(WH), "serve", "--socket", self.socket]
             + (["--tcp", self.tcp] if self.tcp else [])

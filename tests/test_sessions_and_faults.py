@@ -104,6 +104,13 @@ def test_sessions_start_on_a_standby_worker(server, c_programs):
         second = wait_for(lambda: (lambda s: s if s not in (None, first) else None)(standby()))
         # Asleep until it gets a session: no CPU time beyond its start.
         ticks = lambda pid: sum(int(x) for x in open(f"/proc/{pid}/stat").read().split()[13:15])  # noqa: E731
+
+        def settled():  # its start (loading the driver) is over: a 0.3 s window without CPU
+            b = ticks(second)
+            time.sleep(0.3)
+            return ticks(second) == b
+
+        wait_for(settled, timeout=10)
         before = ticks(second)
         time.sleep(1.0)
         assert ticks(second) - before <= 1

@@ -265,17 +265,36 @@ fn idle_cpu(
     icd: &Path,
     secs: u64,
 ) -> Result<f64, BenchError> {
+    // Earlier phases' sessions (the flooding tenant's, say) may still be draining: wait for a
+    // half second in which no worker ran, so that what follows is this tenant's idle alone.
+    let busy = || -> f64 {
+        workers_of(server.child.id())
+            .iter()
+            .map(|p| proc_cpu(*p, false))
+            .sum()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let before = busy();
+        std::thread::sleep(Duration::from_millis(500));
+        if busy() - before < 0.005 || Instant::now() > deadline {
+            break;
+        }
+    }
     let mut child = client_command(client, mode, server, icd, "idle")
-        .env("WH_IDLE_SECONDS", (secs + 1).to_string())
+        .env("WH_IDLE_SECONDS", (secs + 3).to_string())
         .stdout(Stdio::piped())
         .spawn()?;
     let mut line = String::new();
     BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line)?;
-    std::thread::sleep(Duration::from_millis(300));
-    let worker = workers_of(server.child.id());
-    let before: f64 = worker.iter().map(|p| proc_cpu(*p, false)).sum();
+    // The session took the standby worker; its successor starts 250 ms later and loads the
+    // driver. Once it has, the whole server (supervisor, session, standby) is idle.
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut pids = workers_of(server.child.id());
+    pids.push(server.child.id());
+    let before: f64 = pids.iter().map(|p| proc_cpu(*p, false)).sum();
     std::thread::sleep(Duration::from_secs(secs));
-    let after: f64 = worker.iter().map(|p| proc_cpu(*p, false)).sum();
+    let after: f64 = pids.iter().map(|p| proc_cpu(*p, false)).sum();
     let _ = child.wait();
     Ok((after - before) / secs as f64 * 100.0)
 }

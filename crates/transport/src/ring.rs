@@ -9,7 +9,10 @@
 //! Sleeping without lost wake-ups: a sleeper stores 1 to its `*_waiting` word, issues a SeqCst
 //! fence, re-checks the counter and only then sleeps on the word; a publisher stores the counter,
 //! issues a SeqCst fence and then loads the word. The two fences order the pairs, so either the
-//! sleeper sees the new counter or the publisher sees the flag and wakes it.
+//! sleeper sees the new counter or the publisher sees the flag and wakes it. A producer that
+//! found the ring full sleeps until a quarter of it is free, and the consumer wakes it only
+//! then (both test the same condition), so a fast producer costs one wake-up per quarter
+//! ring, not one per frame.
 //!
 //! The peer is not trusted: a `head`/`tail` pair claiming more than `capacity` bytes in flight is
 //! reported as corruption, never used to index memory.
@@ -114,16 +117,18 @@ impl Ring {
         while !data.is_empty() {
             let free = self.writable()?;
             if free == 0 {
-                // A full ring means the consumer is far behind: spinning would only take the
-                // CPU it (and the driver's threads) need, so yield from the start.
+                // A full ring means the consumer is far behind: spinning or yielding would only
+                // take the CPU it (and the driver's threads) need. Sleep until a quarter of the
+                // ring is free: one wake-up per quarter ring, not one per frame consumed.
                 let patient = WaitCtx {
                     policy: SpinPolicy {
                         spin: std::time::Duration::ZERO,
+                        yield_until: std::time::Duration::ZERO,
                         ..w.policy
                     },
                     ..*w
                 };
-                wait_until(&c.producer_waiting.0, &patient, || Ok(self.writable()? > 0))?;
+                wait_until(&c.producer_waiting.0, &patient, || self.has_refill_room())?;
                 continue;
             }
             let n = free.min(data.len() as u64).min(STREAM_PIECE) as usize;
@@ -168,7 +173,7 @@ impl Ring {
             c.tail
                 .0
                 .store(tail.wrapping_add(n as u64), Ordering::Release);
-            wake_if_waiting(&c.producer_waiting.0, w);
+            self.wake_producer(w)?;
             buf = &mut buf[n..];
         }
         Ok(())
@@ -198,8 +203,25 @@ impl Ring {
             // stay ours until `tail` moves past them below.
             f(unsafe { self.data.add(off as usize) }, take as usize);
             c.tail.0.store(tail.wrapping_add(take), Ordering::Release);
-            wake_if_waiting(&c.producer_waiting.0, w);
+            self.wake_producer(w)?;
             n -= take;
+        }
+        Ok(())
+    }
+
+    /// What a producer that found the ring full waits for: a quarter of the ring free.
+    fn has_refill_room(&self) -> Result<bool, TransportError> {
+        Ok(self.writable()? >= self.cap / 4)
+    }
+
+    /// Consumer, after freeing bytes: wakes a producer that sleeps on a full ring once it has
+    /// the room it waits for (the same condition, checked after the same fences as any wake).
+    fn wake_producer(&self, w: &WaitCtx<'_>) -> Result<(), TransportError> {
+        let flag = &self.ctrl().producer_waiting.0;
+        fence(Ordering::SeqCst);
+        if flag.load(Ordering::Relaxed) != 0 && self.has_refill_room()? {
+            flag.store(0, Ordering::Relaxed);
+            w.waiter.wake(flag);
         }
         Ok(())
     }

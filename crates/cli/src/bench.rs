@@ -425,7 +425,7 @@ pub fn run(icd_lib: &Path) -> Result<(), BenchError> {
         ),
         (
             "pipelined_calls_per_s",
-            "100k SetKernelArg+NDRange, calls/s",
+            "100k SetKernelArg+NDRange, calls/s (median of 5)",
             true,
         ),
         ("write_4KiB_GBps", "blocking write 4 KiB, GB/s", true),

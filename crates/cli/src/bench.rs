@@ -361,7 +361,7 @@ pub fn run(icd_lib: &Path) -> Result<(), BenchError> {
     eprintln!("wh bench: call-heavy workload (native, shared memory, TCP, guest region)...");
     // Rounds alternate the modes so drift on a shared machine hits all columns alike; each
     // figure is the median of its rounds.
-    const ROUNDS: usize = 3;
+    const ROUNDS: usize = 5;
     let mut rounds: Vec<Vec<Figures>> = vec![Vec::new(); modes.len()];
     for _ in 0..ROUNDS {
         for (i, m) in modes.iter().enumerate() {

@@ -33,8 +33,9 @@ class Server:
     """`wh serve` on a private socket, in its own process group (workers included)."""
 
     def __init__(self, tmp: pathlib.Path, extra_env=None, tcp=False, config=None, metrics=False, tls=False, guest=False,
-                 program_cache="own"):
+                 program_cache="own", wh=None):
         self.dir = tmp
+        self.wh = str(wh or WH)
         # Each server keeps built programs in a directory of its own ("own"), so no test sees
         # another's; None leaves it to the config file, False turns the cache off.
         self.program_cache = str(tmp / "programs") if program_cache == "own" else program_cache
@@ -71,7 +72,7 @@ class Server:
         if os.path.exists(self.socket):
             os.unlink(self.socket)
         self.proc = subprocess.Popen(
-            [str(WH), "serve", "--socket", self.socket]
+            [self.wh, "serve", "--socket", self.socket]
             + (["--tcp", self.tcp] if self.tcp else [])
             + (["--config", str(self.config)] if self.config else [])
             + (["--metrics", self.metrics] if self.metrics else [])

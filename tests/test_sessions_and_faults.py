@@ -2,11 +2,12 @@
 that call fail within a second instead of hanging; a client that goes away ends its session."""
 
 import os
+import shutil
 import signal
 import time
 
 import pytest
-from conftest import wait_for
+from conftest import WH, Server, wait_for
 
 
 def start_blocked(server, c_programs):
@@ -122,3 +123,21 @@ def test_sessions_start_on_a_standby_worker(server, c_programs):
         p.kill()
     r = server.run([c_programs["vector_add"]])
     assert r.returncode == 0, r.stderr
+
+
+def test_sessions_start_after_the_binary_was_replaced(tmp_path, c_programs):
+    """An upgrade replaces `wh` on disk while the server runs: workers the supervisor starts
+    afterwards are still its own executable, so sessions keep starting."""
+    exe = tmp_path / "wh"
+    shutil.copy(WH, exe)
+    s = Server(tmp_path, wh=exe).start()
+    try:
+        exe.unlink()
+        shutil.copy(WH, exe)  # a new file (inode) at the same path, as a package upgrade does
+        # The first session takes the standby worker started before; the next ones need
+        # workers started after the replacement.
+        for _ in range(3):
+            r = s.run([c_programs["vector_add"]])
+            assert r.returncode == 0, r.stderr + s.log.read_text()
+    finally:
+        s.stop()

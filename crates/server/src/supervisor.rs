@@ -564,7 +564,12 @@ fn spawn_worker(
     let t = &mut state.tenants[tenant];
     let (stats_ours, stats_theirs) = UnixStream::pair()?;
     let stats_fd = stats_theirs.as_raw_fd();
-    let mut cmd = Command::new(std::env::current_exe()?);
+    // The supervisor's own executable, even after an upgrade replaced the file on disk (its
+    // path then names the new one, or nothing): workers always match their supervisor.
+    let mut cmd = Command::new("/proc/self/exe");
+    if let Ok(path) = std::env::current_exe() {
+        cmd.arg0(path);
+    }
     cmd.arg("worker");
     // A guest worker has no session socket; it gets /dev/null as fd 3.
     let devnull;

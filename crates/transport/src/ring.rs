@@ -144,7 +144,7 @@ impl Ring {
             c.head
                 .0
                 .store(head.wrapping_add(n as u64), Ordering::Release);
-            wake_if_waiting(&c.consumer_waiting.0, w);
+            wake_if_waiting(&c.consumer_waiting.0, w, || Ok(true))?;
             data = &data[n..];
         }
         Ok(())
@@ -217,13 +217,9 @@ impl Ring {
     /// Consumer, after freeing bytes: wakes a producer that sleeps on a full ring once it has
     /// the room it waits for (the same condition, checked after the same fences as any wake).
     fn wake_producer(&self, w: &WaitCtx<'_>) -> Result<(), TransportError> {
-        let flag = &self.ctrl().producer_waiting.0;
-        fence(Ordering::SeqCst);
-        if flag.load(Ordering::Relaxed) != 0 && self.has_refill_room()? {
-            flag.store(0, Ordering::Relaxed);
-            w.waiter.wake(flag);
-        }
-        Ok(())
+        wake_if_waiting(&self.ctrl().producer_waiting.0, w, || {
+            self.has_refill_room()
+        })
     }
 
     /// Consumer: waits until at least one byte is readable (used to block for the next request).
@@ -237,12 +233,19 @@ impl Ring {
     }
 }
 
-fn wake_if_waiting(flag: &AtomicU32, w: &WaitCtx<'_>) {
+/// Publisher's half of the sleep protocol: after its fence, wakes a sleeper on `flag` once
+/// what the sleeper waits for (`ready`, the sleeper's own condition) holds.
+fn wake_if_waiting(
+    flag: &AtomicU32,
+    w: &WaitCtx<'_>,
+    ready: impl FnOnce() -> Result<bool, TransportError>,
+) -> Result<(), TransportError> {
     fence(Ordering::SeqCst);
-    if flag.load(Ordering::Relaxed) != 0 {
+    if flag.load(Ordering::Relaxed) != 0 && ready()? {
         flag.store(0, Ordering::Relaxed);
         w.waiter.wake(flag);
     }
+    Ok(())
 }
 
 /// Spin for the policy's window, then sleep on `flag` in slices, checking the peer each time.

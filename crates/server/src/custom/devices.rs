@@ -4,26 +4,11 @@
 
 use super::*;
 use crate::generated::ffi;
-use std::ffi::c_void;
 use wormhole_protocol::{cl::*, CallbackKind, Props, Writer};
 
 fn device_name(d: Handle) -> String {
-    let mut buf = [0u8; 256];
-    let mut n = 0usize;
-    // SAFETY: a device the driver just returned; the buffer and size output are local.
-    let st = unsafe {
-        ffi::clGetDeviceInfo(
-            d,
-            CL_DEVICE_NAME,
-            buf.len(),
-            buf.as_mut_ptr() as *mut c_void,
-            &mut n,
-        )
-    };
-    if st != CL_SUCCESS {
-        return String::new();
-    }
-    String::from_utf8_lossy(&buf[..n.min(buf.len())])
+    let name = crate::rt::device_info(d, CL_DEVICE_NAME).unwrap_or_default();
+    String::from_utf8_lossy(&name)
         .trim_end_matches('\0')
         .to_string()
 }

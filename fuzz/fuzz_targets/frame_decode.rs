@@ -2,7 +2,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use wormhole_protocol::{FrameHeader, Reader, HEADER_LEN};
+use wormhole_wire::{FrameHeader, Reader, HEADER_LEN};
 
 fuzz_target!(|data: &[u8]| {
     if data.len() >= HEADER_LEN {

@@ -6,5 +6,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    wormhole_server::fuzz_request(data);
+    wormhole_opencl_server::fuzz_request(data);
 });

@@ -1,4 +1,4 @@
-//! Wormhole's API generator: one description of the API (`crates/protocol/api/*.api`) becomes
+//! Wormhole's API generator: one description of the API (`crates/opencl/proto/api/*.api`) becomes
 //! the opcode table (protocol), the client's forwarding stubs and ICD dispatch table (client) and
 //! the server's decoders and dispatch (server). Build scripts call the `emit_*` functions.
 //!

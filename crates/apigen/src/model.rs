@@ -1,4 +1,4 @@
-//! The API description: its grammar (see `crates/protocol/api/opencl.api`) and parser.
+//! The API description: its grammar (see `crates/opencl/proto/api/opencl.api`) and parser.
 
 use std::fmt;
 

@@ -3,13 +3,16 @@
 mod bench;
 
 use clap::{Parser, Subcommand};
-use std::os::fd::FromRawFd;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use wormhole_protocol::{control, Reader, Writer};
-use wormhole_server::Config;
+use wormhole_opencl_proto::{control, Reader, Writer};
+use wormhole_server::{Backend, Config};
+
+/// The APIs this server serves, each plugged in as a backend (the first one is the default of
+/// guest regions).
+static BACKENDS: &[&dyn Backend] = &[&wormhole_opencl_server::OPENCL];
 
 #[derive(Parser)]
 #[command(
@@ -84,6 +87,9 @@ enum Cmd {
     /// (internal) Serve one session; started by `wh serve`.
     #[command(hide = true)]
     Worker {
+        /// The API the session speaks.
+        #[arg(long)]
+        api: String,
         #[arg(long)]
         lanes: u32,
         #[arg(long)]
@@ -168,7 +174,7 @@ fn main() -> ExitCode {
 }
 
 fn socket_or_default(s: Option<PathBuf>) -> PathBuf {
-    s.unwrap_or_else(wormhole_protocol::default_socket_path)
+    s.unwrap_or_else(wormhole_opencl_proto::default_socket_path)
 }
 
 fn run(cli: Cli) -> Result<(), CliError> {
@@ -210,6 +216,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                     region,
                     size_mib: wormhole_server::config::Guest::default_size_mib(),
                     tenant: None,
+                    api: None,
                 });
             }
             if let Some(d) = program_cache {
@@ -219,10 +226,11 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 c.program_cache = wormhole_server::config::ProgramCacheSetting::On(false);
             }
             c.validate()?;
-            wormhole_server::supervisor::serve(c)?;
+            wormhole_server::supervisor::serve(c, BACKENDS)?;
             Ok(())
         }
         Cmd::Worker {
+            api,
             lanes,
             ring_kib,
             transport,
@@ -235,73 +243,27 @@ fn run(cli: Cli) -> Result<(), CliError> {
             program_cache,
             program_cache_mib,
         } => {
-            if let Some(dir) = program_cache {
-                match wormhole_server::program_cache::ProgramCache::open(
-                    &dir,
-                    program_cache_mib << 20,
-                ) {
-                    Ok(c) => wormhole_server::program_cache::set(c),
-                    Err(e) => tracing::warn!("program cache off in this session: {e}"),
-                }
-            }
-            // SAFETY: the supervisor hands the tenant's memory ledger as fd 5 (dup2 before exec).
-            let ledger = wormhole_server::quota::Ledger::from_fd(unsafe {
-                std::os::fd::OwnedFd::from_raw_fd(5)
-            })
-            .ok();
-            wormhole_server::worker::set_limits(wormhole_server::worker::Limits {
+            let backend = *BACKENDS
+                .iter()
+                .find(|b| b.api() == api)
+                .ok_or_else(|| CliError::Answer(format!("no backend for the API {api:?}")))?;
+            let args = wormhole_server::worker::WorkerArgs {
+                api,
+                layout: wormhole_transport::Layout {
+                    lanes,
+                    ring_capacity: ring_kib * 1024,
+                },
+                transport,
                 tenant,
-                ledger,
                 slot,
                 mem_quota,
                 max_objects,
                 devices,
-            });
-            // SAFETY: the supervisor hands the stats socket as fd 4 (dup2 before exec); nothing
-            // else in this process owns it.
-            let stats = unsafe { UnixStream::from_raw_fd(4) };
-            let layout = wormhole_transport::Layout {
-                lanes,
-                ring_capacity: ring_kib * 1024,
+                region,
+                build_cache: program_cache,
+                build_cache_bytes: program_cache_mib << 20,
             };
-            if transport == "guest" {
-                let region = region
-                    .ok_or_else(|| CliError::Answer("transport guest needs --region".into()))?;
-                wormhole_server::worker::run_guest(&region, layout, Some(stats))?;
-                return Ok(());
-            }
-            // SAFETY: as above, fd 3 is the session's socket or stream (a Unix socket, a TCP
-            // stream, or the worker's end of the supervisor's TLS proxy) or, for a standby
-            // worker, its line to the supervisor; nothing else in this process owns it.
-            let fd3 = unsafe { std::os::fd::OwnedFd::from_raw_fd(3) };
-            let (transport, session, memory) = if transport == "standby" {
-                // Ready before any tenant waits (the driver loaded, a local session's shared
-                // memory made); the session arrives later.
-                wormhole_server::worker::warm_up();
-                let memory = wormhole_server::worker::SharedMemory::create(layout)?;
-                match wormhole_server::worker::await_session(&UnixStream::from(fd3))? {
-                    Some((transport, session)) => (transport, session, Some(memory)),
-                    None => return Ok(()),
-                }
-            } else {
-                (transport, fd3, None)
-            };
-            match transport.as_str() {
-                "tcp" => wormhole_server::worker::run_tcp(
-                    std::net::TcpStream::from(session),
-                    Some(stats),
-                    lanes,
-                )?,
-                "tls" => {
-                    wormhole_server::worker::run_tcp(UnixStream::from(session), Some(stats), lanes)?
-                }
-                _ => wormhole_server::worker::run(
-                    UnixStream::from(session),
-                    Some(stats),
-                    layout,
-                    memory,
-                )?,
-            }
+            wormhole_server::worker::main(args, backend)?;
             Ok(())
         }
         Cmd::Run { socket, program } => run_program(socket, program),

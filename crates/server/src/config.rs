@@ -62,6 +62,9 @@ pub struct Guest {
     /// The tenant the guest's sessions count against (required when tenants are configured).
     #[serde(default)]
     pub tenant: Option<String>,
+    /// The API the guest's sessions speak (default: the server's first, OpenCL).
+    #[serde(default)]
+    pub api: Option<String>,
 }
 
 impl Guest {
@@ -120,7 +123,7 @@ impl Tenant {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            socket: wormhole_protocol::default_socket_path(),
+            socket: wormhole_wire::default_socket_path(),
             tcp: None,
             metrics: None,
             tls_cert: None,
@@ -132,7 +135,7 @@ impl Default for Config {
             tenants: Vec::new(),
             guests: Vec::new(),
             program_cache: ProgramCacheSetting::On(true),
-            program_cache_mib: crate::program_cache::DEFAULT_MAX_BYTES >> 20,
+            program_cache_mib: wormhole_blobcache::DEFAULT_MAX_BYTES >> 20,
         }
     }
 }

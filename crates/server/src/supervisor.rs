@@ -1,10 +1,12 @@
 //! The supervisor: accepts sessions on the Unix socket, checks their HELLO, and hands each to
-//! a fresh worker process (`wh worker`); reaps workers and answers `wh status`.
+//! a worker process (`wh worker`) of the API it asks for; reaps workers and answers
+//! `wh status`.
 
 use crate::config::{Config, Guest, ProgramCacheSetting, Tenant};
-use crate::program_cache::ProgramCache;
 use crate::quota::Ledger;
+use crate::Backend;
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
@@ -14,9 +16,11 @@ use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use wormhole_protocol::{control, Reader, Writer, FLAG_REPLY};
+use wormhole_blobcache::BlobCache;
 use wormhole_transport::link::read_frame;
 use wormhole_transport::tls::{self, rustls, TlsReader, TlsWriter};
+use wormhole_wire::handshake::{self, Hello};
+use wormhole_wire::{control, Reader, Writer, FLAG_REPLY};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -54,6 +58,8 @@ struct Worker {
     started: Instant,
     tenant: usize,
     slot: usize,
+    /// The API it serves (an index into the server's backends).
+    api: usize,
     /// The guest region this worker serves, if any.
     guest: Option<usize>,
     /// A standby worker (driver loaded, no session yet): the line its session is handed over.
@@ -71,8 +77,8 @@ struct TenantState {
     cfg: Tenant,
     ledger: Ledger,
     slots: Vec<bool>,
-    /// When the tenant's next standby worker may start (None: one is up).
-    standby_at: Option<Instant>,
+    /// Per API: when the tenant's next standby worker may start (None: one is up).
+    standby_at: Vec<Option<Instant>>,
 }
 
 /// A guest region and when its next worker may start.
@@ -81,25 +87,45 @@ struct GuestState {
     /// Held open with an exclusive lock: one server per region.
     _lock: nix::fcntl::Flock<std::fs::File>,
     tenant: usize,
+    /// The API its sessions speak.
+    api: usize,
     /// None while a worker serves the region.
     start_at: Option<Instant>,
 }
 
-#[derive(Default)]
 struct State {
     workers: HashMap<u32, Worker>,
     tenants: Vec<TenantState>,
     guests: Vec<GuestState>,
 }
 
+/// The APIs this server serves, and what each one's workers need in their environment.
+struct Apis {
+    backends: &'static [&'static dyn Backend],
+    env: Vec<Vec<(OsString, OsString)>>,
+}
+
+impl Apis {
+    fn names(&self) -> Vec<&'static str> {
+        self.backends.iter().map(|b| b.api()).collect()
+    }
+
+    fn index(&self, api: &str) -> Option<usize> {
+        self.backends.iter().position(|b| b.api() == api)
+    }
+}
+
 type Workers = Arc<Mutex<State>>;
 
-/// Runs the server in the foreground until killed.
-pub fn serve(mut config: Config) -> Result<(), ServeError> {
+/// Runs the server for the APIs of `backends` in the foreground until killed.
+pub fn serve(
+    mut config: Config,
+    backends: &'static [&'static dyn Backend],
+) -> Result<(), ServeError> {
     // Workers get the program cache only once it is known to be usable (and safe: the
     // server's own directory).
     config.program_cache = match config.program_cache_dir() {
-        Some(d) => match ProgramCache::open(&d, config.program_cache_mib << 20) {
+        Some(d) => match BlobCache::open(&d, config.program_cache_mib << 20) {
             Ok(_) => {
                 tracing::info!(dir = %d.display(), "program cache shared by all sessions");
                 ProgramCacheSetting::Dir(d)
@@ -123,11 +149,14 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
         path: dir.clone(),
         source,
     })?;
-    let vendors =
-        crate::vendors::filtered_vendor_dir(&dir).map_err(|source| ServeError::Runtime {
+    let mut env = Vec::new();
+    for b in backends {
+        env.push(b.worker_env(&dir).map_err(|source| ServeError::Runtime {
             path: dir.clone(),
             source,
-        })?;
+        })?);
+    }
+    let vendors = Arc::new(Apis { backends, env });
     let tenant_cfgs = if config.tenants.is_empty() {
         vec![Tenant::open()]
     } else {
@@ -143,7 +172,7 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
             cfg,
             ledger,
             slots: vec![false; crate::quota::SLOTS],
-            standby_at: Some(Instant::now()),
+            standby_at: vec![Some(Instant::now()); backends.len()],
         });
     }
     let mut guests = Vec::new();
@@ -156,11 +185,22 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
                 .unwrap_or(0),
             None => 0,
         };
-        tracing::info!(region = %g.region.display(), size_mib = g.size_mib, tenant = %tenants[tenant].cfg.name, "serving a guest region (ivshmem)");
+        let api = match &g.api {
+            Some(name) => vendors.index(name).ok_or_else(|| ServeError::Region {
+                path: g.region.clone(),
+                source: std::io::Error::other(format!(
+                    "api = {name:?}: this server serves {}",
+                    vendors.names().join(", ")
+                )),
+            })?,
+            None => 0,
+        };
+        tracing::info!(region = %g.region.display(), size_mib = g.size_mib, tenant = %tenants[tenant].cfg.name, api = backends[api].api(), "serving a guest region (ivshmem)");
         guests.push(GuestState {
             cfg: g.clone(),
             _lock: lock,
             tenant,
+            api,
             start_at: Some(Instant::now()),
         });
     }
@@ -318,7 +358,7 @@ impl Conn {
     fn read_frame(
         &self,
         body: &mut Vec<u8>,
-    ) -> Result<wormhole_protocol::FrameHeader, wormhole_transport::TransportError> {
+    ) -> Result<wormhole_wire::FrameHeader, wormhole_transport::TransportError> {
         match self {
             Conn::Unix(s) => read_frame(&mut &*s, body),
             Conn::Tcp(s) => read_frame(&mut &*s, body),
@@ -350,17 +390,10 @@ impl Conn {
 
 fn refuse(stream: &Conn, reason: &str) {
     tracing::warn!(reason, "refusing a client");
-    let mut w = Writer::new(control::REFUSED);
-    w.bytes(reason.as_bytes());
-    let _ = stream.write_all(&w.finish(FLAG_REPLY, 0));
+    let _ = stream.write_all(&handshake::refused(reason));
 }
 
-fn accept(
-    config: &Config,
-    vendors: &std::path::Path,
-    workers: &Workers,
-    stream: Conn,
-) -> std::io::Result<()> {
+fn accept(config: &Config, vendors: &Apis, workers: &Workers, stream: Conn) -> std::io::Result<()> {
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut body = Vec::new();
     let h = match stream.read_frame(&mut body) {
@@ -388,8 +421,13 @@ fn accept(
             return Ok(());
         }
     }
-    let token = match crate::worker::parse_hello(&body) {
-        Ok(token) => token,
+    let (api, token) = match Hello::check(&h, &body, &vendors.names()) {
+        Ok(hello) => (
+            vendors
+                .index(&hello.api)
+                .expect("checked against the names"),
+            hello.token,
+        ),
         Err(reason) => {
             refuse(&stream, &reason);
             return Ok(());
@@ -431,10 +469,12 @@ fn accept(
                 .tenants
                 .iter()
                 .position(|t| t.cfg.uids.contains(&c.uid())),
-            (Conn::Tcp(_) | Conn::Tls(_), _, Some(tok)) => state
-                .tenants
-                .iter()
-                .position(|t| t.cfg.token.as_deref().map(str::as_bytes) == Some(tok.as_slice())),
+            (Conn::Tcp(_) | Conn::Tls(_), _, Some(tok)) => state.tenants.iter().position(|t| {
+                t.cfg
+                    .token
+                    .as_deref()
+                    .is_some_and(|want| same_secret(want.as_bytes(), tok))
+            }),
             _ => None,
         }
     };
@@ -467,7 +507,7 @@ fn accept(
     }
     // A standby worker has its driver loaded already: the session starts without waiting
     // for a process to start and find its devices.
-    let pid = match hand_to_standby(&mut state, tenant, stream.fd(), transport) {
+    let pid = match hand_to_standby(&mut state, tenant, api, stream.fd(), transport) {
         Some(pid) => pid,
         None => {
             let t = &mut state.tenants[tenant];
@@ -482,6 +522,7 @@ fn accept(
                 &mut state,
                 tenant,
                 slot,
+                api,
                 Serves::Client {
                     fd: stream.fd(),
                     transport,
@@ -513,13 +554,14 @@ const STANDBY_DELAY: Duration = Duration::from_millis(250);
 fn hand_to_standby(
     state: &mut State,
     tenant: usize,
+    api: usize,
     fd: std::os::fd::RawFd,
     transport: &str,
 ) -> Option<u32> {
     let (&pid, wk) = state
         .workers
         .iter_mut()
-        .find(|(_, w)| w.tenant == tenant && !w.in_session())?;
+        .find(|(_, w)| w.tenant == tenant && w.api == api && !w.in_session())?;
     let line = wk.standby.take()?;
     let mut w = Writer::new(control::HANDOFF);
     w.bytes(transport.as_bytes());
@@ -528,7 +570,7 @@ fn hand_to_standby(
             wk.started = Instant::now();
             // The reaper starts the next standby worker, a little later: loading the driver
             // takes CPU the new session's own start-up needs now.
-            state.tenants[tenant].standby_at = Some(Instant::now() + STANDBY_DELAY);
+            state.tenants[tenant].standby_at[api] = Some(Instant::now() + STANDBY_DELAY);
             Some(pid)
         }
         Err(e) => {
@@ -552,13 +594,16 @@ enum Serves<'a> {
     Standby { line: std::os::fd::RawFd },
 }
 
-/// Starts `wh worker` for one session of `tenant` in its ledger slot `slot`, and records it.
+/// Starts `wh worker` for one session of `tenant` in its ledger slot `slot`, speaking the
+/// API `api`, and records it.
+#[allow(clippy::too_many_arguments)]
 fn spawn_worker(
     config: &Config,
-    vendors: &std::path::Path,
+    vendors: &Apis,
     state: &mut State,
     tenant: usize,
     slot: usize,
+    api: usize,
     serves: Serves<'_>,
 ) -> std::io::Result<u32> {
     let t = &mut state.tenants[tenant];
@@ -570,7 +615,9 @@ fn spawn_worker(
     if let Ok(path) = std::env::current_exe() {
         cmd.arg0(path);
     }
-    cmd.arg("worker");
+    cmd.arg("worker")
+        .arg("--api")
+        .arg(vendors.backends[api].api());
     // A guest worker has no session socket; it gets /dev/null as fd 3.
     let devnull;
     let (session_fd, guest) = match serves {
@@ -612,7 +659,7 @@ fn spawn_worker(
         .arg(&t.cfg.name)
         .arg("--slot")
         .arg(slot.to_string())
-        .env("OCL_ICD_VENDORS", vendors)
+        .envs(vendors.env[api].iter().map(|(k, v)| (k, v)))
         .env("WORMHOLE_NAME_PREFIX", &config.name_prefix);
     if let Some(q) = t.cfg.mem_quota_mib {
         cmd.arg("--mem-quota").arg((q << 20).to_string());
@@ -663,6 +710,7 @@ fn spawn_worker(
             started: Instant::now(),
             tenant,
             slot,
+            api,
             guest,
             standby: None,
         },
@@ -673,7 +721,7 @@ fn spawn_worker(
 /// Reaps finished workers (their sessions' objects died with them).
 /// Reaps finished workers (their sessions' objects died with them) and starts a fresh
 /// worker for every guest region that has none.
-fn reap(config: &Config, vendors: &std::path::Path, workers: Workers) {
+fn reap(config: &Config, vendors: &Apis, workers: Workers) {
     loop {
         let mut guard = workers.lock().unwrap_or_else(|p| p.into_inner());
         let state = &mut *guard;
@@ -698,7 +746,7 @@ fn reap(config: &Config, vendors: &std::path::Path, workers: Workers) {
                     // A standby worker that cannot even start is not restarted in a tight loop.
                     tracing::warn!(worker = pid, "standby worker ended before any session");
                     let quick = wk.started.elapsed() < Duration::from_secs(2);
-                    t.standby_at =
+                    t.standby_at[wk.api] =
                         Some(Instant::now() + Duration::from_secs(if quick { 5 } else { 0 }));
                 }
                 if let Some(g) = wk.guest {
@@ -712,7 +760,9 @@ fn reap(config: &Config, vendors: &std::path::Path, workers: Workers) {
             !done
         });
         for tenant in 0..state.tenants.len() {
-            start_standby(config, vendors, state, tenant);
+            for api in 0..vendors.backends.len() {
+                start_standby(config, vendors, state, tenant, api);
+            }
         }
         for index in 0..state.guests.len() {
             let g = &state.guests[index];
@@ -731,6 +781,7 @@ fn reap(config: &Config, vendors: &std::path::Path, workers: Workers) {
                 state,
                 tenant,
                 slot,
+                state.guests[index].api,
                 Serves::Guest { index, cfg: &cfg },
             ) {
                 Ok(pid) => {
@@ -748,10 +799,10 @@ fn reap(config: &Config, vendors: &std::path::Path, workers: Workers) {
     }
 }
 
-/// Starts the tenant's standby worker when it is due and a session slot is free.
-fn start_standby(config: &Config, vendors: &std::path::Path, state: &mut State, tenant: usize) {
+/// Starts the tenant's standby worker for `api` when it is due and a session slot is free.
+fn start_standby(config: &Config, vendors: &Apis, state: &mut State, tenant: usize, api: usize) {
     let t = &state.tenants[tenant];
-    if t.standby_at.is_none_or(|at| at > Instant::now()) {
+    if t.standby_at[api].is_none_or(|at| at > Instant::now()) {
         return;
     }
     let Some(slot) = t.slots.iter().position(|u| !u) else {
@@ -764,6 +815,7 @@ fn start_standby(config: &Config, vendors: &std::path::Path, state: &mut State, 
             state,
             tenant,
             slot,
+            api,
             Serves::Standby {
                 line: theirs.as_raw_fd(),
             },
@@ -773,9 +825,9 @@ fn start_standby(config: &Config, vendors: &std::path::Path, state: &mut State, 
         }
         Ok(pid)
     });
-    state.tenants[tenant].standby_at = match started {
+    state.tenants[tenant].standby_at[api] = match started {
         Ok(pid) => {
-            tracing::debug!(worker = pid, tenant = %state.tenants[tenant].cfg.name, "standby worker started");
+            tracing::debug!(worker = pid, tenant = %state.tenants[tenant].cfg.name, api = vendors.backends[api].api(), "standby worker started");
             None
         }
         Err(e) => {
@@ -998,4 +1050,31 @@ fn serve_metrics(addr: &str, workers: Workers) -> Result<(), ServeError> {
         }
     });
     Ok(())
+}
+
+/// Whether a presented token is the configured one, in time that does not depend on where
+/// they differ (SHA-256 both, then compare every byte of the digests).
+fn same_secret(want: &[u8], got: &[u8]) -> bool {
+    let (a, b) = (
+        ring::digest::digest(&ring::digest::SHA256, want),
+        ring::digest::digest(&ring::digest::SHA256, got),
+    );
+    a.as_ref()
+        .iter()
+        .zip(b.as_ref())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_compare_by_content_only() {
+        assert!(same_secret(b"long-random-secret", b"long-random-secret"));
+        assert!(!same_secret(b"long-random-secret", b"long-random-secreT"));
+        assert!(!same_secret(b"long-random-secret", b"long"));
+        assert!(!same_secret(b"", b"x"));
+    }
 }

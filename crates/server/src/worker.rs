@@ -1,32 +1,31 @@
-//! A session's worker process: it owns the tenant's OpenCL objects, serves the session's lanes
-//! (one thread each, asleep while the tenant is idle) and ends when the client goes away,
-//! which releases everything the session held.
+//! A session's worker process: it serves one session of one API (its [`Backend`] owns the
+//! tenant's driver objects), on the session's lanes (one thread each, asleep while the tenant
+//! is idle), and ends when the client goes away, which releases everything the session held.
+//! Every transport (shared memory, TCP/TLS, a guest region) runs requests through one path,
+//! [`handle`].
 
-use crate::session::Session;
+use crate::backend::{Backend, SessionSetup, StreamError, Streamed};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::Duration;
-use wormhole_protocol::{
-    control, DecodeError, FrameHeader, Op, Reader, Writer, FLAG_ASYNC, FLAG_REPLY,
-};
 use wormhole_transport::link::read_frame;
 use wormhole_transport::rendezvous::{self, BeatWatch};
 use wormhole_transport::unix::{recv_frame_with_fds, send_frame_with_fds};
 use wormhole_transport::{
     Arena, FrameLink, FutexWaiter, Layout, PollWaiter, Region, ShmLink, SpinPolicy, TransportError,
 };
+use wormhole_wire::handshake::{self, Hello, Welcome};
+use wormhole_wire::{control, DecodeError, FrameHeader, Reader, Writer, FLAG_ASYNC, FLAG_REPLY};
 
-static SESSION: OnceLock<Session> = OnceLock::new();
 static LIMITS: OnceLock<Limits> = OnceLock::new();
 
-/// The worker's one session.
-pub fn session() -> &'static Session {
-    SESSION.get_or_init(Session::default)
-}
+/// Requests the session made, and requests sent without waiting that failed anyway.
+static CALLS: AtomicU64 = AtomicU64::new(0);
+static ASYNC_FAILURES: AtomicU64 = AtomicU64::new(0);
 
 /// What the session's tenant may use (set once at start; unlimited if never set).
 #[derive(Default)]
@@ -42,11 +41,12 @@ pub struct Limits {
 
 impl Limits {
     /// Fails fast when `bytes` more would exceed the tenant's quota (nothing is reserved).
-    pub fn precheck(&self, bytes: u64) -> Result<(), i32> {
+    #[allow(clippy::result_unit_err)]
+    pub fn precheck(&self, bytes: u64) -> Result<(), ()> {
         match (&self.ledger, self.mem_quota) {
             (Some(l), Some(q)) if (l.total().max(0) as u64).saturating_add(bytes) > q => {
                 tracing::warn!(tenant = %self.tenant, bytes, quota = q, "allocation refused: over the tenant's memory quota");
-                Err(wormhole_protocol::cl::CL_MEM_OBJECT_ALLOCATION_FAILURE)
+                Err(())
             }
             _ => Ok(()),
         }
@@ -94,27 +94,6 @@ pub enum WorkerError {
     Io(#[from] std::io::Error),
 }
 
-/// What a standby worker does before any tenant waits for it: load the driver and let it find
-/// its devices, the slow part of a session's start (tens of milliseconds for PoCL).
-pub fn warm_up() {
-    use crate::generated::ffi;
-    use std::ptr::null_mut;
-    use wormhole_protocol::cl::{CL_DEVICE_TYPE_ALL, CL_SUCCESS};
-    // SAFETY: plain queries into local buffers of the sizes given.
-    unsafe {
-        let mut n = 0u32;
-        if ffi::clGetPlatformIDs(0, null_mut(), &mut n) != CL_SUCCESS || n == 0 {
-            return;
-        }
-        let mut platforms = vec![null_mut(); n as usize];
-        ffi::clGetPlatformIDs(n, platforms.as_mut_ptr(), null_mut());
-        for p in platforms {
-            let mut devices = 0u32;
-            ffi::clGetDeviceIDs(p, CL_DEVICE_TYPE_ALL, 0, null_mut(), &mut devices);
-        }
-    }
-}
-
 /// A standby worker waits here for the supervisor to hand it a session: the transport's name
 /// and the session's socket. `None` once the supervisor has gone.
 pub fn await_session(
@@ -159,9 +138,11 @@ impl SharedMemory {
     }
 }
 
-/// Serves one session on `sock` (HELLO was already checked by the supervisor) in `memory`
-/// (made now if None). Returns when the client disconnects.
+/// Serves one session of `backend` on `sock` (HELLO was already checked by the supervisor) in
+/// `memory` (made now if None). Returns when the client disconnects.
 pub fn run(
+    backend: &'static dyn Backend,
+    build_cache: Option<wormhole_blobcache::BlobCache>,
     sock: UnixStream,
     stats: Option<UnixStream>,
     layout: Layout,
@@ -171,17 +152,19 @@ pub fn run(
         Some(m) => m,
         None => SharedMemory::create(layout)?,
     };
-    let mut w = Writer::new(control::WELCOME);
-    w.u64(u64::from(std::process::id()));
-    w.u32(layout.lanes);
-    w.u64(layout.ring_capacity);
+    let welcome = Welcome {
+        session: u64::from(std::process::id()),
+        lanes: layout.lanes,
+        ring_capacity: layout.ring_capacity,
+    };
     let mut fds = vec![region.file().as_raw_fd()];
     fds.extend(arena.as_ref().map(|a| a.file().as_raw_fd()));
-    send_frame_with_fds(&sock, &w.finish(0, 0), &fds)?;
-    if let Some(arena) = arena {
-        crate::arena::enable(arena);
-    }
-    crate::callbacks::set_sink(Arc::new(Mutex::new(sock.try_clone()?)));
+    send_frame_with_fds(&sock, &welcome.encode(0), &fds)?;
+    backend.begin(SessionSetup {
+        callbacks: Arc::new(Mutex::new(sock.try_clone()?)),
+        arena,
+        build_cache,
+    });
 
     let region = Arc::new(region);
     // The process ends with its client, so lanes need not poll for liveness: they sleep until
@@ -197,7 +180,7 @@ pub fn run(
             .spawn(move || {
                 let (req, rep) = region.lane(lane).expect("lane within layout");
                 let link = ShmLink::new(rep, req, Arc::new(FutexWaiter), policy, Arc::new(|| true));
-                if let Err(e) = serve_lane(link) {
+                if let Err(e) = serve_lane(backend, link) {
                     tracing::error!(lane, "ending session: {e}");
                     std::process::exit(3);
                 }
@@ -206,7 +189,7 @@ pub fn run(
     if let Some(stats) = stats {
         std::thread::Builder::new()
             .name("stats".into())
-            .spawn(move || serve_stats(stats))?;
+            .spawn(move || serve_stats(backend, stats))?;
     }
     // The control socket carries callbacks to the client; from the client it only ever carries
     // EOF, which ends the session.
@@ -237,6 +220,8 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// uses, and returns when the client closes or its heartbeat stops. The supervisor then
 /// starts a fresh worker (fresh driver state) for the guest's next session.
 pub fn run_guest(
+    backend: &'static dyn Backend,
+    build_cache: Option<wormhole_blobcache::BlobCache>,
     path: &std::path::Path,
     layout: Layout,
     stats: Option<UnixStream>,
@@ -262,7 +247,7 @@ pub fn run_guest(
         std::thread::Builder::new()
             .name("stats".into())
             .spawn(move || {
-                serve_stats(stats);
+                serve_stats(backend, stats);
                 tracing::warn!("the supervisor is gone; ending the guest session");
                 std::process::exit(0);
             })?;
@@ -303,19 +288,18 @@ pub fn run_guest(
     });
     let mut body = Vec::new();
     let h = link.recv(&mut body)?;
-    if let Err(reason) = check_hello(&h, &body) {
+    if let Err(reason) = Hello::check(&h, &body, &[backend.api()]) {
         tracing::warn!(region = %path.display(), "guest session refused: {reason}");
-        let mut w = Writer::new(control::REFUSED);
-        w.bytes(reason.as_bytes());
-        link.send(&w.finish(FLAG_REPLY, h.seq))?;
+        link.send(&handshake::refused(&reason))?;
         return Ok(());
     }
     let call_lanes = layout.lanes - 1;
-    let mut w = Writer::new(control::WELCOME);
-    w.u64(u64::from(std::process::id()));
-    w.u32(call_lanes);
-    w.u64(layout.ring_capacity);
-    link.send(&w.finish(FLAG_REPLY, h.seq))?;
+    let welcome = Welcome {
+        session: u64::from(std::process::id()),
+        lanes: call_lanes,
+        ring_capacity: layout.ring_capacity,
+    };
+    link.send(&welcome.encode(h.seq))?;
     rv.server_state
         .store(rendezvous::STATE_SERVING, Ordering::Release);
     tracing::info!(region = %path.display(), "guest session started");
@@ -323,7 +307,11 @@ pub fn run_guest(
     // thread.
     let (ev_req, ev_rep) = region.lane(call_lanes).expect("event lane");
     let events = ShmLink::new(ev_rep, ev_req, waiter.clone(), policy, alive.clone());
-    crate::callbacks::set_sink(Arc::new(Mutex::new(LinkWriter(events))));
+    backend.begin(SessionSetup {
+        callbacks: Arc::new(Mutex::new(LinkWriter(events))),
+        arena: None,
+        build_cache,
+    });
     // Serve each lane once the client hands it to a thread; end when the client goes.
     let mut served = 0u64;
     loop {
@@ -339,7 +327,7 @@ pub fn run_guest(
                         let (req, rep) = region.lane(lane).expect("lane within layout");
                         // The lane lives until the worker ends the session (below).
                         let link = ShmLink::new(rep, req, waiter, policy, Arc::new(|| true));
-                        if let Err(e) = serve_lane(link) {
+                        if let Err(e) = serve_lane(backend, link) {
                             tracing::error!(lane, "ending guest session: {e}");
                             std::process::exit(3);
                         }
@@ -359,43 +347,6 @@ pub fn run_guest(
             return Ok(());
         }
         std::thread::sleep(GUEST_TICK);
-    }
-}
-
-fn check_hello(h: &FrameHeader, body: &[u8]) -> Result<(), String> {
-    if h.opcode != control::HELLO {
-        return Err(format!("expected HELLO, got opcode {:#06x}", h.opcode));
-    }
-    parse_hello(body).map(|_token| ())
-}
-
-/// Checks a HELLO body (version, API, then a tenant token if any) and returns the token, or
-/// the reason to refuse the session.
-pub(crate) fn parse_hello(body: &[u8]) -> Result<Option<Vec<u8>>, String> {
-    let mut r = Reader::new(body);
-    let hello = (|| {
-        let v = r.u8()?;
-        let api = r.bytes()?;
-        // A token (TCP tenants) may follow.
-        let token = if r.remaining() > 0 {
-            r.opt_bytes()?
-        } else {
-            None
-        };
-        Ok::<_, DecodeError>((v, api, token))
-    })();
-    match hello {
-        Ok((v, api, token))
-            if v == wormhole_protocol::VERSION
-                && api == wormhole_protocol::API_OPENCL.as_bytes() =>
-        {
-            Ok(token)
-        }
-        Ok((v, api, _)) => Err(format!(
-            "unsupported version {v} or API {:?}",
-            String::from_utf8_lossy(api)
-        )),
-        Err(e) => Err(format!("malformed HELLO: {e}")),
     }
 }
 
@@ -423,82 +374,68 @@ enum LaneError {
     Malformed { op: u16, source: DecodeError },
 }
 
-/// Runs one request, writing the reply frame into `out` (whose allocation is reused); returns
-/// whether there is a reply (the client asked for none with FLAG_ASYNC).
-fn handle(h: &FrameHeader, body: &[u8], out: &mut Vec<u8>) -> Result<bool, LaneError> {
-    let s = session();
-    s.calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+/// A reply frame, and the bulk data that follows it (if any).
+struct Outgoing {
+    trailer: Option<Box<dyn crate::backend::Trailer>>,
+}
+
+/// Runs one request, writing the reply frame into `out` (whose allocation is reused): the one
+/// path every transport's requests take. Returns the bulk data to send after the frame, or
+/// None when no reply goes out (the client asked for none with FLAG_ASYNC).
+fn handle(
+    backend: &dyn Backend,
+    h: &FrameHeader,
+    body: &[u8],
+    out: &mut Vec<u8>,
+) -> Result<Option<Outgoing>, LaneError> {
+    CALLS.fetch_add(1, Ordering::Relaxed);
     let mut w = Writer::with_buffer(h.opcode, std::mem::take(out));
     let mut r = Reader::new(body);
-    let res = if h.opcode == control::COLLECT {
-        crate::custom::collect(s, &mut r, &mut w)
-    } else if h.opcode == control::SVM_PUSH {
-        crate::custom::svm_push(s, &mut r, &mut w)
-    } else if h.opcode == control::SVM_PULL {
-        crate::custom::svm_pull(s, &mut r, &mut w)
-    } else if h.opcode == control::DIRECT {
-        crate::arena::direct(s, &mut r, &mut w)
-    } else {
-        match Op::from_u16(h.opcode) {
-            Some(op) => crate::generated::dispatch(s, op, &mut r, &mut w),
-            None => Err(DecodeError::UnknownOp(h.opcode)),
-        }
-    };
-    res.map_err(|source| LaneError::Malformed {
-        op: h.opcode,
-        source,
-    })?;
+    let reply = backend
+        .handle(h, &mut r, &mut w)
+        .map_err(|source| LaneError::Malformed {
+            op: h.opcode,
+            source,
+        })?;
     if h.flags & FLAG_ASYNC != 0 {
         // The client sent this without waiting because it had ruled out every error; a failure
         // here is a gap in that validation (or a resource failure): say so, and count it.
-        let status = w
-            .body()
-            .get(..4)
-            .map_or(0, |b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-        if status != 0 {
-            s.async_failures
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let name = Op::from_u16(h.opcode).map_or("control", |o| o.name());
+        if reply.status != 0 {
+            ASYNC_FAILURES.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
-                op = name,
-                status,
+                opcode = h.opcode,
+                status = reply.status,
                 "a call the client sent without waiting failed"
             );
         }
-        // No reply goes out, so neither does bulk data a handler left for it.
-        if let Some(t) = crate::custom::take_trailer() {
-            t.release();
-        }
+        // No reply goes out, so neither does bulk data the handler left for it (dropping
+        // the trailer releases it).
         *out = w.finish_on(h.lane, 0, h.seq);
-        return Ok(false);
+        return Ok(None);
     }
     *out = w.finish_on(h.lane, FLAG_REPLY, h.seq);
-    Ok(true)
+    Ok(Some(Outgoing {
+        trailer: reply.trailer,
+    }))
 }
 
 /// Buffers a lane keeps between requests stay allocated up to this size.
 const KEEP_BUFFER: usize = 64 << 20;
 
-fn serve_lane(mut link: ShmLink) -> Result<(), LaneError> {
-    use crate::custom::{StreamError, Streamed, STREAMED_WRITE_MIN};
+/// Requests at least this large are offered to the backend to stream from the ring.
+const STREAM_MIN: u64 = 64 * 1024;
+
+fn serve_lane(backend: &'static dyn Backend, mut link: ShmLink) -> Result<(), LaneError> {
     let mut body = Vec::new();
     let mut reply = Vec::new();
     loop {
         let h = link.recv_header()?;
-        if h.opcode == Op::clEnqueueWriteBuffer as u16
-            && h.flags & FLAG_ASYNC == 0
-            && u64::from(h.len) >= STREAMED_WRITE_MIN
-        {
-            // Bulk data may go from the ring straight into the driver's buffer.
-            match crate::custom::stream_write(session(), &mut link, &h, &mut body) {
-                Ok(Streamed::Done(status)) => {
-                    let mut w = Writer::with_buffer(h.opcode, std::mem::take(&mut reply));
-                    w.i32(status);
-                    reply = w.finish_on(h.lane, FLAG_REPLY, h.seq);
-                    link.send(&reply)?;
-                    continue;
-                }
-                Ok(Streamed::Body) => {}
+        let mut streamed = Streamed::Declined;
+        if h.flags & FLAG_ASYNC == 0 && u64::from(h.len) >= STREAM_MIN {
+            // Bulk data may go from the ring straight into the driver's memory.
+            let mut w = Writer::with_buffer(h.opcode, std::mem::take(&mut reply));
+            streamed = match backend.stream(&h, &mut link, &mut body, &mut w) {
+                Ok(s) => s,
                 Err(StreamError::Transport(e)) => return Err(e.into()),
                 Err(StreamError::Malformed(source)) => {
                     return Err(LaneError::Malformed {
@@ -506,21 +443,25 @@ fn serve_lane(mut link: ShmLink) -> Result<(), LaneError> {
                         source,
                     })
                 }
+            };
+            if let Streamed::Done = streamed {
+                CALLS.fetch_add(1, Ordering::Relaxed);
+                reply = w.finish_on(h.lane, FLAG_REPLY, h.seq);
+                link.send(&reply)?;
+                continue;
             }
-        } else {
+            reply = w.finish_on(h.lane, 0, 0);
+        }
+        if let Streamed::Declined = streamed {
             let n = h.len as usize;
             if body.len() < n {
                 body.resize(n, 0);
             }
             link.recv_exact(&mut body[..n])?;
         }
-        if handle(&h, &body[..h.len as usize], &mut reply)? {
-            match crate::custom::take_trailer() {
-                Some(t) => {
-                    let sent = link.send_parts(&[&reply, t.bytes()]);
-                    t.release();
-                    sent?;
-                }
+        if let Some(out) = handle(backend, &h, &body[..h.len as usize], &mut reply)? {
+            match &out.trailer {
+                Some(t) => link.send_parts(&[&reply, t.bytes()])?,
                 None => link.send(&reply)?,
             }
         }
@@ -560,24 +501,31 @@ type LaneQueue = mpsc::Sender<(FrameHeader, Vec<u8>)>;
 /// Serves one session over a TCP stream: frames of all lanes share it, each lane's requests run
 /// on their own thread (started on first use) so one lane's blocking call never stalls another.
 pub fn run_tcp<S: Duplex>(
+    backend: &'static dyn Backend,
+    build_cache: Option<wormhole_blobcache::BlobCache>,
     stream: S,
     stats: Option<UnixStream>,
     lanes: u32,
 ) -> Result<(), WorkerError> {
     let writer = Arc::new(Mutex::new(stream.duplicate()?));
-    let mut w = Writer::new(control::WELCOME);
-    w.u64(u64::from(std::process::id()));
-    w.u32(lanes);
-    w.u64(0);
+    let welcome = Welcome {
+        session: u64::from(std::process::id()),
+        lanes,
+        ring_capacity: 0,
+    };
     writer
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .write_all(&w.finish(0, 0))?;
-    crate::callbacks::set_sink(writer.clone());
+        .write_all(&welcome.encode(0))?;
+    backend.begin(SessionSetup {
+        callbacks: writer.clone(),
+        arena: None,
+        build_cache,
+    });
     if let Some(stats) = stats {
         std::thread::Builder::new()
             .name("stats".into())
-            .spawn(move || serve_stats(stats))?;
+            .spawn(move || serve_stats(backend, stats))?;
     }
     let mut queues: Vec<Option<LaneQueue>> = (0..lanes).map(|_| None).collect();
     let mut reader = std::io::BufReader::with_capacity(1 << 16, stream);
@@ -608,25 +556,19 @@ pub fn run_tcp<S: Duplex>(
                     .spawn(move || {
                         let mut reply = Vec::new();
                         for (h, body) in rx {
-                            match handle(&h, &body, &mut reply) {
-                                Ok(true) => {
-                                    let trailer = crate::custom::take_trailer();
-                                    let sent = {
-                                        let mut out =
-                                            writer.lock().unwrap_or_else(|p| p.into_inner());
-                                        out.write_all(&reply).and_then(|_| match &trailer {
+                            match handle(backend, &h, &body, &mut reply) {
+                                Ok(Some(done)) => {
+                                    let mut out = writer.lock().unwrap_or_else(|p| p.into_inner());
+                                    let sent =
+                                        out.write_all(&reply).and_then(|_| match &done.trailer {
                                             Some(t) => out.write_all(t.bytes()),
                                             None => Ok(()),
-                                        })
-                                    };
-                                    if let Some(t) = trailer {
-                                        t.release();
-                                    }
+                                        });
                                     if sent.is_err() {
                                         return;
                                     }
                                 }
-                                Ok(false) => {}
+                                Ok(None) => {}
                                 Err(e) => {
                                     tracing::error!(lane = h.lane, "ending session: {e}");
                                     std::process::exit(3);
@@ -645,58 +587,140 @@ pub fn run_tcp<S: Duplex>(
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct SessionDetail {
     pub pid: u32,
+    /// The API the session speaks.
+    #[serde(default)]
+    pub api: String,
     pub tenant: String,
     pub mem_quota: Option<u64>,
     pub tenant_mem_bytes: i64,
     pub calls: u64,
     pub async_failures: u64,
     pub mem_bytes: i64,
-    /// Bytes of buffers stored in the arena the client maps, and the blocking transfers the
-    /// client copied there itself (see `arena`).
-    #[serde(default)]
-    pub shared_mem_bytes: u64,
-    #[serde(default)]
-    pub direct_transfers: u64,
-    /// Builds the program cache served, and builds it could have served but compiled.
-    #[serde(default)]
-    pub program_cache_hits: u64,
-    #[serde(default)]
-    pub program_cache_misses: u64,
     pub objects: std::collections::BTreeMap<String, usize>,
+    /// The API's own counters (OpenCL: buffers in the shared arena, direct transfers,
+    /// program-cache hits and misses).
+    #[serde(flatten)]
+    pub backend: serde_json::Map<String, serde_json::Value>,
 }
 
-fn detail() -> SessionDetail {
-    let s = session();
+fn detail(backend: &dyn Backend) -> SessionDetail {
     SessionDetail {
         pid: std::process::id(),
+        api: backend.api().to_string(),
         tenant: limits().tenant.clone(),
         mem_quota: limits().mem_quota,
         tenant_mem_bytes: limits().tenant_bytes(),
-        calls: s.calls.load(std::sync::atomic::Ordering::Relaxed),
-        async_failures: s.async_failures.load(std::sync::atomic::Ordering::Relaxed),
-        mem_bytes: s.mem_bytes(),
-        shared_mem_bytes: crate::arena::SHARED_BYTES.load(std::sync::atomic::Ordering::Relaxed),
-        direct_transfers: crate::arena::DIRECT_TRANSFERS.load(std::sync::atomic::Ordering::Relaxed),
-        program_cache_hits: crate::program_cache::HITS.load(std::sync::atomic::Ordering::Relaxed),
-        program_cache_misses: crate::program_cache::MISSES
-            .load(std::sync::atomic::Ordering::Relaxed),
-        objects: s
-            .object_counts()
-            .into_iter()
-            .map(|(k, n)| (format!("{k:?}"), n))
-            .collect(),
+        calls: CALLS.load(Ordering::Relaxed),
+        async_failures: ASYNC_FAILURES.load(Ordering::Relaxed),
+        mem_bytes: backend.mem_bytes(),
+        objects: backend.objects(),
+        backend: backend.detail(),
     }
 }
 
 /// Answers the supervisor's status questions about this session.
-fn serve_stats(mut sock: UnixStream) {
+fn serve_stats(backend: &dyn Backend, mut sock: UnixStream) {
     let mut body = Vec::new();
     while read_frame(&mut sock, &mut body).is_ok() {
-        let json = serde_json::to_vec(&detail()).unwrap_or_default();
+        let json = serde_json::to_vec(&detail(backend)).unwrap_or_default();
         let mut w = Writer::new(control::STATUS);
         w.bytes(&json);
         if sock.write_all(&w.finish(FLAG_REPLY, 0)).is_err() {
             return;
         }
+    }
+}
+
+/// How the supervisor starts a worker (`wh worker ...`): what it serves and for whom. The
+/// session's socket (or a standby worker's line to the supervisor) is fd 3, the stats socket
+/// fd 4 and the tenant's memory ledger fd 5.
+#[derive(Debug, Clone)]
+pub struct WorkerArgs {
+    /// The API's name (one of the server's backends).
+    pub api: String,
+    pub layout: Layout,
+    /// unix, tcp, tls, guest, or standby (warm up, then wait for a session's socket).
+    pub transport: String,
+    pub tenant: String,
+    pub slot: usize,
+    pub mem_quota: Option<u64>,
+    pub max_objects: Option<usize>,
+    /// Substrings of the device names the tenant may use (empty: all).
+    pub devices: Vec<String>,
+    /// The guest region (transport "guest").
+    pub region: Option<std::path::PathBuf>,
+    /// The build cache shared by all sessions (checked by the supervisor), and its bound.
+    pub build_cache: Option<std::path::PathBuf>,
+    pub build_cache_bytes: u64,
+}
+
+/// A worker process's life: take the descriptors the supervisor passed, set the tenant's
+/// limits, and serve one session of `backend`.
+pub fn main(args: WorkerArgs, backend: &'static dyn Backend) -> Result<(), WorkerError> {
+    let build_cache = args.build_cache.as_deref().and_then(|dir| {
+        wormhole_blobcache::BlobCache::open(dir, args.build_cache_bytes)
+            .inspect_err(|e| tracing::warn!("build cache off in this session: {e}"))
+            .ok()
+    });
+    use std::os::fd::{FromRawFd, OwnedFd};
+    // SAFETY: the supervisor hands the tenant's memory ledger as fd 5 (dup2 before exec).
+    let ledger = crate::quota::Ledger::from_fd(unsafe { OwnedFd::from_raw_fd(5) }).ok();
+    set_limits(Limits {
+        tenant: args.tenant,
+        ledger,
+        slot: args.slot,
+        mem_quota: args.mem_quota,
+        max_objects: args.max_objects,
+        devices: args.devices,
+    });
+    // SAFETY: the supervisor hands the stats socket as fd 4 (dup2 before exec); nothing else in
+    // this process owns it.
+    let stats = unsafe { UnixStream::from_raw_fd(4) };
+    let layout = args.layout;
+    if args.transport == "guest" {
+        let region = args.region.ok_or_else(|| {
+            WorkerError::Io(std::io::Error::other("transport guest needs --region"))
+        })?;
+        return run_guest(backend, build_cache, &region, layout, Some(stats));
+    }
+    // SAFETY: as above, fd 3 is the session's socket or stream (a Unix socket, a TCP stream, or
+    // the worker's end of the supervisor's TLS proxy) or, for a standby worker, its line to the
+    // supervisor; nothing else in this process owns it.
+    let fd3 = unsafe { OwnedFd::from_raw_fd(3) };
+    let (transport, session, memory) = if args.transport == "standby" {
+        // Ready before any tenant waits (the driver loaded, a local session's shared memory
+        // made); the session arrives later.
+        backend.warm_up();
+        let memory = SharedMemory::create(layout)?;
+        match await_session(&UnixStream::from(fd3))? {
+            Some((transport, session)) => (transport, session, Some(memory)),
+            None => return Ok(()),
+        }
+    } else {
+        (args.transport, fd3, None)
+    };
+    match transport.as_str() {
+        "tcp" => run_tcp(
+            backend,
+            build_cache,
+            TcpStream::from(session),
+            Some(stats),
+            layout.lanes,
+        ),
+        "tls" => run_tcp(
+            backend,
+            build_cache,
+            UnixStream::from(session),
+            Some(stats),
+            layout.lanes,
+        ),
+        _ => run(
+            backend,
+            build_cache,
+            UnixStream::from(session),
+            Some(stats),
+            layout,
+            memory,
+        ),
     }
 }

@@ -26,8 +26,8 @@ fn main() {
         let mut body = Vec::new();
         for _ in 0..n {
             let h = link.recv(&mut body).unwrap();
-            let w = wormhole_protocol::Writer::new(h.opcode);
-            link.send(&w.finish(wormhole_protocol::FLAG_REPLY, h.seq))
+            let w = wormhole_wire::Writer::new(h.opcode);
+            link.send(&w.finish(wormhole_wire::FLAG_REPLY, h.seq))
                 .unwrap();
         }
     });
@@ -43,7 +43,7 @@ fn main() {
     let mut lat = Vec::with_capacity(n);
     for i in 0..n {
         let t = Instant::now();
-        let mut w = wormhole_protocol::Writer::new(1);
+        let mut w = wormhole_wire::Writer::new(1);
         w.u64(i as u64);
         link.send(&w.finish(0, i as u32)).unwrap();
         link.recv(&mut body).unwrap();

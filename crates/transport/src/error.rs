@@ -1,4 +1,4 @@
-use wormhole_protocol::DecodeError;
+use wormhole_wire::DecodeError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {

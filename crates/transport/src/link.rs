@@ -5,7 +5,7 @@ use crate::wait::{SpinPolicy, Waiter};
 use crate::TransportError;
 use std::io::{Read, Write};
 use std::sync::Arc;
-use wormhole_protocol::{FrameHeader, HEADER_LEN};
+use wormhole_wire::{FrameHeader, HEADER_LEN};
 
 pub trait FrameLink: Send {
     /// Sends one complete frame.

@@ -7,7 +7,7 @@ use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, Ms
 use std::io::{IoSlice, IoSliceMut, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-use wormhole_protocol::{FrameHeader, HEADER_LEN};
+use wormhole_wire::{FrameHeader, HEADER_LEN};
 
 /// Sends one frame with `fds` attached to its first byte.
 pub fn send_frame_with_fds(

@@ -1,0 +1,761 @@
+//! Reads, writes and mappings. Data travels inline in requests and replies; non-blocking reads
+//! are collected at the next synchronisation point (rt::pending).
+
+use super::*;
+use crate::rt::pending::{self, Scatter};
+use std::alloc::Layout;
+use std::sync::Mutex;
+use wormhole_opencl_proto::geometry::{for_each_row, image_span, rect_span, Span};
+use wormhole_opencl_proto::{Op, Reader};
+
+const READ_INLINE: u8 = 0;
+
+/// Sends a read and puts its data where `scatter` says (now, or at the next sync point).
+fn finish_read(
+    w: Writer,
+    read_id: u64,
+    event: *mut Handle,
+    ev_id: u64,
+    scatter: Scatter,
+) -> Result<i32, ClErr> {
+    finish_read_into(w, read_id, event, ev_id, scatter, None)
+}
+
+/// Reply of an inline read: status i32, mode u8, data length u64, then the data.
+const READ_PREFIX: usize = 13;
+
+/// As `finish_read`; with `direct`, inline data is read from the transport straight into the
+/// application's buffer.
+fn finish_read_into(
+    w: Writer,
+    read_id: u64,
+    event: *mut Handle,
+    ev_id: u64,
+    scatter: Scatter,
+    direct: Option<&mut [u8]>,
+) -> Result<i32, ClErr> {
+    let (reply, filled) = rt::call_bulk(w, &[], direct.map(|d| (READ_PREFIX, d)))?;
+    if filled {
+        if Reader::new(&reply).i32()? != CL_SUCCESS {
+            return Err(ClErr(CL_OUT_OF_RESOURCES));
+        }
+        // SAFETY: the application's `cl_event *` or NULL.
+        unsafe { set_event(event, ev_id) };
+        rt::after_sync();
+        return Ok(CL_SUCCESS);
+    }
+    let mut r = Reader::new(&reply);
+    let st = r.i32()?;
+    if st != CL_SUCCESS {
+        return Ok(st);
+    }
+    if r.u8()? == READ_INLINE {
+        let data = r.bytes()?;
+        // SAFETY: the scatter addresses are the application's buffer for this read.
+        unsafe { pending::scatter(&scatter, data) };
+        rt::after_sync();
+    } else {
+        pending::defer(read_id, scatter);
+    }
+    // SAFETY: the application's `cl_event *` or NULL.
+    unsafe { set_event(event, ev_id) };
+    Ok(CL_SUCCESS)
+}
+
+fn finish_write(w: Writer, event: *mut Handle, ev_id: u64, blocking: u32) -> Result<i32, ClErr> {
+    finish_write_bulk(w, &[], event, ev_id, blocking)
+}
+
+fn finish_write_bulk(
+    w: Writer,
+    payload: &[u8],
+    event: *mut Handle,
+    ev_id: u64,
+    blocking: u32,
+) -> Result<i32, ClErr> {
+    let reply = rt::call_bulk(w, payload, None)?.0;
+    let st = Reader::new(&reply).i32()?;
+    if st == CL_SUCCESS {
+        // SAFETY: as above.
+        unsafe { set_event(event, ev_id) };
+        if blocking != 0 {
+            rt::after_sync();
+        }
+    }
+    Ok(st)
+}
+
+/// The session's buffer arena, when this client maps one.
+fn arena() -> Option<&'static wormhole_transport::Arena> {
+    crate::connection::get()?.arena()
+}
+
+/// Host-access flags under which the driver refuses reads or writes: such calls take the
+/// ordinary path, which reports its error.
+const HOST_ACCESS_FLAGS: u64 =
+    CL_MEM_HOST_WRITE_ONLY | CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_NO_ACCESS;
+
+/// A blocking read or write of a windowed buffer (see the server's `arena` module): the server
+/// waits as the native call would, then the bytes are copied here, between the application's
+/// memory and the buffer's own storage in the shared arena. One copy and no driver command.
+/// `None`: the ordinary path must run (no window, out of range, a wait list or an event, or
+/// the server declined), and it then answers exactly as the driver does.
+///
+/// # Safety
+/// `app` must hold `size` bytes, readable (`write`) or writable (read).
+#[allow(clippy::too_many_arguments)]
+unsafe fn direct_copy(
+    q: &objects::ClObject,
+    b: &objects::ClObject,
+    blocking: u32,
+    offset: usize,
+    size: usize,
+    app: *mut u8,
+    plain: bool,
+    write: bool,
+) -> Option<i32> {
+    let m = b.mem?;
+    let (off, len) = m.window?;
+    if blocking == 0 || !plain || app.is_null() || size == 0 || m.flags & HOST_ACCESS_FLAGS != 0 {
+        return None;
+    }
+    if offset.checked_add(size)? > len {
+        return None;
+    }
+    let at = crate::connection::get()?
+        .arena()?
+        .range(off.checked_add(offset as u64)?, size as u64)?;
+    let mut w = Writer::new(wormhole_opencl_proto::control::DIRECT);
+    w.u64(q.id);
+    w.u64(b.id);
+    let reply = rt::call(w).ok()?;
+    if Reader::new(&reply).i32().ok()? != CL_SUCCESS {
+        return None;
+    }
+    // SAFETY: `at` holds `size` bytes of the buffer, which nothing else touches now (the server
+    // waited for the queue); `app` holds `size` bytes per the caller.
+    unsafe {
+        use wormhole_transport::copy::copy_bulk;
+        if write {
+            copy_bulk(at, app, size);
+        } else {
+            copy_bulk(app, at, size);
+        }
+    }
+    rt::after_sync();
+    Some(CL_SUCCESS)
+}
+
+pub unsafe extern "C" fn clEnqueueReadBuffer(
+    queue: Handle,
+    buffer: Handle,
+    blocking: u32,
+    offset: usize,
+    size: usize,
+    ptr: *mut c_void,
+    n: u32,
+    list: *const Handle,
+    event: *mut Handle,
+) -> i32 {
+    rt::entry_status(|| {
+        // SAFETY: the application's handles and lists.
+        let (q, b) = unsafe {
+            (
+                obj(queue, HandleKind::Queue)?,
+                obj(buffer, HandleKind::Mem)?,
+            )
+        };
+        if ptr.is_null() {
+            return Err(ClErr(CL_INVALID_VALUE));
+        }
+        let plain = n == 0 && list.is_null() && event.is_null();
+        // SAFETY: the application promises `size` writable bytes at `ptr`.
+        let direct =
+            unsafe { direct_copy(q, b, blocking, offset, size, ptr as *mut u8, plain, false) };
+        if let Some(st) = direct {
+            return Ok(st);
+        }
+        let mut w = rt::request(Op::clEnqueueReadBuffer);
+        w.u64(q.id);
+        w.u64(b.id);
+        w.u32(blocking);
+        w.usize(offset);
+        w.usize(size);
+        // SAFETY: the application's wait list and event pointer.
+        let ev_id = unsafe { wait_and_event(&mut w, n, list, event) }?;
+        let read_id = rt::alloc_id();
+        w.u64(read_id);
+        // SAFETY: the application promises `size` writable bytes at `ptr`.
+        let direct = (blocking != 0)
+            .then(|| unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, size) });
+        finish_read_into(
+            w,
+            read_id,
+            event,
+            ev_id,
+            Scatter::Plain { dst: ptr as usize },
+            direct,
+        )
+    })
+}
+
+pub unsafe extern "C" fn clEnqueueWriteBuffer(
+    queue: Handle,
+    buffer: Handle,
+    blocking: u32,
+    offset: usize,
+    size: usize,
+    ptr: *const c_void,
+    n: u32,
+    list: *const Handle,
+    event: *mut Handle,
+) -> i32 {
+    rt::entry_status(|| {
+        // SAFETY: the application's handles and lists.
+        let (q, b) = unsafe {
+            (
+                obj(queue, HandleKind::Queue)?,
+                obj(buffer, HandleKind::Mem)?,
+            )
+        };
+        let plain = n == 0 && list.is_null() && event.is_null();
+        // SAFETY: the application promises `size` readable bytes at `ptr`.
+        let direct =
+            unsafe { direct_copy(q, b, blocking, offset, size, ptr as *mut u8, plain, true) };
+        if let Some(st) = direct {
+            return Ok(st);
+        }
+        let mut w = rt::request(Op::clEnqueueWriteBuffer);
+        w.u64(q.id);
+        w.u64(b.id);
+        w.u32(blocking);
+        w.usize(offset);
+        w.usize(size);
+        // SAFETY: the application's wait list and event pointer.
+        let ev_id = unsafe { wait_and_event(&mut w, n, list, event) }?;
+        // The data goes last, straight from the application's memory into the transport.
+        w.bool(!ptr.is_null());
+        let payload: &[u8] = if ptr.is_null() {
+            &[]
+        } else {
+            w.trailing_bytes(size);
+            // SAFETY: the application promises `size` readable bytes at `ptr`.
+            unsafe { std::slice::from_raw_parts(ptr as *const u8, size) }
+        };
+        finish_write_bulk(w, payload, event, ev_id, blocking)
+    })
+}
+
+fn rows_of(span: &Span, region: [usize; 3], elem: usize) -> Vec<(usize, usize)> {
+    let mut rows = Vec::new();
+    for_each_row(span, region, elem, |o, n| rows.push((o, n)));
+    rows
+}
+
+unsafe fn rect_common(
+    w: &mut Writer,
+    queue: Handle,
+    buffer: Handle,
+    blocking: u32,
+    bo: *const usize,
+    ho: *const usize,
+    rg: *const usize,
+    pitches: [usize; 4],
+) -> Result<(Span, [usize; 3]), ClErr> {
+    // SAFETY: the application's handles and triples.
+    let (q, b) = unsafe {
+        (
+            obj(queue, HandleKind::Queue)?,
+            obj(buffer, HandleKind::Mem)?,
+        )
+    };
+    // SAFETY: as above.
+    let (bo, ho, rg) = unsafe { (triple(bo)?, triple(ho)?, triple(rg)?) };
+    let span = rect_span(ho, rg, pitches[2], pitches[3], 1).ok_or(ClErr(CL_INVALID_VALUE))?;
+    w.u64(q.id);
+    w.u64(b.id);
+    w.u32(blocking);
+    put_triple(w, bo);
+    put_triple(w, ho);
+    put_triple(w, rg);
+    for p in pitches {
+        w.usize(p);
+    }
+    Ok((span, rg))
+}
+
+pub unsafe extern "C" fn clEnqueueReadBufferRect(
+    queue: Handle,
+    buffer: Handle,
+    blocking: u32,
+    buffer_origin: *const usize,
+    host_origin: *const usize,
+    region: *const usize,
+    brp: usize,
+    bsp: usize,
+    hrp: usize,
+    hsp: usize,
+    ptr: *mut c_void,
+    n: u32,
+    list: *const Handle,
+    event: *mut Handle,
+) -> i32 {
+    rt::entry_status(|| {
+        if ptr.is_null() {
+            return Err(ClErr(CL_INVALID_VALUE));
+        }
+        let mut w = rt::request(Op::clEnqueueReadBufferRect);
+        // SAFETY: the application's arguments.
+        let (span, rg) = unsafe {
+            rect_common(
+                &mut w,
+                queue,
+                buffer,
+                blocking,
+                buffer_origin,
+                host_origin,
+                region,
+                [brp, bsp, hrp, hsp],
+            )
+        }?;
+        // SAFETY: the application's wait list and event pointer.
+        let ev_id = unsafe { wait_and_event(&mut w, n, list, event) }?;
+        let read_id = rt::alloc_id();
+        w.u64(read_id);
+        let dst = ptr as usize + span.start;
+        finish_read(
+            w,
+            read_id,
+            event,
+            ev_id,
+            Scatter::Rows {
+                dst,
+                rows: rows_of(&span, rg, 1),
+            },
+        )
+    })
+}
+
+pub unsafe extern "C" fn clEnqueueWriteBufferRect(
+    queue: Handle,
+    buffer: Handle,
+    blocking: u32,
+    buffer_origin: *const usize,
+    host_origin: *const usize,
+    region: *const usize,
+    brp: usize,
+    bsp: usize,
+    hrp: usize,
+    hsp: usize,
+    ptr: *const c_void,
+    n: u32,
+    list: *const Handle,
+    event: *mut Handle,
+) -> i32 {
+    rt::entry_status(|| {
+        if ptr.is_null() {
+            return Err(ClErr(CL_INVALID_VALUE));
+        }
+        let mut w = rt::request(Op::clEnqueueWriteBufferRect);
+        // SAFETY: the application's arguments.
+        let (span, _) = unsafe {
+            rect_common(
+                &mut w,
+                queue,
+                buffer,
+                blocking,
+                buffer_origin,
+                host_origin,
+                region,
+                [brp, bsp, hrp, hsp],
+            )
+        }?;
+        // SAFETY: the rect's host footprint lies in the application's memory.
+        w.bytes(unsafe {
+            std::slice::from_raw_parts((ptr as *const u8).add(span.start), span.len)
+        });
+        // SAFETY: the application's wait list and event pointer.
+        let ev_id = unsafe { wait_and_event(&mut w, n, list, event) }?;
+        finish_write(w, event, ev_id, blocking)
+    })
+}
+
+/// (image type, element size) of an image, from what the client remembers or from the server.
+fn image_meta(image: Handle, o: &objects::ClObject) -> Result<(u32, usize), ClErr> {
+    if let Some((ty, elem)) = o.mem.and_then(|m| m.image) {
+        if elem != 0 {
+            return Ok((ty, elem));
+        }
+    }
+    let mut elem = 0usize;
+    let mut ty = 0u32;
+    // SAFETY: valid handle and local outputs of the sizes passed.
+    unsafe {
+        let st = crate::generated::wire_clGetImageInfo(
+            image,
+            CL_IMAGE_ELEMENT_SIZE,
+            8,
+            &mut elem as *mut usize as *mut c_void,
+            std::ptr::null_mut(),
+        );
+        if st != CL_SUCCESS {
+            return Err(ClErr(st));
+        }
+        crate::generated::wire_clGetMemObjectInfo(
+            image,
+            CL_MEM_TYPE,
+            4,
+            &mut ty as *mut u32 as *mut c_void,
+            std::ptr::null_mut(),
+        );
+    }
+    Ok((ty, elem))
+}
+
+unsafe fn image_common(
+    w: &mut Writer,
+    queue: Handle,
+    image: Handle,
+    blocking: u32,
+    origin: *const usize,
+    region: *const usize,
+    row_pitch: usize,
+    slice_pitch: usize,
+) -> Result<(Span, [usize; 3], usize), ClErr> {
+    // SAFETY: the application's handles and triples.
+    let (q, i) = unsafe { (obj(queue, HandleKind::Queue)?, obj(image, HandleKind::Mem)?) };
+    // SAFETY: as above.
+    let (origin, region) = unsafe { (triple(origin)?, triple(region)?) };
+    let (ty, elem) = image_meta(image, i)?;
+    let (span, rows) =
+        image_span(ty, region, row_pitch, slice_pitch, elem).ok_or(ClErr(CL_INVALID_VALUE))?;
+    w.u64(q.id);
+    w.u64(i.id);
+    w.u32(blocking);
+    put_triple(w, origin);
+    put_triple(w, region);
+    w.usize(row_pitch);
+    w.usize(slice_pitch);
+    Ok((span, rows, elem))
+}
+
+pub unsafe extern "C" fn clEnqueueReadImage(
+    queue: Handle,
+    image: Handle,
+    blocking: u32,
+    origin: *const usize,
+    region: *const usize,
+    row_pitch: usize,
+    slice_pitch: usize,
+    ptr: *mut c_void,
+    n: u32,
+    list: *const Handle,
+    event: *mut Handle,
+) -> i32 {
+    rt::entry_status(|| {
+        if ptr.is_null() {
+            return Err(ClErr(CL_INVALID_VALUE));
+        }
+        let mut w = rt::request(Op::clEnqueueReadImage);
+        // SAFETY: the application's arguments.
+        let (span, rows, elem) = unsafe {
+            image_common(
+                &mut w,
+                queue,
+                image,
+                blocking,
+                origin,
+                region,
+                row_pitch,
+                slice_pitch,
+            )
+        }?;
+        // SAFETY: the application's wait list and event pointer.
+        let ev_id = unsafe { wait_and_event(&mut w, n, list, event) }?;
+        let read_id = rt::alloc_id();
+        w.u64(read_id);
+        finish_read(
+            w,
+            read_id,
+            event,
+            ev_id,
+            Scatter::Rows {
+                dst: ptr as usize,
+                rows: rows_of(&span, rows, elem),
+            },
+        )
+    })
+}
+
+pub unsafe extern "C" fn clEnqueueWriteImage(
+    queue: Handle,
+    image: Handle,
+    blocking: u32,
+    origin: *const usize,
+    region: *const usize,
+    row_pitch: usize,
+    slice_pitch: usize,
+    ptr: *const c_void,
+    n: u32,
+    list: *const Handle,
+    event: *mut Handle,
+) -> i32 {
+    rt::entry_status(|| {
+        if ptr.is_null() {
+            return Err(ClErr(CL_INVALID_VALUE));
+        }
+        let mut w = rt::request(Op::clEnqueueWriteImage);
+        // SAFETY: the application's arguments.
+        let (span, _, _) = unsafe {
+            image_common(
+                &mut w,
+                queue,
+                image,
+                blocking,
+                origin,
+                region,
+                row_pitch,
+                slice_pitch,
+            )
+        }?;
+        // SAFETY: the image region's host footprint lies in the application's memory.
+        w.bytes(unsafe { std::slice::from_raw_parts(ptr as *const u8, span.len) });
+        // SAFETY: the application's wait list and event pointer.
+        let ev_id = unsafe { wait_and_event(&mut w, n, list, event) }?;
+        finish_write(w, event, ev_id, blocking)
+    })
+}
+
+/// A region the application has mapped: where it lives in the client and how to give it back.
+struct MapEntry {
+    ptr: usize,
+    mem_id: u64,
+    token: u64,
+    len: usize,
+    writes: bool,
+    owned: Option<Layout>,
+}
+
+static MAPS: Mutex<Vec<MapEntry>> = Mutex::new(Vec::new());
+
+/// Finishes a map: the data goes to the application's host memory (USE_HOST_PTR buffers) or to
+/// fresh memory the client owns until the unmap.
+fn finish_map(
+    w: Writer,
+    o: &objects::ClObject,
+    offset: usize,
+    flags: u64,
+    token: u64,
+    event: *mut Handle,
+    ev_id: u64,
+) -> Result<(*mut c_void, [usize; 2]), ClErr> {
+    let reply = rt::call(w)?;
+    let mut r = Reader::new(&reply);
+    let st = r.i32()?;
+    if st != CL_SUCCESS {
+        return Err(ClErr(st));
+    }
+    let pitches = [r.usize()?, r.usize()?];
+    let in_place = r.u64()?;
+    // The mapping's length (an invalidating map comes without its bytes).
+    let len = usize::try_from(r.u64()?).map_err(|_| ClErr(CL_OUT_OF_RESOURCES))?;
+    if in_place != u64::MAX {
+        // The mapping is the buffer's own storage in the arena: nothing to copy now, nothing
+        // to send back at the unmap.
+        let ptr = arena()
+            .and_then(|a| a.range(in_place, len as u64))
+            .ok_or(ClErr(CL_OUT_OF_RESOURCES))?;
+        MAPS.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(MapEntry {
+                ptr: ptr as usize,
+                mem_id: o.id,
+                token,
+                len,
+                writes: false,
+                owned: None,
+            });
+        // SAFETY: the application's `cl_event *` or NULL.
+        unsafe { set_event(event, ev_id) };
+        rt::after_sync();
+        return Ok((ptr as *mut c_void, pitches));
+    }
+    let data = r.bytes()?;
+    if !data.is_empty() && data.len() != len {
+        return Err(ClErr(CL_OUT_OF_RESOURCES));
+    }
+    let use_host = o
+        .mem
+        .filter(|m| m.flags & CL_MEM_USE_HOST_PTR != 0 && m.host_ptr != 0 && m.image.is_none());
+    let (ptr, owned) = match use_host {
+        Some(m) => ((m.host_ptr + offset) as *mut u8, None),
+        None => {
+            let layout = Layout::from_size_align(len.max(1), 128)
+                .map_err(|_| ClErr(CL_OUT_OF_HOST_MEMORY))?;
+            // SAFETY: non-zero size.
+            let p = unsafe { std::alloc::alloc_zeroed(layout) };
+            if p.is_null() {
+                return Err(ClErr(CL_OUT_OF_HOST_MEMORY));
+            }
+            (p, Some(layout))
+        }
+    };
+    if !data.is_empty() {
+        // SAFETY: `ptr` has room for `len` bytes (fresh, or the application's mapped range).
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr, len) };
+    }
+    let writes = flags & (CL_MAP_WRITE | CL_MAP_WRITE_INVALIDATE_REGION) != 0;
+    MAPS.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(MapEntry {
+            ptr: ptr as usize,
+            mem_id: o.id,
+            token,
+            len: if len == 0 { 0 } else { len },
+            writes,
+            owned,
+        });
+    // SAFETY: the application's `cl_event *` or NULL.
+    unsafe { set_event(event, ev_id) };
+    rt::after_sync();
+    Ok((ptr as *mut c_void, pitches))
+}
+
+pub unsafe extern "C" fn clEnqueueMapBuffer(
+    queue: Handle,
+    buffer: Handle,
+    blocking: u32,
+    flags: u64,
+    offset: usize,
+    size: usize,
+    n: u32,
+    list: *const Handle,
+    event: *mut Handle,
+    errcode_ret: *mut i32,
+) -> *mut c_void {
+    rt::entry_handle(errcode_ret, || {
+        // SAFETY: the application's handles.
+        let (q, b) = unsafe {
+            (
+                obj(queue, HandleKind::Queue)?,
+                obj(buffer, HandleKind::Mem)?,
+            )
+        };
+        let mut w = rt::request(Op::clEnqueueMapBuffer);
+        w.u64(q.id);
+        w.u64(b.id);
+        w.u32(blocking);
+        w.u64(flags);
+        w.usize(offset);
+        w.usize(size);
+        // SAFETY: the application's wait list and event pointer.
+        let ev_id = unsafe { wait_and_event(&mut w, n, list, event) }?;
+        let token = rt::alloc_id();
+        w.u64(token);
+        w.bool(arena().is_some());
+        finish_map(w, b, offset, flags, token, event, ev_id).map(|(p, _)| p)
+    })
+}
+
+pub unsafe extern "C" fn clEnqueueMapImage(
+    queue: Handle,
+    image: Handle,
+    blocking: u32,
+    flags: u64,
+    origin: *const usize,
+    region: *const usize,
+    row_pitch: *mut usize,
+    slice_pitch: *mut usize,
+    n: u32,
+    list: *const Handle,
+    event: *mut Handle,
+    errcode_ret: *mut i32,
+) -> *mut c_void {
+    rt::entry_handle(errcode_ret, || {
+        // SAFETY: the application's handles and triples.
+        let (q, i) = unsafe { (obj(queue, HandleKind::Queue)?, obj(image, HandleKind::Mem)?) };
+        if row_pitch.is_null() {
+            return Err(ClErr(CL_INVALID_VALUE));
+        }
+        // SAFETY: as above.
+        let (origin, region) = unsafe { (triple(origin)?, triple(region)?) };
+        let mut w = rt::request(Op::clEnqueueMapImage);
+        w.u64(q.id);
+        w.u64(i.id);
+        w.u32(blocking);
+        w.u64(flags);
+        put_triple(&mut w, origin);
+        put_triple(&mut w, region);
+        // SAFETY: the application's wait list and event pointer.
+        let ev_id = unsafe { wait_and_event(&mut w, n, list, event) }?;
+        let token = rt::alloc_id();
+        w.u64(token);
+        w.bool(arena().is_some());
+        let (p, pitches) = finish_map(w, i, 0, flags, token, event, ev_id)?;
+        // SAFETY: the application's outputs (row_pitch checked above).
+        unsafe {
+            *row_pitch = pitches[0];
+            if !slice_pitch.is_null() {
+                *slice_pitch = pitches[1];
+            }
+        }
+        Ok(p)
+    })
+}
+
+pub unsafe extern "C" fn clEnqueueUnmapMemObject(
+    queue: Handle,
+    memobj: Handle,
+    mapped: *mut c_void,
+    n: u32,
+    list: *const Handle,
+    event: *mut Handle,
+) -> i32 {
+    rt::entry_status(|| {
+        // SAFETY: the application's handles.
+        let (q, m) = unsafe {
+            (
+                obj(queue, HandleKind::Queue)?,
+                obj(memobj, HandleKind::Mem)?,
+            )
+        };
+        let entry = {
+            let mut maps = MAPS.lock().unwrap_or_else(|p| p.into_inner());
+            let i = maps
+                .iter()
+                .position(|e| e.ptr == mapped as usize && e.mem_id == m.id)
+                .ok_or(ClErr(CL_INVALID_VALUE))?;
+            maps.swap_remove(i)
+        };
+        let mut w = rt::request(Op::clEnqueueUnmapMemObject);
+        w.u64(q.id);
+        w.u64(m.id);
+        w.u64(entry.token);
+        // SAFETY: the mapped range holds `len` bytes the application may have written.
+        w.opt_bytes(
+            entry
+                .writes
+                .then(|| unsafe { std::slice::from_raw_parts(entry.ptr as *const u8, entry.len) }),
+        );
+        let res = (|| {
+            // SAFETY: the application's wait list and event pointer.
+            let ev_id = unsafe { wait_and_event(&mut w, n, list, event) }?;
+            let reply = rt::call(w)?;
+            let st = Reader::new(&reply).i32()?;
+            if st == CL_SUCCESS {
+                // SAFETY: as above.
+                unsafe { set_event(event, ev_id) };
+            }
+            Ok(st)
+        })();
+        match (&res, entry.owned) {
+            (Ok(CL_SUCCESS), Some(layout)) => {
+                // SAFETY: allocated in `finish_map` with this layout; the mapping is over.
+                unsafe { std::alloc::dealloc(entry.ptr as *mut u8, layout) };
+            }
+            (Ok(CL_SUCCESS), None) => {}
+            _ => MAPS.lock().unwrap_or_else(|p| p.into_inner()).push(entry),
+        }
+        res
+    })
+}

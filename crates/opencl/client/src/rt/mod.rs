@@ -1,0 +1,279 @@
+//! What the generated stubs and the hand-written entry points share: error plumbing, handle
+//! conversion, argument encoding, reply decoding.
+
+pub mod callbacks;
+pub mod info;
+pub mod pending;
+pub mod props;
+
+use crate::connection;
+use crate::objects;
+use std::ffi::{c_char, c_void, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use wormhole_opencl_proto::{cl::*, DecodeError, HandleKind, Op, Reader, Writer};
+
+pub use objects::alloc_id;
+
+/// An OpenCL error code on its way out of an entry point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClErr(pub i32);
+
+impl From<DecodeError> for ClErr {
+    fn from(e: DecodeError) -> Self {
+        connection::log(&format!("malformed reply from the server: {e}"));
+        ClErr(CL_OUT_OF_RESOURCES)
+    }
+}
+
+/// Runs an entry point that returns a status; a panic becomes CL_OUT_OF_HOST_MEMORY.
+pub fn entry_status(f: impl FnOnce() -> Result<i32, ClErr>) -> i32 {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(st)) => st,
+        Ok(Err(ClErr(code))) => code,
+        Err(_) => CL_OUT_OF_HOST_MEMORY,
+    }
+}
+
+/// Runs an entry point that returns an object and reports through `errcode_ret`.
+// `errcode_ret` comes straight from the application's call, which OpenCL requires to be a valid
+// `cl_int *` or NULL; every caller is itself an `unsafe extern "C"` entry point.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
+pub fn entry_handle(
+    errcode_ret: *mut i32,
+    f: impl FnOnce() -> Result<*mut c_void, ClErr>,
+) -> *mut c_void {
+    let (h, code) = match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(h)) => (h, CL_SUCCESS),
+        Ok(Err(ClErr(code))) => (std::ptr::null_mut(), code),
+        Err(_) => (std::ptr::null_mut(), CL_OUT_OF_HOST_MEMORY),
+    };
+    if !errcode_ret.is_null() {
+        // SAFETY: the application passed a valid `cl_int *` or NULL.
+        unsafe { *errcode_ret = code };
+    }
+    h
+}
+
+pub fn request(op: Op) -> Writer {
+    Writer::new(op as u16)
+}
+
+thread_local! {
+    static NEXT_ASYNC: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// The next `call` of this thread goes out without waiting (see `call_async`): for hand-written
+/// entry points that validated a generated stub's call completely.
+pub fn send_next_async() {
+    NEXT_ASYNC.with(|a| a.set(true));
+}
+
+/// Sends a request and waits for its reply body.
+pub fn call(w: Writer) -> Result<Vec<u8>, ClErr> {
+    if NEXT_ASYNC.with(|a| a.replace(false)) {
+        return call_async(w);
+    }
+    crate::custom::push_fine();
+    let conn = connection::get().ok_or(ClErr(CL_OUT_OF_RESOURCES))?;
+    conn.call(w).map_err(|_| ClErr(CL_OUT_OF_RESOURCES))
+}
+
+/// A call with bulk data (see `Connection::call_bulk`).
+pub fn call_bulk(
+    w: Writer,
+    payload: &[u8],
+    sink: Option<(usize, &mut [u8])>,
+) -> Result<(Vec<u8>, bool), ClErr> {
+    crate::custom::push_fine();
+    let conn = connection::get().ok_or(ClErr(CL_OUT_OF_RESOURCES))?;
+    conn.call_bulk(w, payload, sink)
+        .map_err(|_| ClErr(CL_OUT_OF_RESOURCES))
+}
+
+/// Sends a request whose every error the client has already ruled out, without waiting: the
+/// reply is CL_SUCCESS by construction. The lane keeps it in order with the thread's later
+/// calls; the server logs (and counts) a failure it did not expect.
+pub fn call_async(w: Writer) -> Result<Vec<u8>, ClErr> {
+    crate::custom::push_fine();
+    let conn = connection::get().ok_or(ClErr(CL_OUT_OF_RESOURCES))?;
+    conn.send_async(w).map_err(|_| ClErr(CL_OUT_OF_RESOURCES))?;
+    Ok(CL_SUCCESS.to_le_bytes().to_vec())
+}
+
+pub fn log_unsupported(what: &str) {
+    connection::log(&format!(
+        "{what} is not forwarded by Wormhole; returning CL_INVALID_OPERATION"
+    ));
+}
+
+/// The id of an application handle. NULL travels as 0 (the server's driver then reports what
+/// native OpenCL reports for NULL); anything that is not a live object of `kind` is refused
+/// here with the native code.
+///
+/// # Safety
+/// `h` must be NULL or a handle the application got from an OpenCL call.
+pub unsafe fn id_of(h: *mut c_void, kind: HandleKind, _nullable: bool) -> Result<u64, ClErr> {
+    if h.is_null() {
+        return Ok(0);
+    }
+    // SAFETY: per the contract.
+    unsafe { objects::get(h, kind) }
+        .map(|o| o.id)
+        .ok_or(ClErr(kind.invalid_code()))
+}
+
+/// Encodes an array of `count` handles (absent when the pointer is NULL).
+///
+/// # Safety
+/// `list` must be NULL or point to `count` handles.
+pub unsafe fn encode_handles(
+    w: &mut Writer,
+    list: *const *mut c_void,
+    count: usize,
+    kind: HandleKind,
+    code: i32,
+) -> Result<(), ClErr> {
+    if list.is_null() {
+        w.opt_u64s(None);
+        return Ok(());
+    }
+    if count > 1 << 20 {
+        return Err(ClErr(CL_INVALID_VALUE));
+    }
+    let mut ids = Vec::with_capacity(count);
+    for i in 0..count {
+        // SAFETY: `list` holds `count` handles.
+        let h = unsafe { *list.add(i) };
+        // SAFETY: each element is a handle the application got from OpenCL.
+        let o = unsafe { objects::get(h, kind) }.ok_or(ClErr(code))?;
+        ids.push(o.id);
+    }
+    w.opt_u64s(Some(&ids));
+    Ok(())
+}
+
+/// `len` bytes at `p` (NULL → absent).
+///
+/// # Safety
+/// `p` must be NULL or point to `len` readable bytes.
+pub unsafe fn bytes_in<'a>(p: *const u8, len: Option<usize>) -> Result<Option<&'a [u8]>, ClErr> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    let len = len.ok_or(ClErr(CL_INVALID_VALUE))?;
+    // SAFETY: per the contract.
+    Ok(Some(unsafe { std::slice::from_raw_parts(p, len) }))
+}
+
+/// # Safety
+/// `p` must be NULL or point to `count` size_t values.
+pub unsafe fn usizes_in(p: *const usize, count: Option<usize>) -> Result<Option<Vec<u64>>, ClErr> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    let n = count.ok_or(ClErr(CL_INVALID_VALUE))?;
+    if n > 64 {
+        return Err(ClErr(CL_INVALID_VALUE));
+    }
+    // SAFETY: per the contract.
+    Ok(Some((0..n).map(|i| unsafe { *p.add(i) } as u64).collect()))
+}
+
+/// # Safety
+/// `p` must be NULL or a NUL-terminated string.
+pub unsafe fn cstr_in<'a>(p: *const c_char) -> Option<&'a [u8]> {
+    // SAFETY: per the contract.
+    (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_bytes())
+}
+
+/// # Safety
+/// `p` must be NULL or point to `count` strings (each NULL or NUL-terminated).
+pub unsafe fn encode_strs(
+    w: &mut Writer,
+    p: *const *const c_char,
+    count: usize,
+) -> Result<(), ClErr> {
+    w.bool(!p.is_null());
+    if p.is_null() {
+        return Ok(());
+    }
+    w.u32(count as u32);
+    for i in 0..count {
+        // SAFETY: per the contract.
+        let s = unsafe { *p.add(i) };
+        if s.is_null() {
+            return Err(ClErr(CL_INVALID_VALUE));
+        }
+        // SAFETY: per the contract.
+        w.bytes(unsafe { CStr::from_ptr(s) }.to_bytes());
+    }
+    Ok(())
+}
+
+/// Copies an output value into the application's buffer of `cap` bytes.
+///
+/// # Safety
+/// `dst` must point to `cap` writable bytes.
+pub unsafe fn copy_out(r: &mut Reader<'_>, dst: *mut u8, cap: Option<usize>) -> Result<(), ClErr> {
+    let b = r.bytes()?;
+    let n = b.len().min(cap.unwrap_or(0));
+    // SAFETY: n <= cap.
+    unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), dst, n) };
+    Ok(())
+}
+
+/// Reads handles the server returned into the application's array of `cap` entries.
+///
+/// # Safety
+/// `dst` must point to `cap` writable handles.
+pub unsafe fn read_handles(
+    r: &mut Reader<'_>,
+    dst: *mut *mut c_void,
+    cap: usize,
+    kind: HandleKind,
+) -> Result<(), ClErr> {
+    let n = r.u32()? as usize;
+    for i in 0..n {
+        let id = r.u64()?;
+        if i < cap {
+            // SAFETY: i < cap.
+            unsafe { *dst.add(i) = objects::object_for_id(kind, id) };
+        }
+    }
+    Ok(())
+}
+
+pub fn new_object(kind: HandleKind, id: u64) -> *mut c_void {
+    objects::new_object(kind, id, None)
+}
+
+/// # Safety
+/// `h` was validated by `id_of` in the same call.
+pub unsafe fn retained(h: *mut c_void, kind: HandleKind) {
+    // SAFETY: per the contract.
+    if let Some(o) = unsafe { objects::get(h, kind) } {
+        objects::retained(o);
+    }
+}
+
+/// # Safety
+/// As `retained`.
+pub unsafe fn release_begin(h: *mut c_void, kind: HandleKind) -> bool {
+    // SAFETY: per the contract.
+    unsafe { objects::get(h, kind) }.is_some_and(objects::release_begin)
+}
+
+/// # Safety
+/// As `retained`.
+pub unsafe fn release_end(h: *mut c_void, kind: HandleKind, last: bool, status: i32) {
+    // SAFETY: per the contract.
+    if unsafe { objects::get(h, kind) }.is_some() {
+        objects::release_end(h, last, status);
+    }
+}
+
+/// A synchronisation point passed: fetch the data of non-blocking reads that completed.
+pub fn after_sync() {
+    pending::collect();
+    crate::custom::pull_fine();
+}

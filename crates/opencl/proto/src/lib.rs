@@ -1,0 +1,20 @@
+//! OpenCL's vocabulary on Wormhole's wire, shared by the OpenCL client and backend: the opcode
+//! table generated from the API description (`api/opencl.api`), handle and callback kinds, the
+//! OpenCL constants Wormhole's own code needs, and which info values carry handles. Frames and
+//! the body codec are the common `wormhole-wire`, re-exported so OpenCL code names one crate.
+
+pub mod cl;
+pub mod geometry;
+pub mod info;
+mod kinds;
+
+pub use kinds::*;
+pub use wormhole_wire::*;
+
+mod opcodes {
+    include!(concat!(env!("OUT_DIR"), "/opcodes.rs"));
+}
+pub use opcodes::{Op, OP_COUNT};
+
+/// The API an OpenCL session speaks (sent in HELLO).
+pub const API: &str = "opencl";

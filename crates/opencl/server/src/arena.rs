@@ -1,0 +1,429 @@
+//! Buffers whose storage the tenant can reach. A local session's worker owns an arena (see
+//! `wormhole_transport::arena`) that its client maps too. Large buffers of a device that
+//! computes on host memory in place (a CPU device; checked by experiment, not assumed) are
+//! created over arena pages (`CL_MEM_USE_HOST_PTR`), and the client learns where. A blocking
+//! read or write of such a buffer then needs only a `DIRECT` request, which waits for what the
+//! native call waits for, after which the client copies the bytes itself: one copy and no
+//! driver command, where the ring costs two copies plus a map and an unmap.
+//!
+//! The application never sees the difference: the flags it reads back are the ones it asked
+//! for, and every other path (kernels, maps, copies) goes through the driver as before.
+
+use crate::generated::ffi;
+use crate::session::{Handle, Session};
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use wormhole_opencl_proto::{cl::*, DecodeError, HandleKind, Reader, Writer};
+use wormhole_transport::Arena;
+
+/// Smaller buffers keep ordinary driver storage: arena space is handed out in whole pages.
+pub const WINDOW_MIN: usize = 4096;
+
+/// A `DIRECT` answer meaning "use the ordinary path" (which then reports any error exactly as
+/// the driver does).
+pub const DIRECT_DECLINED: i32 = 1;
+
+/// The offset a creation reply carries for a buffer that has no window.
+pub const NO_WINDOW: u64 = u64::MAX;
+
+/// Bytes of buffer storage in the arena now, and DIRECT requests granted so far (`wh status`).
+pub static SHARED_BYTES: AtomicU64 = AtomicU64::new(0);
+pub static DIRECT_TRANSFERS: AtomicU64 = AtomicU64::new(0);
+
+const PAGE: u64 = 4096;
+const HOST_PTR_FLAGS: u64 = CL_MEM_USE_HOST_PTR | CL_MEM_ALLOC_HOST_PTR | CL_MEM_COPY_HOST_PTR;
+
+struct Shared {
+    arena: Arena,
+    /// Free ranges: offset -> length, page-aligned, never adjacent (merged on free).
+    free: Mutex<BTreeMap<u64, u64>>,
+    /// Live windowed buffers: driver handle -> the flags the application asked for.
+    windows: Mutex<HashMap<usize, u64>>,
+    /// Per device: whether it computes on host memory in place.
+    in_place: Mutex<HashMap<usize, bool>>,
+}
+
+static SHARED: OnceLock<Shared> = OnceLock::new();
+
+/// Gives this session an arena (local sessions only; call once, before serving).
+pub fn enable(arena: Arena) {
+    let mut free = BTreeMap::new();
+    free.insert(0, arena.len() / PAGE * PAGE);
+    let _ = SHARED.set(Shared {
+        arena,
+        free: Mutex::new(free),
+        windows: Mutex::default(),
+        in_place: Mutex::default(),
+    });
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    fn alloc(&self, size: usize) -> Option<u64> {
+        let len = (size as u64).max(1).div_ceil(PAGE) * PAGE;
+        let mut free = lock(&self.free);
+        let (&off, &have) = free.iter().find(|(_, &l)| l >= len)?;
+        free.remove(&off);
+        if have > len {
+            free.insert(off + len, have - len);
+        }
+        Some(off)
+    }
+
+    fn release(&self, off: u64, size: usize) {
+        let own = (size as u64).max(1).div_ceil(PAGE) * PAGE;
+        self.arena.discard(off, own);
+        let mut free = lock(&self.free);
+        let (mut start, mut len) = (off, own);
+        if let Some((&prev, &plen)) = free.range(..off).next_back() {
+            if prev + plen == off {
+                free.remove(&prev);
+                (start, len) = (prev, plen + len);
+            }
+        }
+        if let Some(next) = free.remove(&(off + own)) {
+            len += next;
+        }
+        free.insert(start, len);
+    }
+
+    /// Whether every device of `context` computes on host memory in place.
+    fn in_place(&self, context: Handle) -> bool {
+        let Some(devices) = context_devices(context) else {
+            return false;
+        };
+        !devices.is_empty()
+            && devices.iter().all(|&d| {
+                if let Some(&known) = lock(&self.in_place).get(&(d as usize)) {
+                    return known;
+                }
+                let ok = self.probe(context, d);
+                tracing::debug!(device = ?d, in_place = ok, "probed device buffer storage");
+                lock(&self.in_place).insert(d as usize, ok);
+                ok
+            })
+    }
+
+    /// The experiment: a buffer over an arena page must show bytes written to the page behind
+    /// the driver's back, and its driver writes must land in the page, with no map between.
+    fn probe(&self, context: Handle, device: Handle) -> bool {
+        let Some(off) = self.alloc(PAGE as usize) else {
+            return false;
+        };
+        let Some(p) = self.arena.range(off, PAGE) else {
+            return false;
+        };
+        let n = PAGE as usize;
+        let mut ok = false;
+        // SAFETY: `p` is a page of the arena that nothing else uses until it is released below;
+        // the driver calls get live handles and buffers of the right sizes.
+        unsafe {
+            std::ptr::write_bytes(p, 0xA5, n);
+            let mut err = CL_SUCCESS;
+            let mem = ffi::clCreateBuffer(
+                context,
+                CL_MEM_READ_WRITE | CL_MEM_USE_HOST_PTR,
+                n,
+                p as *mut c_void,
+                &mut err,
+            );
+            let queue = if err == CL_SUCCESS {
+                ffi::clCreateCommandQueueWithProperties(
+                    context,
+                    device,
+                    std::ptr::null_mut(),
+                    &mut err,
+                )
+            } else {
+                std::ptr::null_mut()
+            };
+            if err == CL_SUCCESS {
+                std::ptr::write_bytes(p, 0x5A, n);
+                let mut seen = vec![0u8; n];
+                let read = ffi::clEnqueueReadBuffer(
+                    queue,
+                    mem,
+                    CL_TRUE,
+                    0,
+                    n,
+                    seen.as_mut_ptr() as *mut c_void,
+                    0,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                );
+                let fill = vec![0x3Cu8; n];
+                let written = read == CL_SUCCESS
+                    && seen.iter().all(|&b| b == 0x5A)
+                    && ffi::clEnqueueWriteBuffer(
+                        queue,
+                        mem,
+                        CL_TRUE,
+                        0,
+                        n,
+                        fill.as_ptr() as *mut c_void,
+                        0,
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                    ) == CL_SUCCESS;
+                ok = written && std::slice::from_raw_parts(p, n).iter().all(|&b| b == 0x3C);
+                ffi::clFinish(queue);
+            }
+            if !queue.is_null() {
+                ffi::clReleaseCommandQueue(queue);
+            }
+            if !mem.is_null() {
+                ffi::clReleaseMemObject(mem);
+            }
+        }
+        // The probe buffer's page goes back only when the driver has let go of it.
+        self.release(off, n);
+        ok
+    }
+}
+
+fn context_devices(context: Handle) -> Option<Vec<Handle>> {
+    let mut size = 0usize;
+    // SAFETY: size query, then a buffer of that size.
+    unsafe {
+        if ffi::clGetContextInfo(
+            context,
+            CL_CONTEXT_DEVICES,
+            0,
+            std::ptr::null_mut(),
+            &mut size,
+        ) != CL_SUCCESS
+        {
+            return None;
+        }
+        let mut v: Vec<Handle> = vec![std::ptr::null_mut(); size / std::mem::size_of::<Handle>()];
+        if ffi::clGetContextInfo(
+            context,
+            CL_CONTEXT_DEVICES,
+            size,
+            v.as_mut_ptr() as *mut c_void,
+            std::ptr::null_mut(),
+        ) != CL_SUCCESS
+        {
+            return None;
+        }
+        Some(v)
+    }
+}
+
+/// Arena storage reserved for a buffer being created; given back unless bound to the buffer.
+pub struct Placement {
+    off: u64,
+    size: usize,
+    ptr: *mut u8,
+    /// The flags the application asked for.
+    asked: u64,
+}
+
+impl Placement {
+    /// Storage for a new buffer, if this session has an arena, the buffer qualifies (large, no
+    /// host memory of the application's own) and its context's devices compute in place.
+    /// `data` is the content of a COPY_HOST_PTR buffer, copied in here.
+    pub fn new(
+        context: Handle,
+        flags: u64,
+        size: usize,
+        nonnull: bool,
+        data: Option<&[u8]>,
+    ) -> Option<Placement> {
+        let shared = SHARED.get()?;
+        let qualifies = size >= WINDOW_MIN
+            && flags & CL_MEM_USE_HOST_PTR == 0
+            && if flags & CL_MEM_COPY_HOST_PTR != 0 {
+                data.is_some_and(|d| d.len() == size)
+            } else {
+                !nonnull
+            };
+        if !qualifies || !shared.in_place(context) {
+            return None;
+        }
+        let off = shared.alloc(size)?;
+        let ptr = shared.arena.range(off, size as u64)?;
+        if let Some(d) = data.filter(|_| flags & CL_MEM_COPY_HOST_PTR != 0) {
+            // SAFETY: the range holds `size` bytes, d.len() == size.
+            unsafe { std::ptr::copy_nonoverlapping(d.as_ptr(), ptr, size) };
+        }
+        Some(Placement {
+            off,
+            size,
+            ptr,
+            asked: flags,
+        })
+    }
+
+    /// The flags and host pointer to create the buffer with.
+    pub fn driver_args(&self) -> (u64, *mut c_void) {
+        (
+            (self.asked & !HOST_PTR_FLAGS) | CL_MEM_USE_HOST_PTR,
+            self.ptr as *mut c_void,
+        )
+    }
+
+    /// The buffer exists: its storage stays until the driver destroys it. Returns the offset
+    /// the client is told.
+    pub fn bind(self, mem: Handle) -> u64 {
+        let (off, size, asked) = (self.off, self.size, self.asked);
+        std::mem::forget(self);
+        if let Some(shared) = SHARED.get() {
+            let key = mem as usize;
+            lock(&shared.windows).insert(key, asked);
+            SHARED_BYTES.fetch_add(size as u64, Ordering::Relaxed);
+            crate::callbacks::on_mem_destroyed(mem, move || {
+                lock(&shared.windows).remove(&key);
+                SHARED_BYTES.fetch_sub(size as u64, Ordering::Relaxed);
+                shared.release(off, size);
+            });
+        }
+        off
+    }
+}
+
+impl Drop for Placement {
+    fn drop(&mut self) {
+        if let Some(shared) = SHARED.get() {
+            shared.release(self.off, self.size);
+        }
+    }
+}
+
+/// Where `[ptr, ptr + len)` lies in the arena, if it does (a mapping of a windowed buffer:
+/// for CL_MEM_USE_HOST_PTR the driver must map at the host pointer itself).
+pub fn offset_of(ptr: *mut c_void, len: usize) -> Option<u64> {
+    let shared = SHARED.get()?;
+    let base = shared.arena.range(0, 0)? as usize;
+    let off = (ptr as usize).checked_sub(base)? as u64;
+    shared.arena.range(off, len as u64).map(|_| off)
+}
+
+/// CL_MEM_FLAGS as the application must see them: a windowed buffer (or a sub-buffer of one)
+/// reports the host-pointer flags the application asked for, not the ones the driver got.
+pub fn visible_flags(mem: Handle, flags: u64) -> u64 {
+    let Some(shared) = SHARED.get() else {
+        return flags;
+    };
+    let asked = |m: Handle| lock(&shared.windows).get(&(m as usize)).copied();
+    let found = asked(mem).or_else(|| {
+        let mut parent: Handle = std::ptr::null_mut();
+        // SAFETY: `mem` is live (its info was just read); the output is a local handle.
+        let st = unsafe {
+            ffi::clGetMemObjectInfo(
+                mem,
+                CL_MEM_ASSOCIATED_MEMOBJECT,
+                std::mem::size_of::<Handle>(),
+                &mut parent as *mut Handle as *mut c_void,
+                std::ptr::null_mut(),
+            )
+        };
+        (st == CL_SUCCESS && !parent.is_null())
+            .then(|| asked(parent))
+            .flatten()
+    });
+    match found {
+        Some(asked) => (flags & !HOST_PTR_FLAGS) | (asked & HOST_PTR_FLAGS),
+        None => flags,
+    }
+}
+
+/// `DIRECT` (queue, mem): the client is about to copy a windowed buffer's bytes itself, for a
+/// blocking read or write without a wait list or event. Waits as the native call would (an
+/// in-order queue: for every command before it), then answers CL_SUCCESS; anything unusual
+/// answers DIRECT_DECLINED and the client takes the ordinary path.
+pub fn direct(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
+    let (queue, mem) = (r.u64()?, r.u64()?);
+    r.finish()?;
+    let ready = (|| -> Option<()> {
+        let shared = SHARED.get()?;
+        let q = s.resolve(queue, HandleKind::Queue, false).ok()?;
+        let m = s.resolve(mem, HandleKind::Mem, false).ok()?;
+        if q.is_null() || !lock(&shared.windows).contains_key(&(m as usize)) {
+            return None;
+        }
+        let (mut qctx, mut mctx): (Handle, Handle) = (std::ptr::null_mut(), std::ptr::null_mut());
+        let mut props = 0u64;
+        let hsize = std::mem::size_of::<Handle>();
+        // SAFETY: live handles from the session's table; outputs are locals of the right size.
+        let ok = unsafe {
+            ffi::clGetCommandQueueInfo(
+                q,
+                CL_QUEUE_CONTEXT,
+                hsize,
+                &mut qctx as *mut Handle as *mut c_void,
+                std::ptr::null_mut(),
+            ) == CL_SUCCESS
+                && ffi::clGetMemObjectInfo(
+                    m,
+                    CL_MEM_CONTEXT,
+                    hsize,
+                    &mut mctx as *mut Handle as *mut c_void,
+                    std::ptr::null_mut(),
+                ) == CL_SUCCESS
+                && ffi::clGetCommandQueueInfo(
+                    q,
+                    CL_QUEUE_PROPERTIES,
+                    8,
+                    &mut props as *mut u64 as *mut c_void,
+                    std::ptr::null_mut(),
+                ) == CL_SUCCESS
+        };
+        if !ok || qctx != mctx {
+            return None;
+        }
+        // Out of order, a transfer with no wait list waits for nothing.
+        if props & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE == 0 {
+            // SAFETY: live queue.
+            if unsafe { ffi::clFinish(q) } != CL_SUCCESS {
+                return None;
+            }
+        }
+        Some(())
+    })();
+    w.i32(if ready.is_some() {
+        DIRECT_TRANSFERS.fetch_add(1, Ordering::Relaxed);
+        CL_SUCCESS
+    } else {
+        DIRECT_DECLINED
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shared(size: u64) -> Shared {
+        let arena = Arena::create(size).unwrap();
+        let mut free = BTreeMap::new();
+        free.insert(0, size);
+        Shared {
+            arena,
+            free: Mutex::new(free),
+            windows: Mutex::default(),
+            in_place: Mutex::default(),
+        }
+    }
+
+    #[test]
+    fn ranges_are_pages_reused_and_merged_back() {
+        let s = shared(16 * PAGE);
+        let a = s.alloc(1).unwrap();
+        let b = s.alloc(PAGE as usize + 1).unwrap();
+        let c = s.alloc(4 * PAGE as usize).unwrap();
+        assert_eq!((a, b, c), (0, PAGE, 3 * PAGE));
+        assert!(s.alloc(10 * PAGE as usize).is_none());
+        s.release(b, PAGE as usize + 1);
+        s.release(a, 1);
+        assert_eq!(lock(&s.free).get(&0), Some(&(3 * PAGE)));
+        s.release(c, 4 * PAGE as usize);
+        assert_eq!(lock(&s.free).len(), 1);
+        assert_eq!(s.alloc(16 * PAGE as usize), Some(0));
+    }
+}

@@ -1,0 +1,464 @@
+//! Programs: creation from sources and binaries, and builds, which the program cache
+//! (`crate::program_cache`) may serve from a binary another session built.
+
+use super::*;
+use crate::generated::ffi;
+use crate::program_cache::{Entry, Key, ProgramCache};
+use crate::session::CachedProgram;
+use std::ffi::{c_char, c_void};
+use std::sync::atomic::Ordering;
+use wormhole_opencl_proto::{cl::*, CallbackKind, Op, Writer};
+
+const MAX_PARTS: usize = 1 << 16;
+
+pub fn clCreateProgramWithSource(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let new_id = r.u64()?;
+    let context = r.u64()?;
+    let count = r.u32()? as usize;
+    if count > MAX_PARTS {
+        return Err(DecodeError::TooLarge(count as u64));
+    }
+    let parts: Vec<&[u8]> = (0..count).map(|_| r.bytes()).collect::<Result<_, _>>()?;
+    r.finish()?;
+    let mut run = || -> Result<(), i32> {
+        s.check_new_id(new_id)?;
+        let context = s.resolve(context, HandleKind::Context, false)?;
+        crate::rt::check_slot(
+            context,
+            wormhole_opencl_proto::Op::clCreateProgramWithSource,
+        )?;
+        let ptrs: Vec<*const c_char> = parts.iter().map(|p| p.as_ptr() as *const c_char).collect();
+        let lens: Vec<usize> = parts.iter().map(|p| p.len()).collect();
+        let mut err = CL_SUCCESS;
+        // SAFETY: `count` strings with explicit lengths, all borrowed from the request.
+        let p = unsafe {
+            ffi::clCreateProgramWithSource(
+                context,
+                count as u32,
+                ptrs.as_ptr() as *mut c_void,
+                lens.as_ptr() as *mut c_void,
+                &mut err,
+            )
+        };
+        w.i32(crate::rt::bind_created(
+            s,
+            new_id,
+            HandleKind::Program,
+            p,
+            err,
+        ));
+        Ok(())
+    };
+    if let Err(e) = run() {
+        w.i32(e);
+    }
+    Ok(())
+}
+
+pub fn clCreateProgramWithBinary(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let new_id = r.u64()?;
+    let context = r.u64()?;
+    let devices = r.opt_u64s()?;
+    let count = r.u32()? as usize;
+    if count > MAX_PARTS {
+        return Err(DecodeError::TooLarge(count as u64));
+    }
+    let bins: Vec<&[u8]> = (0..count).map(|_| r.bytes()).collect::<Result<_, _>>()?;
+    let want_status = r.bool()?;
+    r.finish()?;
+    let mut statuses = vec![CL_SUCCESS; count];
+    let run = |statuses: &mut Vec<i32>| -> Result<i32, i32> {
+        s.check_new_id(new_id)?;
+        let context = s.resolve(context, HandleKind::Context, false)?;
+        let n = devices.as_ref().map_or(0, |d| d.len());
+        let devs = s.resolve_list(devices.as_deref(), n, HandleKind::Device, CL_INVALID_DEVICE)?;
+        let ptrs: Vec<*const u8> = bins.iter().map(|b| b.as_ptr()).collect();
+        let lens: Vec<usize> = bins.iter().map(|b| b.len()).collect();
+        let mut err = CL_SUCCESS;
+        // SAFETY: the device list, lengths, binaries and statuses all hold `count` entries
+        // (the client sends one binary per device; the driver checks `n` against the lists).
+        let p = unsafe {
+            ffi::clCreateProgramWithBinary(
+                context,
+                n as u32,
+                list_ptr(&devs) as *mut c_void,
+                lens.as_ptr() as *mut c_void,
+                ptrs.as_ptr() as *mut c_void,
+                if want_status && count >= n {
+                    statuses.as_mut_ptr() as *mut c_void
+                } else {
+                    std::ptr::null_mut()
+                },
+                &mut err,
+            )
+        };
+        Ok(crate::rt::bind_created(
+            s,
+            new_id,
+            HandleKind::Program,
+            p,
+            err,
+        ))
+    };
+    let status = run(&mut statuses).unwrap_or_else(|e| e);
+    w.i32(status);
+    w.bool(want_status);
+    if want_status {
+        for st in statuses {
+            w.i32(st);
+        }
+    }
+    Ok(())
+}
+
+/// clBuildProgram, through the program cache (`program_cache`) when the server has one.
+pub fn clBuildProgram(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
+    let program_id = r.u64()?;
+    let num_devices = r.u32()?;
+    let device_ids = r.opt_u64s()?;
+    let options = r.opt_cstring()?;
+    let notify_cb = r.u64()?;
+    r.finish()?;
+    let run = || -> Result<i32, i32> {
+        let program = s.resolve(program_id, HandleKind::Program, false)?;
+        let devices = s.resolve_list(
+            device_ids.as_deref(),
+            num_devices as usize,
+            HandleKind::Device,
+            CL_INVALID_DEVICE,
+        )?;
+        crate::rt::check_slot(program, Op::clBuildProgram)?;
+        let (notify, user_data) =
+            crate::callbacks::make(CallbackKind::ProgramNotify, notify_cb, program_id);
+        let options_ptr = options.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
+        // The application's own build, of whichever real program the id names by then.
+        let build = |p: Handle| {
+            // SAFETY: the device list holds `num_devices` live devices (or is NULL), the
+            // options are a C string (or NULL); both live across the call.
+            unsafe {
+                ffi::clBuildProgram(
+                    p,
+                    num_devices,
+                    list_ptr(&devices),
+                    options_ptr,
+                    notify,
+                    user_data,
+                )
+            }
+        };
+        let Some(cache) = crate::program_cache::get() else {
+            return Ok(build(program));
+        };
+        let request = BuildRequest {
+            id: program_id,
+            program,
+            devices: devices.as_deref(),
+            options: options.as_ref().map_or(&[][..], |c| c.to_bytes()),
+            user_data,
+        };
+        Ok(build_through_cache(s, cache, &request, build))
+    };
+    w.i32(run().unwrap_or_else(|e| e));
+    Ok(())
+}
+
+struct BuildRequest<'a> {
+    id: u64,
+    /// The real program the id names now.
+    program: Handle,
+    devices: Option<&'a [Handle]>,
+    options: &'a [u8],
+    /// The client's build callback (from `callbacks::make`), NULL if none.
+    user_data: *mut c_void,
+}
+
+/// A build the cache may serve: a program created from source, never built, built for all of
+/// its devices. The cache holds one entry per device; a hit needs all of them.
+///
+/// On a hit, the id is pointed at a program created from the cached binaries and built (no
+/// compiler runs), and the source program is kept aside (`CachedProgram`) for what only it
+/// can answer. On a miss the source program is built as usual and, if every device built,
+/// its binaries and logs are stored for the next session.
+fn build_through_cache(
+    s: &Session,
+    cache: &ProgramCache,
+    req: &BuildRequest<'_>,
+    build: impl FnOnce(Handle) -> i32,
+) -> i32 {
+    // Builds that may swap the object behind an id take turns within the session.
+    let _turn = s.build_lock.lock().unwrap_or_else(|p| p.into_inner());
+    let earlier = s
+        .cached_programs
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&(req.program as usize))
+        .map(|c| (c.source_program, c.options.clone()));
+    let source_program = match earlier {
+        None => req.program,
+        Some((_, ref built_with)) if built_with.as_slice() == req.options => {
+            // The same source rebuilt with the same options: the cached binary rebuilt gives
+            // the same program (and the same errors: kernels attached, bad devices).
+            return build(req.program);
+        }
+        Some((source_program, built_with)) => {
+            // Other options need the source. A rebuild fails natively while kernels are
+            // attached, so ask the program the id names now before replacing it.
+            let st = rebuild(req.program, req.devices, &built_with);
+            if st != CL_SUCCESS {
+                return st;
+            }
+            source_program
+        }
+    };
+    let plan = plan(source_program, req.devices, req.options);
+    if let Some(plan) = &plan {
+        if let Some(answer) = from_cache(s, cache, req, source_program, plan) {
+            return answer;
+        }
+        crate::program_cache::MISSES.fetch_add(1, Ordering::Relaxed);
+    }
+    if source_program != req.program {
+        // The id named a program built from the cache: it names its source program again.
+        s.cached_programs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(req.program as usize));
+        if let Err(st) = move_references(s, req.id, req.program, source_program, 0) {
+            return st;
+        }
+    }
+    let st = build(source_program);
+    if st == CL_SUCCESS {
+        if let Some(plan) = plan {
+            store(cache, source_program, &plan);
+        }
+    }
+    st
+}
+
+/// The devices of a build the cache can serve and the key of each.
+struct Plan {
+    devices: Vec<Handle>,
+    keys: Vec<Key>,
+}
+
+fn plan(source_program: Handle, requested: Option<&[Handle]>, options: &[u8]) -> Option<Plan> {
+    let devices: Vec<Handle> = crate::rt::program_info(source_program, CL_PROGRAM_DEVICES)
+        .ok()?
+        .chunks_exact(8)
+        .filter_map(crate::rt::handle_value)
+        .collect();
+    if let Some(req) = requested {
+        // A build for some of the devices leaves the others unbuilt: the cache has no such
+        // program to offer.
+        let mut a = req.to_vec();
+        let mut b = devices.clone();
+        a.sort();
+        a.dedup();
+        b.sort();
+        if a != b {
+            return None;
+        }
+    }
+    let source = crate::rt::program_info(source_program, CL_PROGRAM_SOURCE).ok()?;
+    if source.iter().all(|&b| b == 0) {
+        return None; // built from a binary or IL, or linked: nothing to key by
+    }
+    let mut keys = Vec::with_capacity(devices.len());
+    for &d in &devices {
+        let status =
+            crate::rt::program_build_info(source_program, d, CL_PROGRAM_BUILD_STATUS).ok()?;
+        if status != CL_BUILD_NONE.to_le_bytes() {
+            return None; // built or compiled before: the driver's own rebuild rules apply
+        }
+        keys.push(crate::program_cache::key(
+            &device_identity(d)?
+                .iter()
+                .map(Vec::as_slice)
+                .collect::<Vec<_>>(),
+            options,
+            &source,
+        ));
+    }
+    Some(Plan { devices, keys })
+}
+
+/// What decides whether a binary fits a device: the platform's and device's names and
+/// versions and the driver's version.
+fn device_identity(d: Handle) -> Option<Vec<Vec<u8>>> {
+    let platform = crate::rt::handle_value(&crate::rt::device_info(d, CL_DEVICE_PLATFORM).ok()?)?;
+    let mut id = Vec::new();
+    for param in [CL_PLATFORM_NAME, CL_PLATFORM_VERSION] {
+        id.push(crate::rt::platform_info(platform, param).ok()?);
+    }
+    for param in [CL_DEVICE_NAME, CL_DEVICE_VERSION, CL_DRIVER_VERSION] {
+        id.push(crate::rt::device_info(d, param).ok()?);
+    }
+    Some(id)
+}
+
+/// Serves the build from the cache if every device's entry is there and the driver accepts
+/// them; the reply status, or None to compile instead.
+fn from_cache(
+    s: &Session,
+    cache: &ProgramCache,
+    req: &BuildRequest<'_>,
+    source_program: Handle,
+    plan: &Plan,
+) -> Option<i32> {
+    let entries: Vec<Entry> = plan
+        .keys
+        .iter()
+        .map(|k| cache.load(k))
+        .collect::<Option<_>>()?;
+    // One log answers CL_PROGRAM_BUILD_LOG for every device (programs for several devices
+    // whose logs differ are compiled).
+    if entries.windows(2).any(|w| w[0].log != w[1].log) {
+        return None;
+    }
+    let discard = |why: &str| {
+        tracing::warn!("program cache: {why}; compiling instead");
+        plan.keys.iter().for_each(|k| cache.discard(k));
+    };
+    let context = crate::rt::handle_value(
+        &crate::rt::program_info(source_program, CL_PROGRAM_CONTEXT).ok()?,
+    )?;
+    let lens: Vec<usize> = entries.iter().map(|e| e.binary.len()).collect();
+    let bins: Vec<*const u8> = entries.iter().map(|e| e.binary.as_ptr()).collect();
+    let mut err = CL_SUCCESS;
+    // SAFETY: devices, lengths and binaries all hold `plan.devices.len()` entries.
+    let new = unsafe {
+        ffi::clCreateProgramWithBinary(
+            context,
+            plan.devices.len() as u32,
+            plan.devices.as_ptr() as *mut c_void,
+            lens.as_ptr() as *mut c_void,
+            bins.as_ptr() as *mut c_void,
+            std::ptr::null_mut(),
+            &mut err,
+        )
+    };
+    if new.is_null() || err != CL_SUCCESS {
+        discard(&format!("the driver refused a cached binary ({err})"));
+        return None;
+    }
+    let st = rebuild(new, Some(&plan.devices), req.options);
+    if st != CL_SUCCESS {
+        release_program(new);
+        discard(&format!("a cached binary did not build ({st})"));
+        return None;
+    }
+    let keep = u32::from(source_program == req.program);
+    if let Err(st) = move_references(s, req.id, req.program, new, keep) {
+        release_program(new);
+        return Some(st);
+    }
+    let mut cached = s.cached_programs.lock().unwrap_or_else(|p| p.into_inner());
+    cached.remove(&(req.program as usize));
+    cached.insert(
+        new as usize,
+        CachedProgram {
+            source_program,
+            options: req.options.to_vec(),
+            log: entries[0].log.clone(),
+        },
+    );
+    drop(cached);
+    crate::program_cache::HITS.fetch_add(1, Ordering::Relaxed);
+    crate::callbacks::program_built(req.user_data);
+    Some(CL_SUCCESS)
+}
+
+/// Builds `program` for `devices` (all of its devices if None) with `options`, no callback.
+fn rebuild(program: Handle, devices: Option<&[Handle]>, options: &[u8]) -> i32 {
+    let Ok(options) = std::ffi::CString::new(options) else {
+        return CL_INVALID_BUILD_OPTIONS;
+    };
+    let (n, list) = devices.map_or((0, std::ptr::null()), |d| (d.len() as u32, d.as_ptr()));
+    // SAFETY: `list` holds `n` live devices or is NULL; `options` is a C string.
+    unsafe {
+        ffi::clBuildProgram(
+            program,
+            n,
+            list,
+            options.as_ptr(),
+            std::ptr::null(),
+            std::ptr::null_mut(),
+        )
+    }
+}
+
+/// Points `id` from program `from` to program `to`, moving the application's references with
+/// it (no kernels hold either: a build would have failed), and keeps `keep` of `from`'s.
+fn move_references(s: &Session, id: u64, from: Handle, to: Handle, keep: u32) -> Result<(), i32> {
+    let count = crate::rt::program_info(from, CL_PROGRAM_REFERENCE_COUNT)?;
+    let count = u32::from_le_bytes(
+        count
+            .get(..4)
+            .and_then(|c| c.try_into().ok())
+            .unwrap_or([0; 4]),
+    );
+    if count == 0 {
+        return Err(CL_INVALID_PROGRAM);
+    }
+    for _ in 1..count {
+        // SAFETY: a live program.
+        unsafe { ffi::clRetainProgram(to) };
+    }
+    s.rebind(id, HandleKind::Program, to);
+    for _ in keep..count {
+        release_program(from);
+    }
+    Ok(())
+}
+
+/// Stores what a successful build produced, one entry per device.
+fn store(cache: &ProgramCache, program: Handle, plan: &Plan) {
+    let Ok(binaries) = crate::rt::program_binaries(program) else {
+        return;
+    };
+    if binaries.len() != plan.devices.len() {
+        return;
+    }
+    for ((&d, key), binary) in plan.devices.iter().zip(&plan.keys).zip(binaries) {
+        let status = crate::rt::program_build_info(program, d, CL_PROGRAM_BUILD_STATUS);
+        let log = crate::rt::program_build_info(program, d, CL_PROGRAM_BUILD_LOG);
+        // A driver that builds in the background has nothing to store yet.
+        if status != Ok(CL_BUILD_SUCCESS.to_le_bytes().to_vec()) || binary.is_empty() {
+            continue;
+        }
+        cache.store(
+            key,
+            &Entry {
+                binary,
+                log: log.unwrap_or_default(),
+            },
+        );
+    }
+}
+
+/// The answers a program built from the cache gives as the program built from source would:
+/// its source, and the log of the build the binary came from.
+pub(crate) fn cached_program_answer(s: &Session, program: Handle, param: u32) -> Option<Vec<u8>> {
+    let cached = s.cached_programs.lock().unwrap_or_else(|p| p.into_inner());
+    let c = cached.get(&(program as usize))?;
+    match param {
+        CL_PROGRAM_BUILD_LOG => Some(c.log.clone()),
+        // The source program is live: the session holds a reference.
+        CL_PROGRAM_SOURCE => crate::rt::program_info(c.source_program, CL_PROGRAM_SOURCE).ok(),
+        _ => None,
+    }
+}
+
+pub(crate) fn release_program(p: Handle) {
+    // SAFETY: the caller owns a reference to the live program `p`.
+    unsafe { ffi::clReleaseProgram(p) };
+}

@@ -1,0 +1,488 @@
+//! Coarse-grained shared virtual memory. The server allocates real SVM; the client mirrors each
+//! allocation at the *same address* in its own process, so pointers inside SVM data mean the
+//! same on both sides. Host and device meet only at map/unmap and copies, which is exactly the
+//! coarse-grained contract: maps carry the bytes to the client's mirror, unmaps bring them back.
+//! Every address from the client is checked against this session's allocations before the
+//! driver sees it (a kernel dereferences SVM pointers as raw addresses).
+
+use super::*;
+use std::ffi::c_void;
+use wormhole_opencl_proto::{cl::*, Writer};
+
+fn check(s: &Session, ptr: u64, len: usize) -> Result<*mut c_void, i32> {
+    let p = usize::try_from(ptr).map_err(|_| CL_INVALID_VALUE)?;
+    if s.svm_contains(p, len) {
+        Ok(p as *mut c_void)
+    } else {
+        Err(CL_INVALID_VALUE)
+    }
+}
+
+pub fn clSVMAlloc(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
+    let (context, flags, size, alignment) = (r.u64()?, r.u64()?, r.usize()?, r.u32()?);
+    r.finish()?;
+    let ptr = (|| -> Option<usize> {
+        let ctx = s.resolve(context, HandleKind::Context, false).ok()?;
+        // SVM atomics would need memory both processes see coherently at every instant: not
+        // offered. Fine-grained buffers are kept coherent at synchronisation points (push/pull).
+        if flags & CL_MEM_SVM_ATOMICS != 0 || size == 0 {
+            return None;
+        }
+        // SAFETY: plain allocation call on a live context.
+        let p = unsafe { ffi::clSVMAlloc(ctx, flags, size, alignment) } as usize;
+        if p == 0 {
+            return None;
+        }
+        let len = size;
+        if !wormhole_server::worker::limits().reserve(len as u64) {
+            // SAFETY: just allocated, unknown to anyone else.
+            unsafe { ffi::clSVMFree(ctx, p as *mut c_void) };
+            return None;
+        }
+        s.svm
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(p, len);
+        Some(p)
+    })();
+    w.u64(ptr.unwrap_or(0) as u64);
+    Ok(())
+}
+
+pub fn clSVMFree(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
+    let (context, ptr) = (r.u64()?, r.u64()?);
+    r.finish()?;
+    if let (Ok(ctx), Ok(p)) = (
+        s.resolve(context, HandleKind::Context, false),
+        usize::try_from(ptr),
+    ) {
+        let freed = s.svm.lock().unwrap_or_else(|p| p.into_inner()).remove(&p);
+        if let Some(len) = freed {
+            // SAFETY: `p` is an allocation of this session, freed once.
+            unsafe { ffi::clSVMFree(ctx, p as *mut c_void) };
+            wormhole_server::worker::limits().release(len as u64);
+        }
+    }
+    w.i32(CL_SUCCESS);
+    Ok(())
+}
+
+pub fn clEnqueueSVMFree(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let queue = r.u64()?;
+    let ptrs = r.opt_u64s()?.unwrap_or_default();
+    let wl = WaitList::decode(r)?;
+    let event_id = r.u64()?;
+    r.finish()?;
+    let run = || -> Result<i32, i32> {
+        let q = s.resolve(queue, HandleKind::Queue, false)?;
+        let (n, list) = wl.resolve(s)?;
+        let mut svm = s.svm.lock().unwrap_or_else(|p| p.into_inner());
+        let mut raw = Vec::with_capacity(ptrs.len());
+        for p in &ptrs {
+            let p = usize::try_from(*p).map_err(|_| CL_INVALID_VALUE)?;
+            if !svm.contains_key(&p) {
+                return Err(CL_INVALID_VALUE);
+            }
+            raw.push(p as *mut c_void);
+        }
+        let mut ev = EventOut::new(s, event_id)?;
+        // SAFETY: every pointer is a live allocation of this session; the driver frees them.
+        let st = unsafe {
+            ffi::clEnqueueSVMFree(
+                q,
+                raw.len() as u32,
+                raw.as_mut_ptr() as *mut c_void,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                n,
+                list_ptr(&list) as *mut c_void,
+                ev.ptr(false) as *mut c_void,
+            )
+        };
+        if st == CL_SUCCESS {
+            for p in &raw {
+                if let Some(len) = svm.remove(&(*p as usize)) {
+                    wormhole_server::worker::limits().release(len as u64);
+                }
+            }
+            release_own(event_id, ev.finish(s));
+        }
+        Ok(st)
+    };
+    w.i32(run().unwrap_or_else(|e| e));
+    Ok(())
+}
+
+/// Which side of a copy lives in the client's plain memory.
+pub const COPY_SVM_TO_SVM: u8 = 0;
+pub const COPY_HOST_TO_SVM: u8 = 1;
+pub const COPY_SVM_TO_HOST: u8 = 2;
+
+pub fn clEnqueueSVMMemcpy(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let (queue, blocking, mode, dst, src, size) =
+        (r.u64()?, r.u32()?, r.u8()?, r.u64()?, r.u64()?, r.usize()?);
+    let data = if mode == COPY_HOST_TO_SVM {
+        Some(r.bytes()?)
+    } else {
+        None
+    };
+    let wl = WaitList::decode(r)?;
+    let event_id = r.u64()?;
+    r.finish()?;
+    let run = |w: &mut Writer| -> Result<(), i32> {
+        let q = s.resolve(queue, HandleKind::Queue, false)?;
+        let (n, list) = wl.resolve(s)?;
+        let mut ev = EventOut::new(s, event_id)?;
+        let l = list_ptr(&list) as *mut c_void;
+        match mode {
+            COPY_SVM_TO_SVM => {
+                let (d, sp) = (check(s, dst, size)?, check(s, src, size)?);
+                // SAFETY: both ranges lie in this session's SVM allocations.
+                let st = unsafe {
+                    ffi::clEnqueueSVMMemcpy(
+                        q,
+                        blocking,
+                        d,
+                        sp,
+                        size,
+                        n,
+                        l,
+                        ev.ptr(false) as *mut c_void,
+                    )
+                };
+                if st != CL_SUCCESS {
+                    return Err(st);
+                }
+                release_own(event_id, ev.finish(s));
+            }
+            COPY_HOST_TO_SVM => {
+                let d = check(s, dst, size)?;
+                let data = data.filter(|d| d.len() == size).ok_or(CL_INVALID_VALUE)?;
+                let staging = data.to_vec();
+                // SAFETY: `d` lies in SVM; `staging` holds `size` bytes and lives until the
+                // copy completes (kept by the completion hook below).
+                let st = unsafe {
+                    ffi::clEnqueueSVMMemcpy(
+                        q,
+                        blocking,
+                        d,
+                        staging.as_ptr() as *mut c_void,
+                        size,
+                        n,
+                        l,
+                        ev.ptr(true) as *mut c_void,
+                    )
+                };
+                if st != CL_SUCCESS {
+                    return Err(st);
+                }
+                let event = ev.finish(s);
+                crate::callbacks::on_event_complete(event, move || drop(staging));
+                release_own(event_id, event);
+            }
+            COPY_SVM_TO_HOST => {
+                let sp = check(s, src, size)?;
+                let mark = w.mark();
+                w.i32(CL_SUCCESS);
+                let buf = w.bytes_in_place(size);
+                // SAFETY: `sp` lies in SVM; `buf` holds `size` bytes; the copy is blocking.
+                let st = unsafe {
+                    ffi::clEnqueueSVMMemcpy(
+                        q,
+                        CL_TRUE,
+                        buf.as_mut_ptr() as *mut c_void,
+                        sp,
+                        size,
+                        n,
+                        l,
+                        ev.ptr(false) as *mut c_void,
+                    )
+                };
+                if st != CL_SUCCESS {
+                    w.rewind(mark);
+                    return Err(st);
+                }
+                release_own(event_id, ev.finish(s));
+                return Ok(());
+            }
+            _ => return Err(CL_INVALID_VALUE),
+        }
+        w.i32(CL_SUCCESS);
+        Ok(())
+    };
+    if let Err(e) = run(w) {
+        w.i32(e);
+    }
+    Ok(())
+}
+
+pub fn clEnqueueSVMMemFill(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let (queue, ptr) = (r.u64()?, r.u64()?);
+    let pattern = r.bytes()?;
+    let size = r.usize()?;
+    let wl = WaitList::decode(r)?;
+    let event_id = r.u64()?;
+    r.finish()?;
+    let run = || -> Result<i32, i32> {
+        let q = s.resolve(queue, HandleKind::Queue, false)?;
+        let p = check(s, ptr, size)?;
+        let (n, list) = wl.resolve(s)?;
+        let mut ev = EventOut::new(s, event_id)?;
+        // SAFETY: the range lies in SVM; the driver copies the pattern at enqueue time.
+        let st = unsafe {
+            ffi::clEnqueueSVMMemFill(
+                q,
+                p,
+                pattern.as_ptr() as *mut c_void,
+                pattern.len(),
+                size,
+                n,
+                list_ptr(&list) as *mut c_void,
+                ev.ptr(false) as *mut c_void,
+            )
+        };
+        if st == CL_SUCCESS {
+            release_own(event_id, ev.finish(s));
+        }
+        Ok(st)
+    };
+    w.i32(run().unwrap_or_else(|e| e));
+    Ok(())
+}
+
+pub fn clEnqueueSVMMap(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
+    let (queue, _blocking, flags, ptr, size) = (r.u64()?, r.u32()?, r.u64()?, r.u64()?, r.usize()?);
+    let wl = WaitList::decode(r)?;
+    let event_id = r.u64()?;
+    r.finish()?;
+    let run = |w: &mut Writer| -> Result<(), i32> {
+        let q = s.resolve(queue, HandleKind::Queue, false)?;
+        let p = check(s, ptr, size)?;
+        let (n, list) = wl.resolve(s)?;
+        let mut ev = EventOut::new(s, event_id)?;
+        // Always blocking here, so the bytes can travel with the reply.
+        // SAFETY: the range lies in SVM.
+        let st = unsafe {
+            ffi::clEnqueueSVMMap(
+                q,
+                CL_TRUE,
+                flags,
+                p,
+                size,
+                n,
+                list_ptr(&list) as *mut c_void,
+                ev.ptr(false) as *mut c_void,
+            )
+        };
+        if st != CL_SUCCESS {
+            return Err(st);
+        }
+        release_own(event_id, ev.finish(s));
+        w.i32(CL_SUCCESS);
+        if flags & CL_MAP_WRITE_INVALIDATE_REGION != 0 {
+            w.bytes(&[]);
+        } else {
+            // SAFETY: the mapped range is readable host memory now.
+            w.bytes(unsafe { std::slice::from_raw_parts(p as *const u8, size) });
+        }
+        Ok(())
+    };
+    if let Err(e) = run(w) {
+        w.i32(e);
+    }
+    Ok(())
+}
+
+pub fn clEnqueueSVMUnmap(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let (queue, ptr) = (r.u64()?, r.u64()?);
+    let data = r.opt_bytes_ref()?;
+    let wl = WaitList::decode(r)?;
+    let event_id = r.u64()?;
+    r.finish()?;
+    let run = || -> Result<i32, i32> {
+        let q = s.resolve(queue, HandleKind::Queue, false)?;
+        let p = check(s, ptr, data.map_or(0, |d| d.len()))?;
+        let (n, list) = wl.resolve(s)?;
+        if let Some(d) = data {
+            // SAFETY: the range lies in SVM and is mapped for the host.
+            unsafe { std::ptr::copy_nonoverlapping(d.as_ptr(), p as *mut u8, d.len()) };
+        }
+        let mut ev = EventOut::new(s, event_id)?;
+        // SAFETY: unmapping what was mapped.
+        let st = unsafe {
+            ffi::clEnqueueSVMUnmap(
+                q,
+                p,
+                n,
+                list_ptr(&list) as *mut c_void,
+                ev.ptr(false) as *mut c_void,
+            )
+        };
+        if st == CL_SUCCESS {
+            release_own(event_id, ev.finish(s));
+        }
+        Ok(st)
+    };
+    w.i32(run().unwrap_or_else(|e| e));
+    Ok(())
+}
+
+pub fn clSetKernelArgSVMPointer(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let (kernel, index, ptr) = (r.u64()?, r.u32()?, r.u64()?);
+    r.finish()?;
+    let run = || -> Result<i32, i32> {
+        let k = s.resolve(kernel, HandleKind::Kernel, false)?;
+        let p = if ptr == 0 {
+            std::ptr::null_mut()
+        } else {
+            check(s, ptr, 0).map_err(|_| CL_INVALID_ARG_VALUE)?
+        };
+        // SAFETY: the pointer is NULL or inside this session's SVM.
+        Ok(unsafe { ffi::clSetKernelArgSVMPointer(k, index, p) })
+    };
+    w.i32(run().unwrap_or_else(|e| e));
+    Ok(())
+}
+
+pub fn clSetKernelExecInfo(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let (kernel, param) = (r.u64()?, r.u32()?);
+    let value = r.bytes()?;
+    r.finish()?;
+    let run = || -> Result<i32, i32> {
+        let k = s.resolve(kernel, HandleKind::Kernel, false)?;
+        if param == CL_KERNEL_EXEC_INFO_SVM_PTRS {
+            for c in value.chunks(8) {
+                let p = u64::from_le_bytes(c.try_into().map_err(|_| CL_INVALID_VALUE)?);
+                check(s, p, 0)?;
+            }
+        }
+        // SAFETY: `value` holds its length in bytes; SVM pointers inside were checked.
+        Ok(unsafe {
+            ffi::clSetKernelExecInfo(k, param, value.len(), value.as_ptr() as *mut c_void)
+        })
+    };
+    w.i32(run().unwrap_or_else(|e| e));
+    Ok(())
+}
+
+pub fn clEnqueueSVMMigrateMem(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let queue = r.u64()?;
+    let ptrs = r.opt_u64s()?.unwrap_or_default();
+    let sizes = r.opt_u64s()?;
+    let flags = r.u64()?;
+    let wl = WaitList::decode(r)?;
+    let event_id = r.u64()?;
+    r.finish()?;
+    let run = || -> Result<i32, i32> {
+        let q = s.resolve(queue, HandleKind::Queue, false)?;
+        if sizes.as_ref().is_some_and(|v| v.len() != ptrs.len()) {
+            return Err(CL_INVALID_VALUE);
+        }
+        let mut raw = Vec::with_capacity(ptrs.len());
+        let mut lens = Vec::with_capacity(ptrs.len());
+        for (i, p) in ptrs.iter().enumerate() {
+            let len = sizes.as_ref().map_or(0, |v| v[i] as usize);
+            raw.push(check(s, *p, len)?);
+            lens.push(len);
+        }
+        let (n, list) = wl.resolve(s)?;
+        let mut ev = EventOut::new(s, event_id)?;
+        // SAFETY: every range lies in this session's SVM.
+        let st = unsafe {
+            ffi::clEnqueueSVMMigrateMem(
+                q,
+                raw.len() as u32,
+                raw.as_ptr() as *mut c_void,
+                if sizes.is_some() {
+                    lens.as_ptr() as *mut c_void
+                } else {
+                    std::ptr::null_mut()
+                },
+                flags,
+                n,
+                list_ptr(&list) as *mut c_void,
+                ev.ptr(false) as *mut c_void,
+            )
+        };
+        if st == CL_SUCCESS {
+            release_own(event_id, ev.finish(s));
+        }
+        Ok(st)
+    };
+    w.i32(run().unwrap_or_else(|e| e));
+    Ok(())
+}
+
+/// Applies the bytes the host changed in fine-grained SVM: `u32 n, (u64 addr, bytes)*`.
+pub fn svm_push(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
+    let n = r.u32()?;
+    let mut runs = Vec::new();
+    for _ in 0..n {
+        runs.push((r.u64()?, r.bytes()?));
+    }
+    r.finish()?;
+    for (addr, bytes) in &runs {
+        if check(s, *addr, bytes.len()).is_err() {
+            w.i32(CL_INVALID_VALUE);
+            return Ok(());
+        }
+    }
+    for (addr, bytes) in runs {
+        // SAFETY: the range lies in this session's SVM, which is host-accessible memory for
+        // fine-grained allocations; concurrent device writes to the same bytes would be a data
+        // race in the application too.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), addr as usize as *mut u8, bytes.len())
+        };
+    }
+    w.i32(CL_SUCCESS);
+    Ok(())
+}
+
+/// Sends the current contents of fine-grained SVM ranges: `u32 n, (u64 addr, u64 len)*`.
+pub fn svm_pull(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
+    let n = r.u32()?;
+    let mut ranges = Vec::new();
+    for _ in 0..n {
+        ranges.push((r.u64()?, r.usize()?));
+    }
+    r.finish()?;
+    if ranges.iter().any(|(a, l)| check(s, *a, *l).is_err()) {
+        w.i32(CL_INVALID_VALUE);
+        return Ok(());
+    }
+    w.i32(CL_SUCCESS);
+    for (addr, len) in ranges {
+        // SAFETY: as above; the range was checked.
+        w.bytes(unsafe { std::slice::from_raw_parts(addr as usize as *const u8, len) });
+    }
+    Ok(())
+}

@@ -1,0 +1,957 @@
+//! Data transfers and mappings. Blocking reads are read by the driver straight into the reply
+//! frame; non-blocking ones land in a staging buffer that the client collects at its next
+//! synchronisation point. Non-blocking writes copy the request's data into a staging buffer
+//! that lives until the write's event completes.
+
+use super::*;
+use crate::generated::ffi;
+use crate::session::{Mapping, PendingRead};
+use std::ffi::c_void;
+use wormhole_opencl_proto::geometry::{image_span, rect_span};
+use wormhole_opencl_proto::{cl::*, Writer};
+use wormhole_server::backend::{StreamError, Streamed};
+
+/// Largest single transfer (it must fit one frame).
+const MAX_TRANSFER: usize = (wormhole_opencl_proto::MAX_BODY as usize) - 4096;
+
+/// Reply mode of a read: the data follows, or it will be collected later.
+pub const READ_INLINE: u8 = 0;
+pub const READ_DEFERRED: u8 = 1;
+
+/// Blocking reads at least this large leave from a mapping of the driver's buffer straight
+/// into the reply ring: one copy, overlapped with the client's copy out of the ring, instead of
+/// the driver filling a reply buffer that is then copied into the ring.
+const MAPPED_READ_MIN: usize = 64 * 1024;
+
+/// Bulk data that follows a reply's body, sent from the driver's memory (a mapped range, which
+/// is unmapped once the data has been sent).
+pub struct Trailer {
+    range: MappedRange,
+    len: usize,
+}
+
+impl wormhole_server::backend::Trailer for Trailer {
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: the range maps `len` bytes and stays mapped until the trailer is released.
+        unsafe { std::slice::from_raw_parts(self.range.ptr as *const u8, self.len) }
+    }
+}
+
+thread_local! {
+    static TRAILER: std::cell::RefCell<Option<Trailer>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The trailer the request just handled on this thread left for its reply, if any.
+pub fn take_trailer() -> Option<Trailer> {
+    TRAILER.with(|t| t.borrow_mut().take())
+}
+
+/// A range of a buffer mapped by a blocking `clEnqueueMapBuffer`. It holds a reference to the
+/// buffer and its queue (another thread of the client may release them meanwhile) and gives
+/// both up when unmapped, or when dropped.
+struct MappedRange {
+    queue: Handle,
+    mem: Handle,
+    ptr: *mut c_void,
+}
+
+impl MappedRange {
+    /// Maps `[offset, offset + size)` with `flags` once the wait list completes; None if
+    /// anything is amiss, and the ordinary path then answers with what the driver says.
+    fn map(
+        s: &Session,
+        t: &Target,
+        wl: &WaitList,
+        flags: u64,
+        offset: usize,
+        size: usize,
+    ) -> Option<MappedRange> {
+        let (n, list) = wl.resolve(s).ok()?;
+        let mut err = CL_SUCCESS;
+        // SAFETY: handles resolved from the session's table; the list holds `n` events.
+        let ptr = unsafe {
+            ffi::clEnqueueMapBuffer(
+                t.queue,
+                t.mem,
+                CL_TRUE,
+                flags,
+                offset,
+                size,
+                n,
+                list_ptr(&list) as *mut c_void,
+                std::ptr::null_mut(),
+                &mut err,
+            )
+        };
+        if err != CL_SUCCESS || ptr.is_null() {
+            return None;
+        }
+        // SAFETY: live handles; each retain is paired with a release in `unmap`.
+        unsafe {
+            ffi::clRetainMemObject(t.mem);
+            ffi::clRetainCommandQueue(t.queue);
+        }
+        Some(MappedRange {
+            queue: t.queue,
+            mem: t.mem,
+            ptr,
+        })
+    }
+
+    /// Unmaps, returning the driver's status; `event` (if not null) receives the unmap's event.
+    fn unmap(self, event: *mut Handle) -> i32 {
+        let st = self.release(event);
+        std::mem::forget(self);
+        st
+    }
+
+    fn release(&self, event: *mut Handle) -> i32 {
+        // SAFETY: unmaps what `map` mapped, then drops the references `map` took; called once
+        // (by `unmap`, which forgets the range, or by `drop`).
+        unsafe {
+            let st = ffi::clEnqueueUnmapMemObject(
+                self.queue,
+                self.mem,
+                self.ptr,
+                0,
+                std::ptr::null_mut(),
+                event as *mut c_void,
+            );
+            ffi::clReleaseMemObject(self.mem);
+            ffi::clReleaseCommandQueue(self.queue);
+            st
+        }
+    }
+}
+
+impl Drop for MappedRange {
+    fn drop(&mut self) {
+        self.release(std::ptr::null_mut());
+    }
+}
+
+/// A blocking read through a mapping (see MAPPED_READ_MIN). Returns false, having done
+/// nothing, if the driver does not map: the ordinary path then answers (with the native error
+/// code, if that is what went wrong).
+fn mapped_read(
+    s: &Session,
+    w: &mut Writer,
+    t: &Target,
+    wl: &WaitList,
+    offset: usize,
+    size: usize,
+) -> bool {
+    let Some(range) = MappedRange::map(s, t, wl, CL_MAP_READ, offset, size) else {
+        return false;
+    };
+    w.i32(CL_SUCCESS);
+    w.u8(READ_INLINE);
+    w.trailing_bytes(size);
+    let trailer = Trailer { range, len: size };
+    TRAILER.with(|t| *t.borrow_mut() = Some(trailer));
+    true
+}
+
+type ReadCall<'a> = dyn Fn(u32, *mut c_void, u32, *const Handle, *mut Handle) -> i32 + 'a;
+
+/// The common part of every read: blocking reads go straight into the reply, non-blocking ones
+/// into a staging buffer kept under `read_id`.
+#[allow(clippy::too_many_arguments)]
+fn read_common(
+    s: &Session,
+    w: &mut Writer,
+    blocking: u32,
+    wl: &WaitList,
+    event_id: u64,
+    read_id: u64,
+    len: usize,
+    call: &ReadCall<'_>,
+) -> Result<(), i32> {
+    if len > MAX_TRANSFER {
+        return Err(CL_OUT_OF_RESOURCES);
+    }
+    let (n, list) = wl.resolve(s)?;
+    let mut ev = EventOut::new(s, event_id)?;
+    if blocking != 0 {
+        let mark = w.mark();
+        w.i32(CL_SUCCESS);
+        w.u8(READ_INLINE);
+        let evp = ev.ptr(false);
+        // The driver reads straight into the reply (no zeroing, no second buffer).
+        let filled = w.bytes_filled_by(len, |dst| {
+            match call(CL_TRUE, dst as *mut c_void, n, list_ptr(&list), evp) {
+                CL_SUCCESS => Ok(()),
+                st => Err(st),
+            }
+        });
+        if let Err(st) = filled {
+            w.rewind(mark);
+            return Err(st);
+        }
+        let own = ev.finish(s);
+        release_own(event_id, own);
+        return Ok(());
+    }
+    let mut data = vec![0u8; len];
+    let st = call(
+        CL_FALSE,
+        data.as_mut_ptr() as *mut c_void,
+        n,
+        list_ptr(&list),
+        ev.ptr(true),
+    );
+    if st != CL_SUCCESS {
+        return Err(st);
+    }
+    let event = ev.finish(s);
+    s.pending_reads
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(read_id, PendingRead { data, event });
+    w.i32(CL_SUCCESS);
+    w.u8(READ_DEFERRED);
+    Ok(())
+}
+
+type WriteCall<'a> = dyn Fn(u32, *const c_void, u32, *const Handle, *mut Handle) -> i32 + 'a;
+
+fn write_common(
+    s: &Session,
+    blocking: u32,
+    wl: &WaitList,
+    event_id: u64,
+    data: &[u8],
+    call: &WriteCall<'_>,
+) -> Result<i32, i32> {
+    let (n, list) = wl.resolve(s)?;
+    let mut ev = EventOut::new(s, event_id)?;
+    if blocking != 0 {
+        let st = call(
+            CL_TRUE,
+            data.as_ptr() as *const c_void,
+            n,
+            list_ptr(&list),
+            ev.ptr(false),
+        );
+        if st == CL_SUCCESS {
+            release_own(event_id, ev.finish(s));
+        }
+        return Ok(st);
+    }
+    let staging = data.to_vec();
+    let st = call(
+        CL_FALSE,
+        staging.as_ptr() as *const c_void,
+        n,
+        list_ptr(&list),
+        ev.ptr(true),
+    );
+    if st != CL_SUCCESS {
+        return Ok(st);
+    }
+    let event = ev.finish(s);
+    // The driver reads `staging` until the write completes; keep it alive until then.
+    crate::callbacks::on_event_complete(event, move || drop(staging));
+    release_own(event_id, event);
+    Ok(CL_SUCCESS)
+}
+
+pub fn clEnqueueReadBuffer(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let (queue, mem, blocking, offset, size) =
+        (r.u64()?, r.u64()?, r.u32()?, r.usize()?, r.usize()?);
+    let wl = WaitList::decode(r)?;
+    let (event_id, read_id) = (r.u64()?, r.u64()?);
+    r.finish()?;
+    let run = |w: &mut Writer| -> Result<(), i32> {
+        let t = target(s, queue, mem)?;
+        if blocking != 0
+            && event_id == 0
+            && (MAPPED_READ_MIN..=MAX_TRANSFER).contains(&size)
+            && mapped_read(s, w, &t, &wl, offset, size)
+        {
+            return Ok(());
+        }
+        read_common(
+            s,
+            w,
+            blocking,
+            &wl,
+            event_id,
+            read_id,
+            size,
+            &|b, p, n, l, e| {
+                // SAFETY: `p` holds `size` bytes; list and event pointers come from read_common.
+                unsafe {
+                    ffi::clEnqueueReadBuffer(
+                        t.queue,
+                        t.mem,
+                        b,
+                        offset,
+                        size,
+                        p,
+                        n,
+                        l as *mut c_void,
+                        e as *mut c_void,
+                    )
+                }
+            },
+        )
+    };
+    if let Err(e) = run(w) {
+        w.i32(e);
+    }
+    Ok(())
+}
+
+pub fn clEnqueueWriteBuffer(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let (queue, mem, blocking, offset, size) =
+        (r.u64()?, r.u64()?, r.u32()?, r.usize()?, r.usize()?);
+    let wl = WaitList::decode(r)?;
+    let event_id = r.u64()?;
+    // The data comes last: the client sends it straight from the application's memory.
+    let data = r.opt_bytes_ref()?;
+    r.finish()?;
+    let run = || -> Result<i32, i32> {
+        let t = target(s, queue, mem)?;
+        let data = match data {
+            Some(d) if d.len() == size => d,
+            Some(_) => return Err(CL_INVALID_VALUE),
+            None => {
+                // The application passed NULL: let the driver say what it says about that.
+                let mut ev: Handle = std::ptr::null_mut();
+                let (n, list) = wl.resolve(s)?;
+                // SAFETY: a NULL host pointer is rejected by the driver before any access.
+                return Ok(unsafe {
+                    ffi::clEnqueueWriteBuffer(
+                        t.queue,
+                        t.mem,
+                        blocking,
+                        offset,
+                        size,
+                        std::ptr::null_mut(),
+                        n,
+                        list_ptr(&list) as *mut c_void,
+                        &mut ev as *mut Handle as *mut c_void,
+                    )
+                });
+            }
+        };
+        write_common(s, blocking, &wl, event_id, data, &|b, p, n, l, e| {
+            // SAFETY: `p` holds `size` bytes that live until the write completes.
+            unsafe {
+                ffi::clEnqueueWriteBuffer(
+                    t.queue,
+                    t.mem,
+                    b,
+                    offset,
+                    size,
+                    p as *mut c_void,
+                    n,
+                    l as *mut c_void,
+                    e as *mut c_void,
+                )
+            }
+        })
+    };
+    w.i32(run().unwrap_or_else(|e| e));
+    Ok(())
+}
+
+struct RectArgs {
+    buffer_origin: [usize; 3],
+    region: [usize; 3],
+    pitches: [usize; 4],
+}
+
+fn rect_args(r: &mut Reader<'_>) -> Result<(RectArgs, [usize; 3]), DecodeError> {
+    let buffer_origin = triple(r)?;
+    let host_origin = triple(r)?;
+    let region = triple(r)?;
+    let pitches = [r.usize()?, r.usize()?, r.usize()?, r.usize()?];
+    Ok((
+        RectArgs {
+            buffer_origin,
+            region,
+            pitches,
+        },
+        host_origin,
+    ))
+}
+
+pub fn clEnqueueReadBufferRect(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let (queue, mem, blocking) = (r.u64()?, r.u64()?, r.u32()?);
+    let (a, host_origin) = rect_args(r)?;
+    let wl = WaitList::decode(r)?;
+    let (event_id, read_id) = (r.u64()?, r.u64()?);
+    r.finish()?;
+    let run = |w: &mut Writer| -> Result<(), i32> {
+        let t = target(s, queue, mem)?;
+        let span = rect_span(host_origin, a.region, a.pitches[2], a.pitches[3], 1)
+            .ok_or(CL_INVALID_VALUE)?;
+        read_common(
+            s,
+            w,
+            blocking,
+            &wl,
+            event_id,
+            read_id,
+            span.len,
+            &|b, p, n, l, e| {
+                let zero = [0usize; 3];
+                // SAFETY: `p` holds span.len bytes: the footprint of `region` from host origin 0
+                // with the span's pitches.
+                unsafe {
+                    ffi::clEnqueueReadBufferRect(
+                        t.queue,
+                        t.mem,
+                        b,
+                        a.buffer_origin.as_ptr() as *mut c_void,
+                        zero.as_ptr() as *mut c_void,
+                        a.region.as_ptr() as *mut c_void,
+                        a.pitches[0],
+                        a.pitches[1],
+                        span.row,
+                        span.slice,
+                        p,
+                        n,
+                        l as *mut c_void,
+                        e as *mut c_void,
+                    )
+                }
+            },
+        )
+    };
+    if let Err(e) = run(w) {
+        w.i32(e);
+    }
+    Ok(())
+}
+
+pub fn clEnqueueWriteBufferRect(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let (queue, mem, blocking) = (r.u64()?, r.u64()?, r.u32()?);
+    let (a, host_origin) = rect_args(r)?;
+    let data = r.bytes()?;
+    let wl = WaitList::decode(r)?;
+    let event_id = r.u64()?;
+    r.finish()?;
+    let run = || -> Result<i32, i32> {
+        let t = target(s, queue, mem)?;
+        let span = rect_span(host_origin, a.region, a.pitches[2], a.pitches[3], 1)
+            .ok_or(CL_INVALID_VALUE)?;
+        if data.len() != span.len {
+            return Err(CL_INVALID_VALUE);
+        }
+        write_common(s, blocking, &wl, event_id, data, &|b, p, n, l, e| {
+            let zero = [0usize; 3];
+            // SAFETY: `p` holds the span's bytes, as for reads.
+            unsafe {
+                ffi::clEnqueueWriteBufferRect(
+                    t.queue,
+                    t.mem,
+                    b,
+                    a.buffer_origin.as_ptr() as *mut c_void,
+                    zero.as_ptr() as *mut c_void,
+                    a.region.as_ptr() as *mut c_void,
+                    a.pitches[0],
+                    a.pitches[1],
+                    span.row,
+                    span.slice,
+                    p as *mut c_void,
+                    n,
+                    l as *mut c_void,
+                    e as *mut c_void,
+                )
+            }
+        })
+    };
+    w.i32(run().unwrap_or_else(|e| e));
+    Ok(())
+}
+
+/// Element size and type of a real image.
+fn image_info(img: Handle) -> Result<(usize, u32), i32> {
+    let mut elem = 0usize;
+    let mut ty = 0u32;
+    // SAFETY: live memory object; outputs are locals of the sizes passed.
+    unsafe {
+        let st = ffi::clGetImageInfo(
+            img,
+            CL_IMAGE_ELEMENT_SIZE,
+            8,
+            &mut elem as *mut usize as *mut c_void,
+            std::ptr::null_mut(),
+        );
+        if st != CL_SUCCESS {
+            return Err(if st == CL_INVALID_MEM_OBJECT {
+                st
+            } else {
+                CL_INVALID_MEM_OBJECT
+            });
+        }
+        ffi::clGetMemObjectInfo(
+            img,
+            CL_MEM_TYPE,
+            4,
+            &mut ty as *mut u32 as *mut c_void,
+            std::ptr::null_mut(),
+        );
+    }
+    Ok((elem, ty))
+}
+
+pub fn clEnqueueReadImage(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let (queue, mem, blocking) = (r.u64()?, r.u64()?, r.u32()?);
+    let (origin, region) = (triple(r)?, triple(r)?);
+    let (row_pitch, slice_pitch) = (r.usize()?, r.usize()?);
+    let wl = WaitList::decode(r)?;
+    let (event_id, read_id) = (r.u64()?, r.u64()?);
+    r.finish()?;
+    let run = |w: &mut Writer| -> Result<(), i32> {
+        let t = target(s, queue, mem)?;
+        let (elem, ty) = image_info(t.mem)?;
+        let (span, _) =
+            image_span(ty, region, row_pitch, slice_pitch, elem).ok_or(CL_INVALID_VALUE)?;
+        read_common(
+            s,
+            w,
+            blocking,
+            &wl,
+            event_id,
+            read_id,
+            span.len,
+            &|b, p, n, l, e| {
+                // SAFETY: `p` holds the region's host footprint with the pitches passed.
+                unsafe {
+                    ffi::clEnqueueReadImage(
+                        t.queue,
+                        t.mem,
+                        b,
+                        origin.as_ptr() as *mut c_void,
+                        region.as_ptr() as *mut c_void,
+                        row_pitch,
+                        slice_pitch,
+                        p,
+                        n,
+                        l as *mut c_void,
+                        e as *mut c_void,
+                    )
+                }
+            },
+        )
+    };
+    if let Err(e) = run(w) {
+        w.i32(e);
+    }
+    Ok(())
+}
+
+pub fn clEnqueueWriteImage(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let (queue, mem, blocking) = (r.u64()?, r.u64()?, r.u32()?);
+    let (origin, region) = (triple(r)?, triple(r)?);
+    let (row_pitch, slice_pitch) = (r.usize()?, r.usize()?);
+    let data = r.bytes()?;
+    let wl = WaitList::decode(r)?;
+    let event_id = r.u64()?;
+    r.finish()?;
+    let run = || -> Result<i32, i32> {
+        let t = target(s, queue, mem)?;
+        let (elem, ty) = image_info(t.mem)?;
+        let (span, _) =
+            image_span(ty, region, row_pitch, slice_pitch, elem).ok_or(CL_INVALID_VALUE)?;
+        if data.len() != span.len {
+            return Err(CL_INVALID_VALUE);
+        }
+        write_common(s, blocking, &wl, event_id, data, &|b, p, n, l, e| {
+            // SAFETY: `p` holds the region's host footprint.
+            unsafe {
+                ffi::clEnqueueWriteImage(
+                    t.queue,
+                    t.mem,
+                    b,
+                    origin.as_ptr() as *mut c_void,
+                    region.as_ptr() as *mut c_void,
+                    row_pitch,
+                    slice_pitch,
+                    p as *mut c_void,
+                    n,
+                    l as *mut c_void,
+                    e as *mut c_void,
+                )
+            }
+        })
+    };
+    w.i32(run().unwrap_or_else(|e| e));
+    Ok(())
+}
+
+/// Maps on the server (always blocking, so the data can travel now), remembers the mapping
+/// under the client's token and sends the mapped bytes unless the map invalidates them.
+/// Maps with (wait count, wait list, event out, errcode) and returns (pointer, bytes, pitches).
+type MapCall<'a> =
+    dyn Fn(u32, *const Handle, *mut Handle, &mut i32) -> (*mut c_void, usize, [usize; 2]) + 'a;
+
+#[allow(clippy::too_many_arguments)]
+/// Maps through the driver and answers with the mapped bytes, or, when the mapping lies in
+/// the session's buffer arena and the client maps the arena too (`in_place_ok`), with where it
+/// lies: the client then hands the application the arena memory itself, no copy either way.
+fn map_common(
+    s: &Session,
+    w: &mut Writer,
+    (flags, token, in_place_ok): (u64, u64, bool),
+    mem: Handle,
+    wl: &WaitList,
+    event_id: u64,
+    call: &MapCall<'_>,
+) -> Result<(), i32> {
+    let (n, list) = wl.resolve(s)?;
+    let mut ev = EventOut::new(s, event_id)?;
+    let mut err = CL_SUCCESS;
+    let (ptr, len, pitches) = call(n, list_ptr(&list), ev.ptr(false), &mut err);
+    if err != CL_SUCCESS {
+        return Err(err);
+    }
+    if ptr.is_null() && len > 0 {
+        return Err(CL_OUT_OF_RESOURCES);
+    }
+    release_own(event_id, ev.finish(s));
+    s.mappings
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(token, Mapping { mem, ptr, len });
+    w.i32(CL_SUCCESS);
+    w.u64(pitches[0] as u64);
+    w.u64(pitches[1] as u64);
+    let in_place = crate::arena::offset_of(ptr, len).filter(|_| in_place_ok);
+    w.u64(in_place.unwrap_or(crate::arena::NO_WINDOW));
+    // The mapping's length: the bytes below are absent for an invalidating map.
+    w.u64(len as u64);
+    if in_place.is_some() || flags & CL_MAP_WRITE_INVALIDATE_REGION != 0 || len == 0 {
+        w.bytes(&[]);
+    } else {
+        // SAFETY: the driver mapped `len` readable bytes at `ptr`.
+        w.bytes(unsafe { std::slice::from_raw_parts(ptr as *const u8, len) });
+    }
+    Ok(())
+}
+
+pub fn clEnqueueMapBuffer(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let (queue, mem, _blocking, flags, offset, size) = (
+        r.u64()?,
+        r.u64()?,
+        r.u32()?,
+        r.u64()?,
+        r.usize()?,
+        r.usize()?,
+    );
+    let wl = WaitList::decode(r)?;
+    let (event_id, token, in_place_ok) = (r.u64()?, r.u64()?, r.bool()?);
+    r.finish()?;
+    let run = |w: &mut Writer| -> Result<(), i32> {
+        let t = target(s, queue, mem)?;
+        if size > MAX_TRANSFER {
+            return Err(CL_OUT_OF_RESOURCES);
+        }
+        map_common(
+            s,
+            w,
+            (flags, token, in_place_ok),
+            t.mem,
+            &wl,
+            event_id,
+            &|n, l, e, err| {
+                // SAFETY: plain blocking map; list and event pointers come from map_common.
+                let p = unsafe {
+                    ffi::clEnqueueMapBuffer(
+                        t.queue,
+                        t.mem,
+                        CL_TRUE,
+                        flags,
+                        offset,
+                        size,
+                        n,
+                        l as *mut c_void,
+                        e as *mut c_void,
+                        err,
+                    )
+                };
+                (p, size, [0, 0])
+            },
+        )
+    };
+    if let Err(e) = run(w) {
+        w.i32(e);
+    }
+    Ok(())
+}
+
+pub fn clEnqueueMapImage(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let (queue, mem, _blocking, flags) = (r.u64()?, r.u64()?, r.u32()?, r.u64()?);
+    let (origin, region) = (triple(r)?, triple(r)?);
+    let wl = WaitList::decode(r)?;
+    let (event_id, token, in_place_ok) = (r.u64()?, r.u64()?, r.bool()?);
+    r.finish()?;
+    let run = |w: &mut Writer| -> Result<(), i32> {
+        let t = target(s, queue, mem)?;
+        let (elem, ty) = image_info(t.mem)?;
+        map_common(
+            s,
+            w,
+            (flags, token, in_place_ok),
+            t.mem,
+            &wl,
+            event_id,
+            &|n, l, e, err| {
+                let mut row = 0usize;
+                let mut slice = 0usize;
+                // SAFETY: plain blocking map; pitches are locals.
+                let p = unsafe {
+                    ffi::clEnqueueMapImage(
+                        t.queue,
+                        t.mem,
+                        CL_TRUE,
+                        flags,
+                        origin.as_ptr() as *mut c_void,
+                        region.as_ptr() as *mut c_void,
+                        &mut row as *mut usize as *mut c_void,
+                        &mut slice as *mut usize as *mut c_void,
+                        n,
+                        l as *mut c_void,
+                        e as *mut c_void,
+                        err,
+                    )
+                };
+                let len = image_span(ty, region, row, slice, elem).map_or(0, |(s, _)| s.len);
+                (p, len, [row, slice])
+            },
+        )
+    };
+    if let Err(e) = run(w) {
+        w.i32(e);
+    }
+    Ok(())
+}
+
+pub fn clEnqueueUnmapMemObject(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let (queue, mem, token) = (r.u64()?, r.u64()?, r.u64()?);
+    let data = r.opt_bytes_ref()?;
+    let wl = WaitList::decode(r)?;
+    let event_id = r.u64()?;
+    r.finish()?;
+    let run = || -> Result<i32, i32> {
+        let t = target(s, queue, mem)?;
+        let (n, list) = wl.resolve(s)?;
+        let m = s
+            .mappings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&token)
+            .ok_or(CL_INVALID_VALUE)?;
+        if m.mem != t.mem {
+            s.mappings
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(token, m);
+            return Err(CL_INVALID_VALUE);
+        }
+        if let Some(d) = data {
+            if d.len() > m.len {
+                return Err(CL_INVALID_VALUE);
+            }
+            // SAFETY: the mapping holds m.len writable bytes; d fits.
+            unsafe { std::ptr::copy_nonoverlapping(d.as_ptr(), m.ptr as *mut u8, d.len()) };
+        }
+        let mut ev = EventOut::new(s, event_id)?;
+        // SAFETY: unmapping what the driver mapped for this memory object.
+        let st = unsafe {
+            ffi::clEnqueueUnmapMemObject(
+                t.queue,
+                t.mem,
+                m.ptr,
+                n,
+                list_ptr(&list) as *mut c_void,
+                ev.ptr(false) as *mut c_void,
+            )
+        };
+        if st == CL_SUCCESS {
+            release_own(event_id, ev.finish(s));
+        }
+        Ok(st)
+    };
+    w.i32(run().unwrap_or_else(|e| e));
+    Ok(())
+}
+
+/// Collect states.
+pub const COLLECT_PENDING: u8 = 0;
+pub const COLLECT_DONE: u8 = 1;
+pub const COLLECT_FAILED: u8 = 2;
+
+/// Sends the data of every listed non-blocking read whose event has completed.
+pub fn collect(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
+    let ids = r.opt_u64s()?.unwrap_or_default();
+    r.finish()?;
+    let mut pending = s.pending_reads.lock().unwrap_or_else(|p| p.into_inner());
+    w.u32(ids.len() as u32);
+    for id in ids {
+        w.u64(id);
+        let status = pending.get(&id).map(|p| {
+            let mut st: i32 = 1;
+            // SAFETY: a live event we hold a reference to; the output is a local i32.
+            unsafe {
+                ffi::clGetEventInfo(
+                    p.event,
+                    CL_EVENT_COMMAND_EXECUTION_STATUS,
+                    4,
+                    &mut st as *mut i32 as *mut c_void,
+                    std::ptr::null_mut(),
+                )
+            };
+            st
+        });
+        match status {
+            Some(st) if st == CL_COMPLETE || st < 0 => {
+                let p = pending.remove(&id).expect("present");
+                release_own(0, p.event);
+                if st == CL_COMPLETE {
+                    w.u8(COLLECT_DONE);
+                    w.bytes(&p.data);
+                } else {
+                    w.u8(COLLECT_FAILED);
+                }
+            }
+            Some(_) => w.u8(COLLECT_PENDING),
+            None => w.u8(COLLECT_FAILED),
+        }
+    }
+    Ok(())
+}
+
+/// Blocking writes at least this large are streamed: the data goes from the request ring
+/// straight into a mapping of the driver's buffer as it arrives (one copy, overlapped with the
+/// client's copy into the ring), instead of being gathered into a request buffer first and
+/// then copied again by the driver.
+pub const STREAMED_WRITE_MIN: u64 = 64 * 1024;
+
+/// Receives a `clEnqueueWriteBuffer` request whose header `h` was just read from `link`,
+/// streaming its data into the driver's buffer when it can (blocking, no event asked for, the
+/// driver maps the range); otherwise reads the rest of the body into `body`.
+pub fn stream_write(
+    s: &Session,
+    link: &mut wormhole_transport::ShmLink,
+    h: &wormhole_opencl_proto::FrameHeader,
+    body: &mut Vec<u8>,
+    w: &mut Writer,
+) -> Result<Streamed, StreamError> {
+    let total = u64::from(h.len);
+    // The arguments before the data: queue, mem, blocking, offset, size (36 bytes), the wait
+    // list (flag, count, events), the event id, the data's flag and length. `body` only grows
+    // (no zeroing of a lane's reused buffer per request).
+    let mut filled = 0usize;
+    let mut need = |body: &mut Vec<u8>, n: usize| -> Result<usize, StreamError> {
+        if (filled + n) as u64 > total {
+            return Err(StreamError::Malformed(DecodeError::Truncated {
+                need: (filled + n) as u64,
+                have: total as usize,
+            }));
+        }
+        if body.len() < filled + n {
+            body.resize(filled + n, 0);
+        }
+        link.recv_exact(&mut body[filled..filled + n])?;
+        filled += n;
+        Ok(filled - n)
+    };
+    need(body, 37)?;
+    if body[36] == 1 {
+        need(body, 4)?;
+        let count = u32::from_le_bytes([body[37], body[38], body[39], body[40]]) as usize;
+        need(body, count.saturating_mul(8).min(total as usize))?;
+    }
+    let at = need(body, 9)?;
+    if body[at + 8] == 1 {
+        need(body, 8)?;
+    }
+    let head_len = filled;
+    let mut r = Reader::new(&body[..head_len]);
+    let (queue, mem, blocking, offset, size) =
+        (r.u64()?, r.u64()?, r.u32()?, r.usize()?, r.usize()?);
+    let wl = WaitList::decode(&mut r)?;
+    let event_id = r.u64()?;
+    let data_len = if r.bool()? { Some(r.u64()?) } else { None };
+    let rest = total - head_len as u64;
+    let streamable = blocking != 0
+        && event_id == 0
+        && data_len == Some(rest)
+        && rest == size as u64
+        && rest >= STREAMED_WRITE_MIN;
+    let mapped = if streamable {
+        target(s, queue, mem).ok().and_then(|t| {
+            MappedRange::map(s, &t, &wl, CL_MAP_WRITE_INVALIDATE_REGION, offset, size)
+        })
+    } else {
+        None
+    };
+    let Some(range) = mapped else {
+        // The ordinary path decodes the whole request and answers as the driver does.
+        if body.len() < total as usize {
+            body.resize(total as usize, 0);
+        }
+        link.recv_exact(&mut body[head_len..total as usize])?;
+        return Ok(Streamed::Body);
+    };
+    let mut at = 0usize;
+    link.recv_in_place(rest, &mut |src, n| {
+        // SAFETY: the mapping holds `size` (= rest) bytes and `at + n <= rest`; `src` holds
+        // `n` readable bytes of the ring.
+        unsafe { std::ptr::copy_nonoverlapping(src, (range.ptr as *mut u8).add(at), n) };
+        at += n;
+    })?;
+    // The write is done once the unmap is: wait for it, as a blocking write returns only then.
+    let mut ev: Handle = std::ptr::null_mut();
+    let st = range.unmap(&mut ev);
+    if st == CL_SUCCESS && !ev.is_null() {
+        // SAFETY: `ev` is a live event we own; waited for, then released.
+        unsafe {
+            ffi::clWaitForEvents(1, &ev);
+            ffi::clReleaseEvent(ev);
+        }
+    }
+    w.i32(st);
+    Ok(Streamed::Done)
+}

@@ -1,0 +1,101 @@
+//! Info queries. The server always learns the value's full size first (the two-call protocol),
+//! then rewrites what the client must see differently: handles become session ids, forwarded
+//! device names are marked, and capabilities Wormhole does not forward are hidden.
+
+use crate::session::{Handle, Session};
+use std::ffi::c_void;
+use wormhole_opencl_proto::info::{info_value, InfoValue};
+use wormhole_opencl_proto::{cl::*, Op, Writer};
+
+/// Prefix of forwarded device names (`WORMHOLE_NAME_PREFIX` overrides it; empty disables).
+pub fn name_prefix() -> String {
+    std::env::var("WORMHOLE_NAME_PREFIX").unwrap_or_else(|_| "Wormhole \u{2192} ".to_string())
+}
+
+/// Runs an info query and replies with the status, the whole value and its size (the client
+/// applies the caller's buffer size, and may cache the answer).
+pub fn query(
+    s: &Session,
+    w: &mut Writer,
+    op: Op,
+    param: u32,
+    obj: Handle,
+    call: impl Fn(usize, *mut c_void, *mut usize) -> i32,
+) -> Result<(), i32> {
+    let kind = info_value(op, param);
+    let (value, reported) = if kind == InfoValue::Binaries {
+        binaries(obj)?
+    } else {
+        let mut buf = crate::rt::info_bytes(&call)?;
+        rewrite(s, op, param, obj, kind, &mut buf);
+        let n = buf.len();
+        (buf, n)
+    };
+    w.i32(CL_SUCCESS);
+    w.bytes(&value);
+    w.u64(reported as u64);
+    Ok(())
+}
+
+fn rewrite(s: &Session, op: Op, param: u32, obj: Handle, kind: InfoValue, buf: &mut Vec<u8>) {
+    match kind {
+        InfoValue::Handles(k) => {
+            for c in buf.chunks_exact_mut(8) {
+                let p = u64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as Handle;
+                c.copy_from_slice(&s.export(k, p).to_le_bytes());
+            }
+        }
+        InfoValue::ContextProps => crate::props::export_context_props(s, buf),
+        _ => {}
+    }
+    match (op, param) {
+        (Op::clGetDeviceInfo, CL_DEVICE_NAME) => {
+            let mut named = name_prefix().into_bytes();
+            named.extend_from_slice(buf);
+            *buf = named;
+        }
+        // Buffer SVM is forwarded (custom/svm.rs; fine-grained buffers are coherent at
+        // synchronisation points); SVM atomics would need memory both processes see coherently
+        // at every instant, so they are not advertised.
+        (Op::clGetDeviceInfo, CL_DEVICE_SVM_CAPABILITIES) if buf.len() == 8 => {
+            let v = u64::from_le_bytes(buf[..8].try_into().unwrap_or([0; 8]))
+                & (CL_DEVICE_SVM_COARSE_GRAIN_BUFFER | CL_DEVICE_SVM_FINE_GRAIN_BUFFER);
+            buf.copy_from_slice(&v.to_le_bytes());
+        }
+        // A program whose build the program cache served answers these as the program built
+        // from source would (custom/program.rs).
+        (Op::clGetProgramInfo, CL_PROGRAM_SOURCE)
+        | (Op::clGetProgramBuildInfo, CL_PROGRAM_BUILD_LOG) => {
+            if let Some(v) = crate::custom::cached_program_answer(s, obj, param) {
+                *buf = v;
+            }
+        }
+        (Op::clGetMemObjectInfo, CL_MEM_FLAGS) if buf.len() == 8 => {
+            let v = u64::from_le_bytes(buf[..8].try_into().unwrap_or([0; 8]));
+            buf.copy_from_slice(&crate::arena::visible_flags(obj, v).to_le_bytes());
+        }
+        // Native kernels would run client code in the server: not forwarded (README).
+        (Op::clGetDeviceInfo, CL_DEVICE_EXECUTION_CAPABILITIES) if buf.len() == 8 => {
+            let v =
+                u64::from_le_bytes(buf[..8].try_into().unwrap_or([0; 8])) & !CL_EXEC_NATIVE_KERNEL;
+            buf.copy_from_slice(&v.to_le_bytes());
+        }
+        _ => {}
+    }
+}
+
+/// CL_PROGRAM_BINARIES: the value is an array of pointers into the caller's memory. The server
+/// fetches every binary and sends `count u32, (len u64, bytes)*`; the client scatters them.
+fn binaries(program: Handle) -> Result<(Vec<u8>, usize), i32> {
+    let bins = crate::rt::program_binaries(program)?;
+    let mut packed = Writer::new(0);
+    packed.u32(bins.len() as u32);
+    for b in &bins {
+        packed.bytes(b);
+    }
+    let frame = packed.finish(0, 0);
+    Ok((
+        frame[wormhole_opencl_proto::HEADER_LEN..].to_vec(),
+        bins.len() * 8,
+    ))
+}

@@ -1,0 +1,178 @@
+//! Wormhole's OpenCL backend: what a worker runs for an OpenCL session. It owns the tenant's
+//! OpenCL objects (reached through the system ICD loader, never through Wormhole's own ICD),
+//! maps client handles to real objects in the session's table, and answers each request: the
+//! generated decoders and dispatch (`crates/apigen`) for most entry points, the hand-written
+//! handlers in `custom` for those with semantics of their own. The server core
+//! (`wormhole-server`) does everything that is not OpenCL's own.
+
+mod arena;
+mod callbacks;
+mod custom;
+mod info;
+pub mod program_cache;
+mod props;
+mod rt;
+mod session;
+pub mod vendors;
+
+/// The generated decoders and dispatch (see `crates/apigen`).
+#[allow(
+    non_snake_case,
+    unused_mut,
+    unused_variables,
+    unused_parens,
+    clippy::all,
+    clippy::undocumented_unsafe_blocks
+)]
+pub mod generated {
+    include!(concat!(env!("OUT_DIR"), "/server_gen.rs"));
+}
+
+use std::sync::atomic::Ordering;
+use std::sync::OnceLock;
+use wormhole_opencl_proto::{control, DecodeError, FrameHeader, Op, Reader, Writer};
+use wormhole_server::backend::{Reply, SessionSetup, StreamError, Streamed};
+
+/// The worker's one OpenCL session.
+pub(crate) fn session() -> &'static session::Session {
+    static SESSION: OnceLock<session::Session> = OnceLock::new();
+    SESSION.get_or_init(session::Session::default)
+}
+
+/// The OpenCL backend.
+pub struct OpenCl;
+
+/// The OpenCL backend, for the server's list of APIs.
+pub static OPENCL: OpenCl = OpenCl;
+
+impl OpenCl {
+    /// Runs one request against session `s`; the trailer the handler left (bulk data of a
+    /// mapped read) comes back explicitly with the reply.
+    fn run(
+        s: &session::Session,
+        opcode: u16,
+        r: &mut Reader<'_>,
+        w: &mut Writer,
+    ) -> Result<Reply, DecodeError> {
+        match opcode {
+            control::COLLECT => custom::collect(s, r, w),
+            control::SVM_PUSH => custom::svm_push(s, r, w),
+            control::SVM_PULL => custom::svm_pull(s, r, w),
+            control::DIRECT => arena::direct(s, r, w),
+            op => match Op::from_u16(op) {
+                Some(op) => generated::dispatch(s, op, r, w),
+                None => Err(DecodeError::UnknownOp(op)),
+            },
+        }?;
+        // Every reply body begins with the call's cl_int status.
+        let status = w
+            .body()
+            .get(..4)
+            .map_or(0, |b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        Ok(Reply {
+            status,
+            trailer: custom::take_trailer()
+                .map(|t| Box::new(t) as Box<dyn wormhole_server::backend::Trailer>),
+        })
+    }
+}
+
+impl wormhole_server::Backend for OpenCl {
+    fn api(&self) -> &'static str {
+        wormhole_opencl_proto::API
+    }
+
+    fn worker_env(
+        &self,
+        runtime_dir: &std::path::Path,
+    ) -> std::io::Result<Vec<(std::ffi::OsString, std::ffi::OsString)>> {
+        let vendors = vendors::filtered_vendor_dir(runtime_dir)?;
+        Ok(vec![("OCL_ICD_VENDORS".into(), vendors.into())])
+    }
+
+    fn warm_up(&self) {
+        custom::warm_up();
+    }
+
+    fn begin(&self, setup: SessionSetup) {
+        if let Some(arena) = setup.arena {
+            arena::enable(arena);
+        }
+        if let Some(cache) = setup.build_cache {
+            program_cache::set(cache);
+        }
+        callbacks::set_sink(setup.callbacks);
+    }
+
+    fn handle(
+        &self,
+        h: &FrameHeader,
+        r: &mut Reader<'_>,
+        w: &mut Writer,
+    ) -> Result<Reply, DecodeError> {
+        Self::run(session(), h.opcode, r, w)
+    }
+
+    fn stream(
+        &self,
+        h: &FrameHeader,
+        link: &mut wormhole_transport::ShmLink,
+        body: &mut Vec<u8>,
+        w: &mut Writer,
+    ) -> Result<Streamed, StreamError> {
+        if h.opcode != Op::clEnqueueWriteBuffer as u16 {
+            return Ok(Streamed::Declined);
+        }
+        custom::stream_write(session(), link, h, body, w)
+    }
+
+    fn objects(&self) -> std::collections::BTreeMap<String, usize> {
+        session()
+            .object_counts()
+            .into_iter()
+            .map(|(k, n)| (format!("{k:?}"), n))
+            .collect()
+    }
+
+    fn mem_bytes(&self) -> i64 {
+        session().mem_bytes()
+    }
+
+    fn detail(&self) -> serde_json::Map<String, serde_json::Value> {
+        let mut m = serde_json::Map::new();
+        let mut put = |k: &str, v: u64| {
+            m.insert(k.into(), v.into());
+        };
+        put(
+            "shared_mem_bytes",
+            arena::SHARED_BYTES.load(Ordering::Relaxed),
+        );
+        put(
+            "direct_transfers",
+            arena::DIRECT_TRANSFERS.load(Ordering::Relaxed),
+        );
+        put(
+            "program_cache_hits",
+            program_cache::HITS.load(Ordering::Relaxed),
+        );
+        put(
+            "program_cache_misses",
+            program_cache::MISSES.load(Ordering::Relaxed),
+        );
+        m
+    }
+}
+
+/// Runs one request made of untrusted bytes (`opcode u16 LE` + body) against a fresh session,
+/// through the same path a worker's lanes take; the fuzzing entry point (`fuzz/`). Must return
+/// normally for any input.
+#[doc(hidden)]
+pub fn fuzz_request(data: &[u8]) {
+    let Some((op, body)) = data.split_first_chunk::<2>() else {
+        return;
+    };
+    let op = u16::from_le_bytes(*op);
+    let s = session::Session::default();
+    let mut w = Writer::new(op);
+    let _ = OpenCl::run(&s, op, &mut Reader::new(body), &mut w);
+}

@@ -1,0 +1,219 @@
+//! A session's state in its worker: the handle table and what outlives single calls.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Mutex;
+use wormhole_opencl_proto::{cl::*, HandleKind, Writer};
+use wormhole_server::handles::{HandleTable, NewIdError};
+
+pub type Handle = *mut c_void;
+
+/// A buffer the server reads into for a non-blocking read, kept until the client collects it.
+pub struct PendingRead {
+    pub data: Vec<u8>,
+    pub event: Handle,
+}
+
+/// A region the server mapped on behalf of the client.
+pub struct Mapping {
+    pub mem: Handle,
+    pub ptr: *mut c_void,
+    pub len: usize,
+}
+
+#[derive(Default)]
+pub struct Session {
+    handles: HandleTable<HandleKind>,
+    pub pending_reads: Mutex<HashMap<u64, PendingRead>>,
+    pub mappings: Mutex<HashMap<u64, Mapping>>,
+    /// Shared virtual memory allocations of this session: start → length.
+    pub svm: Mutex<std::collections::BTreeMap<usize, usize>>,
+    /// Bytes of device memory held by live memory objects (tracked by destructor callbacks).
+    pub mem_bytes: AtomicI64,
+    /// Programs whose build came from the program cache, by the real object the id names now
+    /// (see custom/program.rs).
+    pub cached_programs: Mutex<HashMap<usize, CachedProgram>>,
+    /// Builds that may swap the object behind a program id take turns.
+    pub build_lock: Mutex<()>,
+}
+
+/// A program the application created from source and whose build the program cache served:
+/// its id now names a program created from the cached binary. The source program is kept (one
+/// reference of the session's own) for what only it can answer, its source, and for a rebuild
+/// with other options.
+pub struct CachedProgram {
+    pub source_program: Handle,
+    /// The options of the build the binary came from, and that build's log.
+    pub options: Vec<u8>,
+    pub log: Vec<u8>,
+}
+
+// SAFETY: the raw pointers inside are OpenCL objects and host buffers owned by this session;
+// OpenCL objects are thread-safe and the buffers are only touched under the mutexes above.
+unsafe impl Send for Session {}
+// SAFETY: as above.
+unsafe impl Sync for Session {}
+
+impl Session {
+    /// The real object behind `id`, if it is of `kind`. NULL (id 0) passes through so the real
+    /// call reports exactly what native OpenCL reports for NULL.
+    pub fn resolve(&self, id: u64, kind: HandleKind, _nullable: bool) -> Result<Handle, i32> {
+        if id == 0 {
+            return Ok(std::ptr::null_mut());
+        }
+        self.handles
+            .get(id, kind)
+            .map(|p| p as Handle)
+            .ok_or(kind.invalid_code())
+    }
+
+    /// Resolves a list; `count` must match what the client sent.
+    pub fn resolve_list(
+        &self,
+        ids: Option<&[u64]>,
+        count: usize,
+        kind: HandleKind,
+        code: i32,
+    ) -> Result<Option<Vec<Handle>>, i32> {
+        let Some(ids) = ids else { return Ok(None) };
+        if ids.len() != count {
+            return Err(CL_INVALID_VALUE);
+        }
+        match self.handles.get_all(ids, kind) {
+            Some(v) => Ok(Some(v.into_iter().map(|p| p as Handle).collect())),
+            None => Err(code),
+        }
+    }
+
+    fn new_id_error(e: NewIdError) -> i32 {
+        match e {
+            NewIdError::Invalid => {
+                tracing::warn!("client offered an invalid id for a new object");
+                CL_INVALID_VALUE
+            }
+            NewIdError::TooMany => {
+                tracing::warn!(
+                    max = wormhole_server::worker::limits().max_objects,
+                    "object refused: the session holds its limit of objects"
+                );
+                CL_OUT_OF_HOST_MEMORY
+            }
+        }
+    }
+
+    /// A client-allocated id for a new object must be fresh and in the client's id space
+    /// (checked before the driver creates the object; [`Session::bind`] settles it).
+    pub fn check_new_id(&self, id: u64) -> Result<(), i32> {
+        self.handles
+            .check_new(id, wormhole_server::worker::limits().max_objects)
+            .map_err(Self::new_id_error)
+    }
+
+    /// Binds a new object under the id the client chose; the id is checked again under the
+    /// table's lock, so two lanes offering the same id cannot both bind it.
+    pub fn bind(&self, id: u64, kind: HandleKind, ptr: Handle) -> Result<(), i32> {
+        self.handles
+            .bind_new(
+                id,
+                kind,
+                ptr as usize,
+                wormhole_server::worker::limits().max_objects,
+            )
+            .map_err(Self::new_id_error)
+    }
+
+    /// Points an existing id at another real object of its kind.
+    pub fn rebind(&self, id: u64, kind: HandleKind, ptr: Handle) {
+        self.handles.rebind(id, kind, ptr as usize);
+    }
+
+    /// The client dropped its last reference to `id`.
+    pub fn forget(&self, id: u64) {
+        if let Some((HandleKind::Program, p)) = self.handles.forget(id) {
+            let cached = self
+                .cached_programs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&p);
+            if let Some(c) = cached {
+                crate::custom::release_program(c.source_program);
+            }
+        }
+    }
+
+    /// The id under which the client knows `ptr`, assigning a server id to objects the client
+    /// has not seen yet (devices, objects returned by info queries).
+    pub fn export(&self, kind: HandleKind, ptr: Handle) -> u64 {
+        self.handles.export(kind, ptr as usize)
+    }
+
+    pub fn export_list(&self, w: &mut Writer, kind: HandleKind, ptrs: &[Handle]) {
+        w.u32(ptrs.len() as u32);
+        for p in ptrs {
+            w.u64(self.export(kind, *p));
+        }
+    }
+
+    /// Live objects per kind, for status reports.
+    pub fn object_counts(&self) -> Vec<(HandleKind, usize)> {
+        let mut v: Vec<_> = self.handles.counts().into_iter().collect();
+        v.sort_by_key(|(k, _)| *k as u8);
+        v
+    }
+
+    /// Whether [ptr, ptr+len) lies inside one SVM allocation of this session. Kernels get SVM
+    /// pointers as raw addresses, so nothing else may pass.
+    pub fn svm_contains(&self, ptr: usize, len: usize) -> bool {
+        let svm = self.svm.lock().unwrap_or_else(|p| p.into_inner());
+        match svm.range(..=ptr).next_back() {
+            Some((start, n)) => ptr.checked_add(len).is_some_and(|end| end <= start + n),
+            None => false,
+        }
+    }
+
+    pub fn mem_bytes(&self) -> i64 {
+        self.mem_bytes.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_are_typed_and_session_local() {
+        let s = Session::default();
+        let fake = 0x1000 as Handle;
+        s.check_new_id(5).unwrap();
+        s.bind(5, HandleKind::Mem, fake).unwrap();
+        assert_eq!(s.resolve(5, HandleKind::Mem, false), Ok(fake));
+        assert_eq!(
+            s.resolve(5, HandleKind::Kernel, false),
+            Err(CL_INVALID_KERNEL)
+        );
+        assert_eq!(
+            s.resolve(6, HandleKind::Mem, false),
+            Err(CL_INVALID_MEM_OBJECT)
+        );
+        assert_eq!(s.check_new_id(5), Err(CL_INVALID_VALUE));
+        assert_eq!(
+            s.check_new_id(wormhole_opencl_proto::SERVER_ID_BIT | 1),
+            Err(CL_INVALID_VALUE)
+        );
+        assert_eq!(s.export(HandleKind::Mem, fake), 5);
+        let other = Session::default();
+        assert_eq!(
+            other.resolve(5, HandleKind::Mem, false),
+            Err(CL_INVALID_MEM_OBJECT)
+        );
+        s.forget(5);
+        assert_eq!(
+            s.resolve(5, HandleKind::Mem, false),
+            Err(CL_INVALID_MEM_OBJECT)
+        );
+        let dev = s.export(HandleKind::Device, 0x2000 as Handle);
+        assert_ne!(dev & wormhole_opencl_proto::SERVER_ID_BIT, 0);
+        assert_eq!(s.export(HandleKind::Device, 0x2000 as Handle), dev);
+    }
+}

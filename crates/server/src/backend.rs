@@ -1,0 +1,109 @@
+//! What an API plugs into the server: a [`Backend`] per API (OpenCL, CUDA). The core owns
+//! everything else — accepting sessions, tenants and quotas, standby workers, the worker
+//! process and its lanes, status — and calls the backend only for what is the API's own:
+//! preparing its driver stack, and running requests.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use wormhole_transport::{Arena, ShmLink, TransportError};
+use wormhole_wire::{DecodeError, FrameHeader, Reader, Writer};
+
+/// Where a session's callback frames go: the session's control socket, its one TCP stream
+/// (shared with replies, hence the lock around whole frames), or a guest's event lane.
+pub type CallbackSink = Arc<Mutex<dyn Write + Send>>;
+
+/// What a worker hands its backend when a session starts.
+pub struct SessionSetup {
+    /// Where callbacks to the client go.
+    pub callbacks: CallbackSink,
+    /// Local sessions: memory the client maps too, for buffers it copies itself.
+    pub arena: Option<Arena>,
+    /// The server's store of build products shared by all sessions, if it has one.
+    pub build_cache: Option<wormhole_blobcache::BlobCache>,
+}
+
+/// Bulk data a reply carries after its body, sent from where it lies (a mapping of the
+/// driver's buffer) instead of being copied into the reply first. Dropping it releases it.
+pub trait Trailer {
+    fn bytes(&self) -> &[u8];
+}
+
+/// The outcome of one request.
+pub struct Reply {
+    /// The API's status of the call (0: success): every reply body begins with it.
+    pub status: i32,
+    pub trailer: Option<Box<dyn Trailer>>,
+}
+
+/// What became of a request offered to [`Backend::stream`].
+pub enum Streamed {
+    /// Not a request the backend streams: nothing was read.
+    Declined,
+    /// The backend read the request from the link itself and wrote the reply body.
+    Done,
+    /// Not streamable after all: the whole body is in the buffer (its first `h.len` bytes),
+    /// for [`Backend::handle`].
+    Body,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    #[error("malformed request: {0}")]
+    Malformed(#[from] DecodeError),
+}
+
+/// One API the server serves.
+pub trait Backend: Sync {
+    /// The API's name in HELLO (`"opencl"`, `"cuda"`).
+    fn api(&self) -> &'static str;
+
+    /// Supervisor, once per server: the environment this API's workers need, prepared in
+    /// the server's runtime directory (e.g. an ICD vendor directory without Wormhole's own).
+    fn worker_env(&self, _runtime_dir: &Path) -> std::io::Result<Vec<(OsString, OsString)>> {
+        Ok(Vec::new())
+    }
+
+    /// Worker: load the driver and find the devices. A standby worker does this before any
+    /// tenant waits, so a session's start pays none of it.
+    fn warm_up(&self) {}
+
+    /// Worker: the session starts (once per process).
+    fn begin(&self, setup: SessionSetup);
+
+    /// Worker: runs one request (`h.opcode`, its whole body in `r`), writing the reply body
+    /// into `w`. An error means a malformed request: the session ends.
+    fn handle(
+        &self,
+        h: &FrameHeader,
+        r: &mut Reader<'_>,
+        w: &mut Writer,
+    ) -> Result<Reply, DecodeError>;
+
+    /// Worker, shared-memory lanes: a request whose bulk data the backend may take from the
+    /// ring as it arrives (straight into the driver's memory) instead of after the whole body.
+    /// Only the header has been read. Default: never.
+    fn stream(
+        &self,
+        _h: &FrameHeader,
+        _link: &mut ShmLink,
+        _body: &mut Vec<u8>,
+        _w: &mut Writer,
+    ) -> Result<Streamed, StreamError> {
+        Ok(Streamed::Declined)
+    }
+
+    /// Worker: the session's live objects, by kind (for `wh status`).
+    fn objects(&self) -> std::collections::BTreeMap<String, usize>;
+
+    /// Worker: device memory the session's objects hold now, in bytes.
+    fn mem_bytes(&self) -> i64;
+
+    /// Worker: the API's own counters for `wh status` (merged into the session's detail).
+    fn detail(&self) -> serde_json::Map<String, serde_json::Value> {
+        serde_json::Map::new()
+    }
+}

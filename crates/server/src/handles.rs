@@ -1,0 +1,196 @@
+//! A session's handle table, for any API: maps the ids the client knows objects by to the
+//! driver's real objects, typed by the API's handle kinds. Ids are only meaningful inside one
+//! session: another session's ids (or made-up ones) resolve to nothing.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::Mutex;
+use wormhole_wire::SERVER_ID_BIT;
+
+/// Why a client-chosen id for a new object was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NewIdError {
+    /// 0, in the server's id space, or already in use.
+    Invalid,
+    /// The session holds its limit of objects.
+    TooMany,
+}
+
+struct Table<K> {
+    by_id: HashMap<u64, (K, usize)>,
+    by_ptr: HashMap<usize, u64>,
+    next_server_id: u64,
+}
+
+pub struct HandleTable<K> {
+    t: Mutex<Table<K>>,
+}
+
+impl<K> Default for HandleTable<K> {
+    fn default() -> Self {
+        HandleTable {
+            t: Mutex::new(Table {
+                by_id: HashMap::new(),
+                by_ptr: HashMap::new(),
+                next_server_id: 0,
+            }),
+        }
+    }
+}
+
+impl<K: Copy + Eq + Hash> HandleTable<K> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table<K>> {
+        self.t.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The object behind `id` if it is of `kind`.
+    pub fn get(&self, id: u64, kind: K) -> Option<usize> {
+        match self.lock().by_id.get(&id) {
+            Some((k, p)) if *k == kind => Some(*p),
+            _ => None,
+        }
+    }
+
+    /// The objects behind `ids`, all of `kind`, or None if any is not.
+    pub fn get_all(&self, ids: &[u64], kind: K) -> Option<Vec<usize>> {
+        let t = self.lock();
+        ids.iter()
+            .map(|id| match t.by_id.get(id) {
+                Some((k, p)) if *k == kind => Some(*p),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Whether `id` may name a new object: fresh, in the client's id space, and within `max`
+    /// objects. Only [`HandleTable::bind_new`] settles it (another lane may take the id
+    /// between the two); this lets a handler refuse before it calls the driver.
+    pub fn check_new(&self, id: u64, max: Option<usize>) -> Result<(), NewIdError> {
+        Self::admit(&self.lock(), id, max)
+    }
+
+    fn admit(t: &Table<K>, id: u64, max: Option<usize>) -> Result<(), NewIdError> {
+        if id == 0 || id & SERVER_ID_BIT != 0 || t.by_id.contains_key(&id) {
+            return Err(NewIdError::Invalid);
+        }
+        if max.is_some_and(|m| t.by_id.len() >= m) {
+            return Err(NewIdError::TooMany);
+        }
+        Ok(())
+    }
+
+    /// Binds a new object under the id the client chose, checking the id under the same lock
+    /// (no other lane can take it between the check and the insert).
+    pub fn bind_new(
+        &self,
+        id: u64,
+        kind: K,
+        ptr: usize,
+        max: Option<usize>,
+    ) -> Result<(), NewIdError> {
+        let mut t = self.lock();
+        Self::admit(&t, id, max)?;
+        t.by_id.insert(id, (kind, ptr));
+        t.by_ptr.insert(ptr, id);
+        Ok(())
+    }
+
+    /// Points an existing id at another real object of its kind.
+    pub fn rebind(&self, id: u64, kind: K, ptr: usize) {
+        let mut t = self.lock();
+        if let Some((_, old)) = t.by_id.insert(id, (kind, ptr)) {
+            if t.by_ptr.get(&old) == Some(&id) {
+                t.by_ptr.remove(&old);
+            }
+        }
+        t.by_ptr.insert(ptr, id);
+    }
+
+    /// The client dropped its last reference to `id`: what it named, if anything.
+    pub fn forget(&self, id: u64) -> Option<(K, usize)> {
+        let mut t = self.lock();
+        let (kind, p) = t.by_id.remove(&id)?;
+        if t.by_ptr.get(&p) == Some(&id) {
+            t.by_ptr.remove(&p);
+        }
+        Some((kind, p))
+    }
+
+    /// The id under which the client knows `ptr`, assigning a server id to objects the client
+    /// has not seen yet (devices, objects returned by queries). 0 for NULL.
+    pub fn export(&self, kind: K, ptr: usize) -> u64 {
+        if ptr == 0 {
+            return 0;
+        }
+        let mut t = self.lock();
+        if let Some(id) = t.by_ptr.get(&ptr) {
+            if t.by_id.get(id).map(|e| e.0) == Some(kind) {
+                return *id;
+            }
+        }
+        if t.next_server_id == 0 {
+            // A random start: ids are meaningful only in this table, and not guessable.
+            use std::hash::{BuildHasher, Hasher};
+            t.next_server_id = std::collections::hash_map::RandomState::new()
+                .build_hasher()
+                .finish()
+                >> 4;
+        }
+        t.next_server_id += 1;
+        let id = SERVER_ID_BIT | t.next_server_id;
+        t.by_id.insert(id, (kind, ptr));
+        t.by_ptr.insert(ptr, id);
+        id
+    }
+
+    /// Live objects per kind.
+    pub fn counts(&self) -> HashMap<K, usize> {
+        let mut counts = HashMap::new();
+        for (k, _) in self.lock().by_id.values() {
+            *counts.entry(*k).or_default() += 1;
+        }
+        counts
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_typed_fresh_and_bounded() {
+        let t = HandleTable::<u8>::default();
+        assert_eq!(t.bind_new(5, 1, 0x1000, None), Ok(()));
+        assert_eq!(t.get(5, 1), Some(0x1000));
+        assert_eq!(t.get(5, 2), None);
+        assert_eq!(t.get(6, 1), None);
+        assert_eq!(t.bind_new(5, 1, 0x2000, None), Err(NewIdError::Invalid));
+        assert_eq!(t.bind_new(0, 1, 0x2000, None), Err(NewIdError::Invalid));
+        assert_eq!(
+            t.bind_new(SERVER_ID_BIT | 1, 1, 0x2000, None),
+            Err(NewIdError::Invalid)
+        );
+        assert_eq!(t.bind_new(7, 1, 0x2000, Some(1)), Err(NewIdError::TooMany));
+        assert_eq!(t.export(1, 0x1000), 5);
+        let dev = t.export(3, 0x3000);
+        assert_ne!(dev & SERVER_ID_BIT, 0);
+        assert_eq!(t.export(3, 0x3000), dev);
+        assert_eq!(t.forget(5), Some((1, 0x1000)));
+        assert_eq!(t.get(5, 1), None);
+        assert_eq!(t.counts().get(&3), Some(&1));
+    }
+
+    #[test]
+    fn a_new_id_is_bound_once_whatever_the_race() {
+        // Many lanes offering the same id: exactly one wins.
+        let t = std::sync::Arc::new(HandleTable::<u8>::default());
+        let wins: usize = (0..8)
+            .map(|i| {
+                let t = t.clone();
+                std::thread::spawn(move || t.bind_new(42, 1, 0x1000 + i, None).is_ok())
+            })
+            .map(|h| h.join().unwrap() as usize)
+            .sum();
+        assert_eq!(wins, 1);
+    }
+}

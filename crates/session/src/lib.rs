@@ -1,0 +1,729 @@
+//! The client side of a Wormhole session, the same for every API: connect (Unix socket and
+//! shared memory, TCP or TLS, or a VM guest's ivshmem region), say HELLO for the API, map the
+//! lanes, keep the heartbeat and the callback thread, and carry calls on the calling thread's
+//! own lane. An API's client library (the OpenCL ICD, the CUDA driver) supplies [`ApiHooks`] and
+//! turns [`CallError`]s into its own error codes.
+//!
+//! Locally: connect to the Unix socket, receive the shared region, map its lanes, and keep the
+//! socket for callbacks and liveness. Remotely (`WORMHOLE_SERVER=tcp://host:port`): one TCP
+//! stream carries every lane's frames, tagged with the lane, plus callbacks. Either way each
+//! application thread uses its own lane.
+
+use std::cell::Cell;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex, OnceLock};
+use std::time::Duration;
+use wormhole_transport::link::read_frame;
+use wormhole_transport::unix::recv_frame_with_fds;
+use wormhole_transport::{
+    Arena, FrameLink, FutexWaiter, Region, ShmLink, SpinPolicy, TransportError,
+};
+use wormhole_wire::handshake::{self, Hello};
+use wormhole_wire::{control, FrameHeader, Writer, FLAG_ASYNC, FLAG_REPLY};
+
+/// What the session needs to know of the API it carries.
+#[derive(Clone, Copy)]
+pub struct ApiHooks {
+    /// The API's name in HELLO (`"opencl"`, `"cuda"`).
+    pub api: &'static str,
+    /// Calls that wait for the device (`clFinish`, `cuStreamSynchronize`): the client yields the
+    /// CPU from the start instead of spinning, because on a machine with few cores the driver's
+    /// threads that run the awaited work, and the worker thread that answers, need it.
+    pub waits_for_device: fn(opcode: u16) -> bool,
+    /// Runs one CALLBACK frame's body, on the session's callback thread.
+    pub deliver_callback: fn(body: &[u8]),
+    /// What the application sees once the server is gone (the API's own words), for the log.
+    pub when_gone: &'static str,
+}
+
+fn policy_for(hooks: &ApiHooks, opcode: u16) -> SpinPolicy {
+    SpinPolicy {
+        spin: if (hooks.waits_for_device)(opcode) {
+            Duration::ZERO
+        } else {
+            SpinPolicy::default().spin
+        },
+        ..SpinPolicy::default()
+    }
+}
+
+/// One lane of the shared region.
+pub struct ShmLane {
+    link: ShmLink,
+    seq: u32,
+}
+
+/// One lane of a TCP session: the reply the reader thread handed over, and who waits for it.
+#[derive(Default)]
+struct TcpSlot {
+    busy: Mutex<u32>,
+    reply: Mutex<Option<(FrameHeader, Vec<u8>)>>,
+    ready: Condvar,
+}
+
+enum Transport {
+    Shm {
+        lanes: Vec<Mutex<ShmLane>>,
+        _region: Arc<Region>,
+    },
+    Tcp {
+        writer: Mutex<Box<dyn Write + Send>>,
+        slots: Arc<Vec<TcpSlot>>,
+    },
+}
+
+/// A client's session with the server.
+pub struct Connection {
+    hooks: ApiHooks,
+    transport: Transport,
+    lanes: usize,
+    dead: Arc<AtomicBool>,
+    /// A guest session's region: the worker serves a lane once it is marked used here.
+    guest: Option<Arc<Region>>,
+    /// Local sessions: where windowed buffers' bytes lie (see the server's `arena` module).
+    arena: Option<Arena>,
+}
+
+static NEXT_LANE: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static MY_LANE: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// Writes one line to stderr, prefixed so the user knows who speaks.
+pub fn log(msg: &str) {
+    eprintln!("wormhole: {msg}");
+}
+
+/// Set in the child of a fork(): the session (its lanes, its worker) stays the parent's, so
+/// the child's calls fail instead of corrupting it. A fork handler, not a getpid() per call
+/// (a system call on every forwarded call).
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn in_forked_child() {
+    FORKED.store(true, Ordering::Relaxed);
+}
+
+/// Why no session could be opened (the API's client logs it and reports "no device").
+#[derive(Debug)]
+pub struct ConnectError(String);
+
+impl std::fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConnectError {}
+
+impl Connection {
+    /// Opens a session of `hooks.api` with the server `WORMHOLE_SERVER` names (default: the
+    /// local socket, `WORMHOLE_SOCKET`).
+    pub fn open(hooks: ApiHooks) -> Result<Connection, ConnectError> {
+        static ATFORK: std::sync::Once = std::sync::Once::new();
+        // SAFETY: registers a handler that only stores to an atomic (async-signal-safe).
+        ATFORK.call_once(|| unsafe {
+            libc::pthread_atfork(None, None, Some(in_forked_child));
+        });
+        connect(hooks)
+    }
+}
+
+fn hello(hooks: &ApiHooks) -> Vec<u8> {
+    // TCP tenants identify themselves with a token (local ones by their uid).
+    let token = std::env::var("WORMHOLE_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty());
+    Hello::new(hooks.api, token.as_deref().map(str::as_bytes)).encode()
+}
+
+/// Checks the server's first answer: WELCOME (returns its lane count) or REFUSED.
+fn welcome(h: &FrameHeader, body: &[u8]) -> Result<u32, ConnectError> {
+    handshake::answer(h, body)
+        .map(|w| w.lanes)
+        .map_err(ConnectError)
+}
+
+// Starting a worker and its driver takes a moment; a server that never answers must not hang
+// the application.
+const WELCOME_TIMEOUT: Duration = Duration::from_secs(20);
+
+fn connect(hooks: ApiHooks) -> Result<Connection, ConnectError> {
+    match std::env::var("WORMHOLE_SERVER") {
+        Ok(s) if s == "ivshmem" || s.starts_with("ivshmem:") => connect_guest(
+            hooks,
+            s.strip_prefix("ivshmem").unwrap_or_default().trim_start_matches(':'),
+        ),
+        Ok(s) if !s.is_empty() => match s.strip_prefix("tcp://") {
+            Some(addr) => connect_tcp(hooks, addr, false),
+            None => match s.strip_prefix("tls://") {
+                Some(addr) => connect_tcp(hooks, addr, true),
+                None => Err(ConnectError(format!(
+                    "WORMHOLE_SERVER={s}: expected tcp://host:port, tls://host:port or ivshmem[:PATH]"
+                ))),
+            },
+        },
+        _ => connect_local(hooks),
+    }
+}
+
+/// The BAR of the first ivshmem device (QEMU `ivshmem-plain`: vendor 0x1af4, device 0x1110),
+/// enabled so that it can be mapped.
+fn find_ivshmem() -> Result<std::path::PathBuf, ConnectError> {
+    let dir = std::fs::read_dir("/sys/bus/pci/devices")
+        .map_err(|e| ConnectError(format!("cannot list PCI devices: {e}")))?;
+    let read = |p: std::path::PathBuf| std::fs::read_to_string(p).unwrap_or_default();
+    let mut devices: Vec<_> = dir
+        .flatten()
+        .map(|d| d.path())
+        .filter(|p| {
+            read(p.join("vendor")).trim() == "0x1af4" && read(p.join("device")).trim() == "0x1110"
+        })
+        .collect();
+    devices.sort();
+    let dev = devices.into_iter().next().ok_or_else(|| {
+        ConnectError("WORMHOLE_SERVER=ivshmem but this machine has no ivshmem device".into())
+    })?;
+    if read(dev.join("enable")).trim() == "0" {
+        std::fs::write(dev.join("enable"), "1").map_err(|e| {
+            ConnectError(format!(
+                "cannot enable {} ({e}); run as root",
+                dev.display()
+            ))
+        })?;
+    }
+    Ok(dev.join("resource2"))
+}
+
+/// The guest region of this process, marked closed when the process exits normally so the
+/// worker ends the session at once (a killed process is noticed by its silent heartbeat).
+static GUEST_REGION: OnceLock<(Arc<Region>, u32)> = OnceLock::new();
+
+extern "C" fn close_guest_session() {
+    // Only the process that opened the session closes it, not a forked child that exits.
+    if let Some((r, _)) = GUEST_REGION
+        .get()
+        .filter(|(_, pid)| *pid == std::process::id())
+    {
+        r.rendezvous().client_state.store(
+            wormhole_transport::rendezvous::CLIENT_CLOSED,
+            Ordering::Release,
+        );
+    }
+}
+
+// Runs at exit, and at dlclose (where an atexit handler would point at unmapped code).
+#[used]
+#[link_section = ".fini_array"]
+static CLOSE_GUEST_SESSION: extern "C" fn() = close_guest_session;
+
+/// Connects through a guest region (`WORMHOLE_SERVER=ivshmem[:PATH]`): no socket, so the
+/// handshake runs on lane 0, callbacks arrive on the last lane, and each side watches the
+/// other's heartbeat in the region.
+fn connect_guest(hooks: ApiHooks, spec: &str) -> Result<Connection, ConnectError> {
+    use wormhole_transport::rendezvous::{self, BeatWatch};
+    let path = if spec.is_empty() {
+        find_ivshmem()?
+    } else {
+        std::path::PathBuf::from(spec)
+    };
+    let nonce = std::process::id()
+        ^ (std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos()));
+    let (region, epoch) = Region::claim_guest(
+        &path,
+        nonce,
+        // Between two sessions (or right after the server starts) the region has no worker
+        // for a moment: the supervisor starts one within ~200 ms, longer on a loaded machine.
+        // A heartbeat silent for 3 s means no server.
+        Duration::from_secs(3),
+        Duration::from_secs(10),
+    )
+    .map_err(|e| {
+        ConnectError(format!(
+            "cannot open a session through {}: {e}",
+            path.display()
+        ))
+    })?;
+    let region = Arc::new(region);
+    let rv = region.rendezvous();
+    rv.client_state
+        .store(rendezvous::CLIENT_ACTIVE, Ordering::Release);
+    let _ = GUEST_REGION.set((region.clone(), std::process::id()));
+    {
+        let region = region.clone();
+        std::thread::Builder::new()
+            .name("wormhole-heartbeat".into())
+            .spawn(move || loop {
+                region.rendezvous().beat_client();
+                std::thread::sleep(rendezvous::BEAT_INTERVAL);
+            })
+            .map_err(|e| ConnectError(format!("cannot start the heartbeat thread: {e}")))?;
+    }
+    let dead = Arc::new(AtomicBool::new(false));
+    let server = Arc::new(BeatWatch::new(
+        rv.server_beat.load(Ordering::Acquire),
+        // Ten missed beats: a dead server fails a waiting call well within a second.
+        Duration::from_millis(500),
+    ));
+    let alive: wormhole_transport::link::Liveness = {
+        let (dead, region) = (dead.clone(), region.clone());
+        Arc::new(move || {
+            let rv = region.rendezvous();
+            !dead.load(Ordering::Relaxed)
+                && rv.server_epoch.load(Ordering::Acquire) == epoch
+                && server.alive(&rv.server_beat)
+        })
+    };
+    // No futex reaches the host: poll, sleeping at most 1 ms between looks once a call has
+    // taken longer than the spin window (a long kernel).
+    let waiter = Arc::new(wormhole_transport::PollWaiter {
+        max_sleep: Duration::from_millis(1),
+    });
+    let link = |i: u32| {
+        let (req, rep) = region.lane(i).expect("lane in layout");
+        ShmLink::new(
+            req,
+            rep,
+            waiter.clone(),
+            SpinPolicy::default(),
+            alive.clone(),
+        )
+    };
+    let mut lane0 = link(0);
+    rv.use_lane(0);
+    lane0
+        .send(&hello(&hooks))
+        .map_err(|e| ConnectError(format!("server gone during HELLO: {e}")))?;
+    let mut body = Vec::new();
+    let h = lane0
+        .recv(&mut body)
+        .map_err(|e| ConnectError(format!("no answer from the server: {e}")))?;
+    let n = welcome(&h, &body)?;
+    if n + 1 > region.layout().lanes {
+        return Err(ConnectError(
+            "WELCOME names more lanes than the region has".into(),
+        ));
+    }
+    // The callback lane idles most of the time: poll it lazily (callbacks may run ≤ 10 ms late).
+    let (ev_req, ev_rep) = region.lane(n).expect("event lane in layout");
+    let mut events = ShmLink::new(
+        ev_req,
+        ev_rep,
+        Arc::new(wormhole_transport::PollWaiter {
+            max_sleep: Duration::from_millis(10),
+        }),
+        SpinPolicy::default(),
+        alive.clone(),
+    );
+    {
+        let dead = dead.clone();
+        spawn_event_thread(hooks, dead, move |body| events.recv(body))?;
+    }
+    let lanes: Vec<Mutex<ShmLane>> = std::iter::once(lane0)
+        .chain((1..n).map(link))
+        .map(|link| Mutex::new(ShmLane { link, seq: 0 }))
+        .collect();
+    Ok(Connection {
+        hooks,
+        transport: Transport::Shm {
+            lanes,
+            _region: region.clone(),
+        },
+        lanes: n as usize,
+        dead,
+        guest: Some(region),
+        arena: None,
+    })
+}
+
+fn connect_local(hooks: ApiHooks) -> Result<Connection, ConnectError> {
+    let path = wormhole_wire::default_socket_path();
+    let sock = UnixStream::connect(&path).map_err(|e| {
+        ConnectError(format!(
+            "cannot reach the Wormhole server at {} ({e}); is `wh serve` running?",
+            path.display()
+        ))
+    })?;
+    (&sock)
+        .write_all(&hello(&hooks))
+        .map_err(|e| ConnectError(format!("server hung up during HELLO: {e}")))?;
+    sock.set_read_timeout(Some(WELCOME_TIMEOUT)).ok();
+    let mut body = Vec::new();
+    let (h, fds) = recv_frame_with_fds(&sock, &mut body)
+        .map_err(|e| ConnectError(format!("no answer from the server: {e}")))?;
+    sock.set_read_timeout(None).ok();
+    welcome(&h, &body)?;
+    let mut fds = fds.into_iter();
+    let fd = fds
+        .next()
+        .ok_or_else(|| ConnectError("the server sent no shared region".into()))?;
+    let region =
+        Arc::new(Region::open_fd(fd).map_err(|e| ConnectError(format!("bad shared region: {e}")))?);
+    // Without an arena every transfer simply goes through the rings.
+    let arena = fds.next().and_then(|fd| match Arena::open_fd(fd) {
+        Ok(a) => Some(a),
+        Err(e) => {
+            log(&format!(
+                "buffer arena not mapped ({e}); transfers use the rings"
+            ));
+            None
+        }
+    });
+    let dead = Arc::new(AtomicBool::new(false));
+    let alive = {
+        let dead = dead.clone();
+        Arc::new(move || !dead.load(Ordering::Relaxed))
+    };
+    let waiter = Arc::new(FutexWaiter);
+    let lanes: Vec<Mutex<ShmLane>> = (0..region.layout().lanes)
+        .map(|i| {
+            let (req, rep) = region.lane(i).expect("lane in layout");
+            Mutex::new(ShmLane {
+                link: ShmLink::new(
+                    req,
+                    rep,
+                    waiter.clone(),
+                    SpinPolicy::default(),
+                    alive.clone(),
+                ),
+                seq: 0,
+            })
+        })
+        .collect();
+    let n = lanes.len();
+    {
+        let dead = dead.clone();
+        spawn_event_thread(hooks, dead, move |body| read_frame(&mut &sock, body))?;
+    }
+    Ok(Connection {
+        hooks,
+        transport: Transport::Shm {
+            lanes,
+            _region: region,
+        },
+        lanes: n,
+        dead,
+        guest: None,
+        arena,
+    })
+}
+
+/// The two halves of a remote session's stream (plain TCP or TLS).
+type BoxRead = Box<dyn Read + Send>;
+type BoxWrite = Box<dyn Write + Send>;
+
+/// TLS for a remote session: the server's certificate must be signed by (or be) the
+/// certificate in `WORMHOLE_CA`.
+fn tls_client(addr: &str, sock: &TcpStream) -> Result<(BoxRead, BoxWrite), ConnectError> {
+    use wormhole_transport::tls::{self, rustls};
+    let ca = std::env::var_os("WORMHOLE_CA").ok_or_else(|| {
+        ConnectError("tls:// needs WORMHOLE_CA (the server's certificate, PEM)".into())
+    })?;
+    let cfg = tls::client_config(std::path::Path::new(&ca))
+        .map_err(|e| ConnectError(format!("TLS setup failed: {e}")))?;
+    let host = addr
+        .rsplit_once(':')
+        .map_or(addr, |(h, _)| h)
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    let name = rustls::pki_types::ServerName::try_from(host)
+        .map_err(|e| ConnectError(format!("bad server name: {e}")))?;
+    let conn = rustls::ClientConnection::new(cfg, name)
+        .map_err(|e| ConnectError(format!("TLS setup failed: {e}")))?;
+    let (r, w) = tls::split(
+        rustls::Connection::Client(conn),
+        sock.try_clone().map_err(|e| ConnectError(e.to_string()))?,
+    );
+    Ok((Box::new(r), Box::new(w)))
+}
+
+fn connect_tcp(hooks: ApiHooks, addr: &str, tls: bool) -> Result<Connection, ConnectError> {
+    use std::net::ToSocketAddrs;
+    let target = addr
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| ConnectError(format!("cannot resolve {addr}")))?;
+    let sock = TcpStream::connect_timeout(&target, Duration::from_secs(5)).map_err(|e| {
+        ConnectError(format!(
+            "cannot reach the Wormhole server at tcp://{addr} ({e})"
+        ))
+    })?;
+    sock.set_nodelay(true).ok();
+    let (mut reader, mut writer): (BoxRead, BoxWrite) = if tls {
+        tls_client(addr, &sock)?
+    } else {
+        let r = sock
+            .try_clone()
+            .map_err(|e| ConnectError(format!("cannot share the TCP stream: {e}")))?;
+        let w = sock
+            .try_clone()
+            .map_err(|e| ConnectError(format!("cannot share the TCP stream: {e}")))?;
+        (Box::new(r), Box::new(w))
+    };
+    writer
+        .write_all(&hello(&hooks))
+        .and_then(|_| writer.flush())
+        .map_err(|e| ConnectError(format!("server hung up during HELLO: {e}")))?;
+    sock.set_read_timeout(Some(WELCOME_TIMEOUT)).ok();
+    let mut body = Vec::new();
+    let h = read_frame(&mut reader, &mut body)
+        .map_err(|e| ConnectError(format!("no answer from the server: {e}")))?;
+    sock.set_read_timeout(None).ok();
+    let n = welcome(&h, &body)? as usize;
+    let slots: Arc<Vec<TcpSlot>> = Arc::new((0..n).map(|_| TcpSlot::default()).collect());
+    let dead = Arc::new(AtomicBool::new(false));
+    // Callbacks run on their own thread: they may call the API, whose replies the reader delivers.
+    let (cb_tx, cb_rx) = mpsc::channel::<Vec<u8>>();
+    std::thread::Builder::new()
+        .name("wormhole-callbacks".into())
+        .spawn(move || {
+            for body in cb_rx {
+                (hooks.deliver_callback)(&body);
+            }
+        })
+        .map_err(|e| ConnectError(format!("cannot start the callback thread: {e}")))?;
+    {
+        let (dead, slots) = (dead.clone(), slots.clone());
+        std::thread::Builder::new()
+            .name("wormhole-tcp".into())
+            .spawn(move || {
+                let mut reader = std::io::BufReader::with_capacity(1 << 16, reader);
+                loop {
+                    let mut body = Vec::new();
+                    match read_frame(&mut reader, &mut body) {
+                        Ok(h) if h.opcode == control::CALLBACK => {
+                            let _ = cb_tx.send(body);
+                        }
+                        Ok(h) => match slots.get(usize::from(h.lane)) {
+                            Some(slot) => {
+                                *slot.reply.lock().unwrap_or_else(|p| p.into_inner()) =
+                                    Some((h, body));
+                                slot.ready.notify_all();
+                            }
+                            None => {
+                                log("frame for an unknown lane; closing the session");
+                                break;
+                            }
+                        },
+                        Err(_) => break,
+                    }
+                }
+                mark_dead(&hooks, &dead, || {
+                    slots.iter().for_each(|s| s.ready.notify_all())
+                });
+            })
+            .map_err(|e| ConnectError(format!("cannot start the TCP reader: {e}")))?;
+    }
+    Ok(Connection {
+        hooks,
+        transport: Transport::Tcp {
+            writer: Mutex::new(writer),
+            slots,
+        },
+        lanes: n,
+        dead,
+        guest: None,
+        arena: None,
+    })
+}
+
+/// Runs the callbacks the server sends (frames from `next`) on a thread of their own, until
+/// the channel ends, which ends the session.
+fn spawn_event_thread(
+    hooks: ApiHooks,
+    dead: Arc<AtomicBool>,
+    mut next: impl FnMut(&mut Vec<u8>) -> Result<FrameHeader, TransportError> + Send + 'static,
+) -> Result<(), ConnectError> {
+    std::thread::Builder::new()
+        .name("wormhole-events".into())
+        .spawn(move || {
+            let mut body = Vec::new();
+            loop {
+                match next(&mut body) {
+                    Ok(h) if h.opcode == control::CALLBACK => (hooks.deliver_callback)(&body),
+                    Ok(h) => log(&format!(
+                        "ignoring unexpected frame {:#06x} from the server",
+                        h.opcode
+                    )),
+                    Err(_) => break,
+                }
+            }
+            mark_dead(&hooks, &dead, || {});
+        })
+        .map(|_| ())
+        .map_err(|e| ConnectError(format!("cannot start the callback thread: {e}")))
+}
+
+fn mark_dead(hooks: &ApiHooks, dead: &AtomicBool, wake: impl FnOnce()) {
+    dead.store(true, Ordering::SeqCst);
+    wake();
+    log(&format!(
+        "the server closed the session; {}",
+        hooks.when_gone
+    ));
+}
+
+#[derive(Debug)]
+pub enum CallError {
+    /// No session, or it is gone.
+    Unavailable,
+    /// The transport failed mid-call; the session is now unusable.
+    Broken,
+}
+
+static WARNED: AtomicU32 = AtomicU32::new(0);
+
+impl Connection {
+    /// Sends a request on this thread's lane and returns the reply body.
+    /// The session's buffer arena (local sessions whose server offers one).
+    pub fn arena(&self) -> Option<&Arena> {
+        self.arena.as_ref()
+    }
+
+    pub fn call(&self, w: Writer) -> Result<Vec<u8>, CallError> {
+        self.call_bulk(w, &[], None).map(|(r, _)| r)
+    }
+
+    /// A call with bulk data: `payload` follows the request straight from the caller's memory
+    /// (see `Writer::trailing_bytes`), and a reply of exactly `prefix + dst.len()` bytes has its
+    /// tail read straight into `dst` (returns true then; otherwise the whole reply is returned).
+    pub fn call_bulk(
+        &self,
+        w: Writer,
+        payload: &[u8],
+        sink: Option<(usize, &mut [u8])>,
+    ) -> Result<(Vec<u8>, bool), CallError> {
+        if self.dead.load(Ordering::Relaxed) || FORKED.load(Ordering::Relaxed) {
+            return Err(CallError::Unavailable);
+        }
+        let idx = self.my_lane();
+        let res = match &self.transport {
+            Transport::Shm { lanes, .. } => {
+                let mut lane = lanes[idx].lock().unwrap_or_else(|p| p.into_inner());
+                lane.seq = lane.seq.wrapping_add(1);
+                let seq = lane.seq;
+                lane.link.set_policy(policy_for(&self.hooks, w.opcode()));
+                let frame = w.finish(0, seq);
+                (|| {
+                    lane.link.send_parts(&[&frame, payload])?;
+                    let h = lane.link.recv_header()?;
+                    check_reply(&h, seq)?;
+                    let len = h.len as usize;
+                    match sink {
+                        Some((prefix, dst)) if len == prefix + dst.len() => {
+                            let mut head = vec![0; prefix];
+                            lane.link.recv_exact(&mut head)?;
+                            lane.link.recv_exact(dst)?;
+                            Ok((head, true))
+                        }
+                        _ => {
+                            let mut body = vec![0; len];
+                            lane.link.recv_exact(&mut body)?;
+                            Ok((body, false))
+                        }
+                    }
+                })()
+            }
+            Transport::Tcp { writer, slots } => self
+                .call_tcp(writer, &slots[idx], idx, w, payload)
+                .map(|r| (r, false)),
+        };
+        res.map_err(|e: TransportError| self.broken(e))
+    }
+
+    /// Sends a request with FLAG_ASYNC: no reply comes back.
+    pub fn send_async(&self, w: Writer) -> Result<(), CallError> {
+        if self.dead.load(Ordering::Relaxed) || FORKED.load(Ordering::Relaxed) {
+            return Err(CallError::Unavailable);
+        }
+        let idx = self.my_lane();
+        let res = match &self.transport {
+            Transport::Shm { lanes, .. } => {
+                let mut lane = lanes[idx].lock().unwrap_or_else(|p| p.into_inner());
+                lane.seq = lane.seq.wrapping_add(1);
+                let frame = w.finish(FLAG_ASYNC, lane.seq);
+                lane.link.send(&frame)
+            }
+            Transport::Tcp { writer, .. } => {
+                let frame = w.finish_on(idx as u16, FLAG_ASYNC, 0);
+                writer
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .write_all(&frame)
+                    .map_err(|_| TransportError::PeerGone)
+            }
+        };
+        res.map_err(|e| self.broken(e))
+    }
+
+    fn my_lane(&self) -> usize {
+        MY_LANE.with(|l| match l.get() {
+            Some(i) => i,
+            None => {
+                let i = NEXT_LANE.fetch_add(1, Ordering::Relaxed) % self.lanes;
+                if let Some(r) = &self.guest {
+                    r.rendezvous().use_lane(i as u32);
+                }
+                l.set(Some(i));
+                i
+            }
+        })
+    }
+
+    fn broken(&self, e: TransportError) -> CallError {
+        self.dead.store(true, Ordering::SeqCst);
+        if WARNED.fetch_add(1, Ordering::Relaxed) == 0 {
+            log(&format!("lost the server mid-call: {e}"));
+        }
+        CallError::Broken
+    }
+
+    fn call_tcp(
+        &self,
+        writer: &Mutex<Box<dyn Write + Send>>,
+        slot: &TcpSlot,
+        idx: usize,
+        w: Writer,
+        payload: &[u8],
+    ) -> Result<Vec<u8>, TransportError> {
+        let mut busy = slot.busy.lock().unwrap_or_else(|p| p.into_inner());
+        *busy = busy.wrapping_add(1);
+        let seq = *busy;
+        let frame = w.finish_on(idx as u16, 0, seq);
+        {
+            let mut out = writer.lock().unwrap_or_else(|p| p.into_inner());
+            out.write_all(&frame)
+                .and_then(|_| out.write_all(payload))
+                .map_err(|_| TransportError::PeerGone)?;
+        }
+        let mut reply = slot.reply.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some((h, body)) = reply.take() {
+                check_reply(&h, seq)?;
+                return Ok(body);
+            }
+            if self.dead.load(Ordering::SeqCst) {
+                return Err(TransportError::PeerGone);
+            }
+            reply = slot
+                .ready
+                .wait_timeout(reply, Duration::from_millis(100))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+}
+
+fn check_reply(h: &FrameHeader, seq: u32) -> Result<(), TransportError> {
+    if h.flags & FLAG_REPLY == 0 || h.seq != seq {
+        return Err(TransportError::Corrupt("reply does not match the request"));
+    }
+    Ok(())
+}

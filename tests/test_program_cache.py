@@ -71,12 +71,18 @@ def test_binaries_the_driver_refuses_are_compiled_again(cache_server, c_programs
     counts(cache_server, client)
     # Entries sound by every check of the cache (magic, key, lengths, digest) whose binary the
     # driver refuses, as after a driver update that kept its version string.
+    # The blob cache's format (crates/blobcache): magic, key, digest, part count, part
+    # lengths, parts; an OpenCL program's parts are its build log and its binary.
     for e in (cache_server.dir / "programs").glob("*.bin"):
         data = e.read_bytes()
-        magic, key, log_len = data[:8], data[8:40], struct.unpack("<Q", data[72:80])[0]
-        log, binary = data[88 : 88 + log_len], b"\xa5" * 4096
-        digest = hashlib.sha256(log + binary).digest()
-        e.write_bytes(magic + key + digest + struct.pack("<QQ", len(log), len(binary)) + log + binary)
+        magic, key, nparts = data[:8], data[8:40], struct.unpack("<Q", data[72:80])[0]
+        assert nparts == 2
+        log_len = struct.unpack("<Q", data[80:88])[0]
+        log, binary = data[96 : 96 + log_len], b"\xa5" * 4096
+        parts = [log, binary]
+        digest = hashlib.sha256(b"".join(struct.pack("<Q", len(p)) + p for p in parts)).digest()
+        lens = b"".join(struct.pack("<Q", len(p)) for p in parts)
+        e.write_bytes(magic + key + digest + struct.pack("<Q", len(parts)) + lens + log + binary)
     assert counts(cache_server, client) == (1, 2)
     assert "the driver refused a cached binary" in cache_server.log.read_text()
     assert counts(cache_server, client) == (2, 2)

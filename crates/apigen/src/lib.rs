@@ -82,7 +82,16 @@ pub fn emit_opcodes(api: &Api) -> String {
     for f in &api.funcs {
         let _ = writeln!(s, "            Op::{0} => \"{0}\",", f.name);
     }
-    s.push_str("        }\n    }\n}\n");
+    s.push_str("        }\n    }\n\n    /// A synchronisation point (`@sync` in the description).\n    pub fn is_sync(self) -> bool {\n        matches!(self, ");
+    let sync: Vec<String> = api
+        .funcs
+        .iter()
+        .filter(|f| f.sync)
+        .map(|f| format!("Op::{}", f.name))
+        .collect();
+    s.push_str(if sync.is_empty() { "_ if false" } else { "" });
+    s.push_str(&sync.join(" | "));
+    s.push_str(")\n    }\n}\n");
     s
 }
 

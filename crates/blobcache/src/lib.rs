@@ -25,9 +25,12 @@ pub const DEFAULT_MAX_BYTES: u64 = 256 << 20;
 /// What determines an entry: a SHA-256 over everything that went into the product.
 pub type Key = [u8; 32];
 
+/// The digest of an entry's body: every part, length-prefixed (so damage to the lengths in
+/// the header is caught too).
 fn digest(parts: &[&[u8]]) -> [u8; 32] {
     let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
     for p in parts {
+        ctx.update(&(p.len() as u64).to_le_bytes());
         ctx.update(p);
     }
     let mut d = [0u8; 32];

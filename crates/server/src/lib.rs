@@ -7,6 +7,7 @@
 
 pub mod backend;
 pub mod config;
+pub mod deferred;
 pub mod handles;
 pub mod quota;
 pub mod supervisor;

@@ -101,6 +101,18 @@ impl Writer {
         self.buf.truncate(mark.max(HEADER_LEN));
     }
 
+    /// Replaces the first four body bytes (a reply's status) with `v`; false if the body is
+    /// shorter than that.
+    pub fn replace_status(&mut self, v: i32) -> bool {
+        match self.buf.get_mut(HEADER_LEN..HEADER_LEN + 4) {
+            Some(b) => {
+                b.copy_from_slice(&v.to_le_bytes());
+                true
+            }
+            None => false,
+        }
+    }
+
     pub fn u8(&mut self, v: u8) {
         self.buf.push(v);
     }
@@ -175,8 +187,9 @@ impl Writer {
     }
 }
 
-/// Reads a message body; every accessor fails cleanly on short or inconsistent input.
-#[derive(Debug)]
+/// Reads a message body; every accessor fails cleanly on short or inconsistent input. A clone
+/// reads on from the same place (to peek ahead without consuming).
+#[derive(Debug, Clone)]
 pub struct Reader<'a> {
     buf: &'a [u8],
     pos: usize,

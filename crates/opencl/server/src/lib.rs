@@ -8,6 +8,7 @@
 mod arena;
 mod callbacks;
 mod custom;
+mod deferred;
 mod info;
 pub mod program_cache;
 mod props;
@@ -30,7 +31,8 @@ pub mod generated {
 
 use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
-use wormhole_opencl_proto::{control, DecodeError, FrameHeader, Op, Reader, Writer};
+use wormhole_opencl_proto::cl::CL_SUCCESS;
+use wormhole_opencl_proto::{control, DecodeError, FrameHeader, Op, Reader, Writer, FLAG_ASYNC};
 use wormhole_server::backend::{Reply, SessionSetup, StreamError, Streamed};
 
 /// The worker's one OpenCL session.
@@ -51,9 +53,18 @@ impl OpenCl {
     fn run(
         s: &session::Session,
         opcode: u16,
+        asynchronous: bool,
         r: &mut Reader<'_>,
         w: &mut Writer,
     ) -> Result<Reply, DecodeError> {
+        // The request's first argument, before the handler consumes it (the queue of the calls
+        // whose failures are deferred and reported).
+        let first = r.clone().u64().unwrap_or(0);
+        let sync_keys = match Op::from_u16(opcode) {
+            Some(Op::clFinish) => Some(vec![first]),
+            Some(Op::clWaitForEvents) => Some(deferred::event_queues(s, r.clone())),
+            _ => None,
+        };
         match opcode {
             control::COLLECT => custom::collect(s, r, w),
             control::SVM_PUSH => custom::svm_push(s, r, w),
@@ -65,10 +76,22 @@ impl OpenCl {
             },
         }?;
         // Every reply body begins with the call's cl_int status.
-        let status = w
+        let mut status = w
             .body()
             .get(..4)
             .map_or(0, |b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        if asynchronous && status != CL_SUCCESS {
+            s.deferred.record(deferred::key(opcode, first), status);
+        } else if let (Some(keys), CL_SUCCESS) = (sync_keys, status) {
+            if let Some(failed) = s.deferred.take(&keys) {
+                tracing::warn!(
+                    status = failed,
+                    "reporting the failure of a pipelined call at this synchronisation point"
+                );
+                w.replace_status(failed);
+                status = failed;
+            }
+        }
         Ok(Reply {
             status,
             trailer: custom::take_trailer()
@@ -110,7 +133,7 @@ impl wormhole_server::Backend for OpenCl {
         r: &mut Reader<'_>,
         w: &mut Writer,
     ) -> Result<Reply, DecodeError> {
-        Self::run(session(), h.opcode, r, w)
+        Self::run(session(), h.opcode, h.flags & FLAG_ASYNC != 0, r, w)
     }
 
     fn stream(
@@ -174,5 +197,5 @@ pub fn fuzz_request(data: &[u8]) {
     let op = u16::from_le_bytes(*op);
     let s = session::Session::default();
     let mut w = Writer::new(op);
-    let _ = OpenCl::run(&s, op, &mut Reader::new(body), &mut w);
+    let _ = OpenCl::run(&s, op, false, &mut Reader::new(body), &mut w);
 }

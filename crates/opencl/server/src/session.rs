@@ -34,6 +34,8 @@ pub struct Session {
     /// Programs whose build came from the program cache, by the real object the id names now
     /// (see custom/program.rs).
     pub cached_programs: Mutex<HashMap<usize, CachedProgram>>,
+    /// Failures of pipelined calls, until a synchronisation point reports them (by queue id).
+    pub deferred: wormhole_server::deferred::DeferredErrors,
     /// Builds that may swap the object behind a program id take turns.
     pub build_lock: Mutex<()>,
 }

@@ -64,3 +64,12 @@ def test_remote_sessions_keep_driver_storage(tmp_path, c_programs):
             assert p.wait(timeout=60) == 0
     finally:
         tcp.stop()
+
+
+def test_fine_grained_svm_beyond_a_frame(server, c_programs):
+    """Fine-grained SVM larger than a frame's limit (1 GiB) is made coherent in batches: the
+    session survives and host and device changes both arrive (was: the session was lost)."""
+    floats = (1 << 28) + (8 << 20)  # 1.03 GiB
+    r = server.run([c_programs["svm_fine"], str(floats)], timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "fine-grained svm OK" in r.stdout

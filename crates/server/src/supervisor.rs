@@ -267,11 +267,19 @@ pub fn serve(
     }
     // The Unix socket appears last: its existence tells scripts and tests that every
     // listener (TCP, metrics) is already accepting.
-    let _ = std::fs::remove_file(&config.socket);
-    let listener = UnixListener::bind(&config.socket).map_err(|source| ServeError::Listen {
+    // It is bound and listening under a temporary name and then renamed into place, so that
+    // it never exists without a listener (bind and listen are two steps: a client connecting
+    // between them is refused).
+    let listen_err = |source| ServeError::Listen {
         path: config.socket.clone(),
         source,
-    })?;
+    };
+    let mut tmp = config.socket.clone().into_os_string();
+    tmp.push(format!(".{}", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    let _ = std::fs::remove_file(&tmp);
+    let listener = UnixListener::bind(&tmp).map_err(listen_err)?;
+    std::fs::rename(&tmp, &config.socket).map_err(listen_err)?;
     tracing::info!(socket = %config.socket.display(), "wormhole server listening");
     for conn in listener.incoming() {
         match conn {

@@ -18,3 +18,8 @@ pub use opcodes::{Op, OP_COUNT};
 
 /// The API an OpenCL session speaks (sent in HELLO).
 pub const API: &str = "opencl";
+
+/// Most bytes of fine-grained SVM one `SVM_PUSH` request or `SVM_PULL` reply carries: the
+/// client splits larger synchronisations into batches, and the server refuses larger ones
+/// (a frame must stay far below `MAX_BODY`, whatever the application allocated).
+pub const SVM_SYNC_BATCH: usize = 32 << 20;

@@ -6,7 +6,7 @@
 use super::*;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use wormhole_opencl_proto::{Op, Reader, Writer};
+use wormhole_opencl_proto::{Op, Reader, Writer, SVM_SYNC_BATCH};
 
 const PAGE: usize = 4096;
 const COPY_SVM_TO_SVM: u8 = 0;
@@ -36,7 +36,6 @@ pub fn push_fine() {
         return;
     }
     let mut fine = FINE.lock().unwrap_or_else(|e| e.into_inner());
-    let mut w = Writer::new(wormhole_opencl_proto::control::SVM_PUSH);
     let mut runs: Vec<(usize, usize)> = Vec::new();
     for f in fine.iter_mut() {
         // SAFETY: the mirror of a live allocation covers [ptr, ptr+len).
@@ -52,21 +51,47 @@ pub fn push_fine() {
                 i += 1;
             }
             f.snapshot[start..i].copy_from_slice(&host[start..i]);
-            runs.push((f.ptr + start, i - start));
+            runs.extend(pieces(f.ptr + start, i - start));
         }
     }
-    if runs.is_empty() {
-        return;
+    for batch in batches(&runs) {
+        let mut w = Writer::new(wormhole_opencl_proto::control::SVM_PUSH);
+        w.u32(batch.len() as u32);
+        for (addr, n) in batch {
+            w.u64(*addr as u64);
+            // SAFETY: inside a mirror, as above.
+            w.bytes(unsafe { std::slice::from_raw_parts(*addr as *const u8, *n) });
+        }
+        match crate::connection::get().map(|c| c.call(w)) {
+            Some(Ok(_)) => {}
+            _ => return,
+        }
     }
-    w.u32(runs.len() as u32);
-    for (addr, n) in &runs {
-        w.u64(*addr as u64);
-        // SAFETY: inside a mirror, as above.
-        w.bytes(unsafe { std::slice::from_raw_parts(*addr as *const u8, *n) });
+}
+
+/// Splits [addr, addr+len) into pieces of at most one batch each.
+fn pieces(addr: usize, len: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..len)
+        .step_by(SVM_SYNC_BATCH)
+        .map(move |off| (addr + off, (len - off).min(SVM_SYNC_BATCH)))
+}
+
+/// Groups ranges (each at most one batch long) into batches of at most SVM_SYNC_BATCH bytes,
+/// so that no request or reply of a synchronisation outgrows a frame.
+fn batches(ranges: &[(usize, usize)]) -> Vec<&[(usize, usize)]> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, (_, n)) in ranges.iter().enumerate() {
+        if i > start && bytes + n > SVM_SYNC_BATCH {
+            out.push(&ranges[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += n;
     }
-    if let Some(c) = crate::connection::get() {
-        let _ = c.call(w);
+    if start < ranges.len() {
+        out.push(&ranges[start..]);
     }
+    out
 }
 
 /// After a synchronisation point: take what the device changed in fine-grained SVM (where the
@@ -76,32 +101,40 @@ pub fn pull_fine() {
         return;
     }
     let mut fine = FINE.lock().unwrap_or_else(|e| e.into_inner());
-    let mut w = Writer::new(wormhole_opencl_proto::control::SVM_PULL);
-    w.u32(fine.len() as u32);
-    for f in fine.iter() {
-        w.u64(f.ptr as u64);
-        w.usize(f.len);
-    }
-    let Some(Ok(reply)) = crate::connection::get().map(|c| c.call(w)) else {
-        return;
-    };
-    let mut r = Reader::new(&reply);
-    if r.i32() != Ok(CL_SUCCESS) {
-        return;
-    }
     for f in fine.iter_mut() {
-        let Ok(dev) = r.bytes() else { return };
-        if dev.len() != f.len {
-            return;
-        }
-        // SAFETY: the mirror covers [ptr, ptr+len); only this lock's holder merges into it.
-        let host = unsafe { std::slice::from_raw_parts_mut(f.ptr as *mut u8, f.len) };
-        for i in 0..f.len {
-            if dev[i] != f.snapshot[i] {
-                if host[i] == f.snapshot[i] {
-                    host[i] = dev[i];
+        let pieces: Vec<(usize, usize)> = pieces(f.ptr, f.len).collect();
+        for batch in batches(&pieces) {
+            let mut w = Writer::new(wormhole_opencl_proto::control::SVM_PULL);
+            w.u32(batch.len() as u32);
+            for (addr, n) in batch {
+                w.u64(*addr as u64);
+                w.usize(*n);
+            }
+            let Some(Ok(reply)) = crate::connection::get().map(|c| c.call(w)) else {
+                return;
+            };
+            let mut r = Reader::new(&reply);
+            if r.i32() != Ok(CL_SUCCESS) {
+                return;
+            }
+            for (addr, n) in batch {
+                let Ok(dev) = r.bytes() else { return };
+                if dev.len() != *n {
+                    return;
                 }
-                f.snapshot[i] = dev[i];
+                let at = addr - f.ptr;
+                // SAFETY: the mirror covers [ptr, ptr+len) and this piece lies inside it; only
+                // this lock's holder merges into it.
+                let host = unsafe { std::slice::from_raw_parts_mut(*addr as *mut u8, *n) };
+                let snap = &mut f.snapshot[at..at + n];
+                for i in 0..*n {
+                    if dev[i] != snap[i] {
+                        if host[i] == snap[i] {
+                            host[i] = dev[i];
+                        }
+                        snap[i] = dev[i];
+                    }
+                }
             }
         }
     }
@@ -589,4 +622,28 @@ pub unsafe extern "C" fn clEnqueueSVMMigrateMem(
         }
         Ok(st)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn synchronisations_are_split_into_bounded_batches() {
+        let big: Vec<_> = pieces(0x1000, 3 * SVM_SYNC_BATCH + 5).collect();
+        assert_eq!(big.len(), 4);
+        assert!(big.iter().all(|(_, n)| *n <= SVM_SYNC_BATCH));
+        assert_eq!(
+            big.iter().map(|(_, n)| n).sum::<usize>(),
+            3 * SVM_SYNC_BATCH + 5
+        );
+        assert_eq!(big[3], (0x1000 + 3 * SVM_SYNC_BATCH, 5));
+        let small = [(0, 10), (100, SVM_SYNC_BATCH - 10), (200, 1), (300, 2)];
+        let b = batches(&small);
+        assert_eq!(b, vec![&small[..2], &small[2..]]);
+        for batch in batches(&big) {
+            assert!(batch.iter().map(|(_, n)| n).sum::<usize>() <= SVM_SYNC_BATCH);
+        }
+        assert!(batches(&[]).is_empty());
+    }
 }

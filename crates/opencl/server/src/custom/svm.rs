@@ -7,7 +7,7 @@
 
 use super::*;
 use std::ffi::c_void;
-use wormhole_opencl_proto::{cl::*, Writer};
+use wormhole_opencl_proto::{cl::*, Writer, SVM_SYNC_BATCH};
 
 fn check(s: &Session, ptr: u64, len: usize) -> Result<*mut c_void, i32> {
     let p = usize::try_from(ptr).map_err(|_| CL_INVALID_VALUE)?;
@@ -449,6 +449,11 @@ pub fn svm_push(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), D
         runs.push((r.u64()?, r.bytes()?));
     }
     r.finish()?;
+    if runs.iter().map(|(_, b)| b.len()).sum::<usize>() > SVM_SYNC_BATCH {
+        tracing::warn!("refused an SVM push larger than a batch");
+        w.i32(CL_INVALID_VALUE);
+        return Ok(());
+    }
     for (addr, bytes) in &runs {
         if check(s, *addr, bytes.len()).is_err() {
             w.i32(CL_INVALID_VALUE);
@@ -475,6 +480,15 @@ pub fn svm_pull(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), D
         ranges.push((r.u64()?, r.usize()?));
     }
     r.finish()?;
+    // The reply must fit a frame, whatever the request asks for.
+    let total = ranges
+        .iter()
+        .try_fold(0usize, |acc, (_, l)| acc.checked_add(*l));
+    if total.is_none_or(|t| t > SVM_SYNC_BATCH) {
+        tracing::warn!("refused an SVM pull larger than a batch");
+        w.i32(CL_INVALID_VALUE);
+        return Ok(());
+    }
     if ranges.iter().any(|(a, l)| check(s, *a, *l).is_err()) {
         w.i32(CL_INVALID_VALUE);
         return Ok(());

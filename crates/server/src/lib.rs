@@ -7,6 +7,7 @@ mod arena;
 mod callbacks;
 pub mod config;
 mod custom;
+mod driver;
 mod info;
 pub mod program_cache;
 mod props;

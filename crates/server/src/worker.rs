@@ -100,6 +100,10 @@ pub fn warm_up() {
     use crate::generated::ffi;
     use std::ptr::null_mut;
     use wormhole_protocol::cl::{CL_DEVICE_TYPE_ALL, CL_SUCCESS};
+    if crate::driver::load().is_err() {
+        // Logged; the session that comes is refused.
+        return;
+    }
     // SAFETY: plain queries into local buffers of the sizes given.
     unsafe {
         let mut n = 0u32;
@@ -159,6 +163,16 @@ impl SharedMemory {
     }
 }
 
+/// Answers the session's client REFUSED with `reason` instead of WELCOME (its application then
+/// sees no platform) and ends the session: a worker without a driver has nothing to serve.
+fn refuse(mut stream: impl Write, reason: &str) -> Result<(), WorkerError> {
+    tracing::warn!("session refused: {reason}");
+    let mut w = Writer::new(control::REFUSED);
+    w.bytes(reason.as_bytes());
+    stream.write_all(&w.finish(FLAG_REPLY, 0))?;
+    Ok(())
+}
+
 /// Serves one session on `sock` (HELLO was already checked by the supervisor) in `memory`
 /// (made now if None). Returns when the client disconnects.
 pub fn run(
@@ -167,6 +181,9 @@ pub fn run(
     layout: Layout,
     memory: Option<SharedMemory>,
 ) -> Result<(), WorkerError> {
+    if let Err(reason) = crate::driver::load() {
+        return refuse(&sock, reason);
+    }
     let SharedMemory { region, arena } = match memory {
         Some(m) => m,
         None => SharedMemory::create(layout)?,
@@ -303,7 +320,9 @@ pub fn run_guest(
     });
     let mut body = Vec::new();
     let h = link.recv(&mut body)?;
-    if let Err(reason) = check_hello(&h, &body) {
+    if let Err(reason) =
+        check_hello(&h, &body).and_then(|()| crate::driver::load().map_err(str::to_string))
+    {
         tracing::warn!(region = %path.display(), "guest session refused: {reason}");
         let mut w = Writer::new(control::REFUSED);
         w.bytes(reason.as_bytes());
@@ -564,6 +583,9 @@ pub fn run_tcp<S: Duplex>(
     stats: Option<UnixStream>,
     lanes: u32,
 ) -> Result<(), WorkerError> {
+    if let Err(reason) = crate::driver::load() {
+        return refuse(stream, reason);
+    }
     let writer = Arc::new(Mutex::new(stream.duplicate()?));
     let mut w = Writer::new(control::WELCOME);
     w.u64(u64::from(std::process::id()));

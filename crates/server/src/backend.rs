@@ -67,6 +67,12 @@ pub trait Backend: Sync {
         Ok(Vec::new())
     }
 
+    /// Worker: open the API's driver stack (once; later calls return the first outcome). An
+    /// error is the reason the worker's session is refused (the client sees no device).
+    fn load(&self) -> Result<(), String> {
+        Ok(())
+    }
+
     /// Worker: load the driver and find the devices. A standby worker does this before any
     /// tenant waits, so a session's start pays none of it.
     fn warm_up(&self) {}

@@ -138,6 +138,14 @@ impl SharedMemory {
     }
 }
 
+/// Answers the session's client REFUSED with `reason` instead of WELCOME (its application then
+/// sees no device) and ends the session: a worker without a driver has nothing to serve.
+fn refuse(mut stream: impl Write, reason: &str) -> Result<(), WorkerError> {
+    tracing::warn!("session refused: {reason}");
+    stream.write_all(&handshake::refused(reason))?;
+    Ok(())
+}
+
 /// Serves one session of `backend` on `sock` (HELLO was already checked by the supervisor) in
 /// `memory` (made now if None). Returns when the client disconnects.
 pub fn run(
@@ -148,6 +156,9 @@ pub fn run(
     layout: Layout,
     memory: Option<SharedMemory>,
 ) -> Result<(), WorkerError> {
+    if let Err(reason) = backend.load() {
+        return refuse(&sock, &reason);
+    }
     let SharedMemory { region, arena } = match memory {
         Some(m) => m,
         None => SharedMemory::create(layout)?,
@@ -288,7 +299,10 @@ pub fn run_guest(
     });
     let mut body = Vec::new();
     let h = link.recv(&mut body)?;
-    if let Err(reason) = Hello::check(&h, &body, &[backend.api()]) {
+    if let Err(reason) = Hello::check(&h, &body, &[backend.api()])
+        .map(|_| ())
+        .and_then(|()| backend.load())
+    {
         tracing::warn!(region = %path.display(), "guest session refused: {reason}");
         link.send(&handshake::refused(&reason))?;
         return Ok(());
@@ -507,6 +521,9 @@ pub fn run_tcp<S: Duplex>(
     stats: Option<UnixStream>,
     lanes: u32,
 ) -> Result<(), WorkerError> {
+    if let Err(reason) = backend.load() {
+        return refuse(stream, &reason);
+    }
     let writer = Arc::new(Mutex::new(stream.duplicate()?));
     let welcome = Welcome {
         session: u64::from(std::process::id()),

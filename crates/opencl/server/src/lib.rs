@@ -9,6 +9,7 @@ mod arena;
 mod callbacks;
 mod custom;
 mod deferred;
+mod driver;
 mod info;
 pub mod program_cache;
 mod props;
@@ -113,8 +114,15 @@ impl wormhole_server::Backend for OpenCl {
         Ok(vec![("OCL_ICD_VENDORS".into(), vendors.into())])
     }
 
+    fn load(&self) -> Result<(), String> {
+        driver::load().map_err(str::to_string)
+    }
+
     fn warm_up(&self) {
-        custom::warm_up();
+        // A driver that cannot be loaded is logged; the session that comes is refused.
+        if driver::load().is_ok() {
+            custom::warm_up();
+        }
     }
 
     fn begin(&self, setup: SessionSetup) {

@@ -59,6 +59,61 @@ pub(crate) fn signature(f: &Func) -> String {
         .join(", ")
 }
 
+/// The API's vocabulary for its `proto` crate: the `Op` enum (one variant per entry point,
+/// its value the opcode) and the handle and callback kinds, all from the description.
+pub fn emit_proto(api: &Api) -> String {
+    let mut s = emit_opcodes(api);
+    emit_kinds(&mut s, api);
+    s
+}
+
+fn emit_kinds(s: &mut String, api: &Api) {
+    let _ = writeln!(s, "\n/// The object types of the API (the description's `@handle`). A handle on the wire is a\n/// u64 id of one of these kinds.\n#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]\n#[repr(u8)]\npub enum HandleKind {{");
+    for (i, h) in api.handles.iter().enumerate() {
+        let _ = writeln!(s, "    {} = {},", h.variant, i + 1);
+    }
+    s.push_str("}\n\nimpl HandleKind {\n    /// The status the native API returns for an invalid object of this kind.\n    pub fn invalid_code(self) -> i32 {\n        match self {\n");
+    for h in &api.handles {
+        let _ = writeln!(
+            s,
+            "            HandleKind::{} => cl::{},",
+            h.variant, h.invalid
+        );
+    }
+    s.push_str("        }\n    }\n\n    pub fn from_u8(v: u8) -> Option<HandleKind> {\n        match v {\n");
+    for (i, h) in api.handles.iter().enumerate() {
+        let _ = writeln!(
+            s,
+            "            {} => Some(HandleKind::{}),",
+            i + 1,
+            h.variant
+        );
+    }
+    s.push_str("            _ => None,\n        }\n    }\n\n    /// Objects whose lifetime the application does not manage.\n    pub fn is_permanent(self) -> bool {\n        matches!(self, ");
+    let permanent: Vec<String> = api
+        .handles
+        .iter()
+        .filter(|h| h.permanent)
+        .map(|h| format!("HandleKind::{}", h.variant))
+        .collect();
+    s.push_str(if permanent.is_empty() {
+        "_ if false"
+    } else {
+        ""
+    });
+    s.push_str(&permanent.join(" | "));
+    s.push_str(")\n    }\n}\n");
+    let _ = writeln!(s, "\n/// The callback signatures of the API (the description's `@callback`).\n#[derive(Debug, Clone, Copy, PartialEq, Eq)]\n#[repr(u8)]\npub enum CallbackKind {{");
+    for (i, (_, v)) in api.callbacks.iter().enumerate() {
+        let _ = writeln!(s, "    {} = {},", v, i + 1);
+    }
+    s.push_str("}\n\nimpl CallbackKind {\n    pub fn from_u8(v: u8) -> Option<CallbackKind> {\n        match v {\n");
+    for (i, (_, v)) in api.callbacks.iter().enumerate() {
+        let _ = writeln!(s, "            {} => Some(CallbackKind::{}),", i + 1, v);
+    }
+    s.push_str("            _ => None,\n        }\n    }\n}\n");
+}
+
 /// The `Op` enum: one variant per entry point, its value the opcode.
 pub fn emit_opcodes(api: &Api) -> String {
     let mut s =
@@ -104,14 +159,64 @@ pub(crate) fn len_expr(l: &Len) -> String {
     }
 }
 
-pub(crate) fn err_code_for_list(param: &str, kind: &str) -> String {
-    if param == "event_wait_list" {
-        "CL_INVALID_EVENT_WAIT_LIST".into()
-    } else {
-        HANDLE_KINDS
-            .iter()
-            .find(|(k, _, _)| *k == kind)
-            .map(|(_, _, e)| e.to_string())
-            .expect("known kind")
+/// The API's status values under names the generated code uses whatever the API.
+pub(crate) fn emit_status_consts(s: &mut String, api: &Api) {
+    let _ = writeln!(
+        s,
+        "/// The API's success status (the description's `@status`).\n#[allow(dead_code)]\nconst STATUS_SUCCESS: {0} = {1};\n/// What Wormhole answers for what it does not forward.\n#[allow(dead_code)]\nconst STATUS_UNSUPPORTED: {0} = {2};\n",
+        api.status.ty, api.status.success, api.status.unsupported
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HEADER: &str = "@api toy\n@proto toy_proto\n@status i32 success=TOY_OK unsupported=TOY_NO\n@handle thing Thing TOY_BAD_THING\n@callback done Done\n";
+
+    fn parse(abi: &str, funcs: &str) -> Result<Api, ParseError> {
+        Api::parse(&format!("{HEADER}@abi {abi}\n{funcs}"))
+    }
+
+    #[test]
+    fn the_header_declares_the_api() {
+        let api = parse("icd", "0 toyGet gen (h<thing> t, out_u32 v)\n").unwrap();
+        assert_eq!(api.name, "toy");
+        assert_eq!(api.abi, Abi::Icd);
+        assert_eq!(api.handle_variant("thing"), "Thing");
+        assert_eq!(api.list_error("t", "thing"), "TOY_BAD_THING");
+        let proto = emit_proto(&api);
+        assert!(proto.contains("HandleKind::Thing => cl::TOY_BAD_THING"));
+        assert!(proto.contains("Done = 1"));
+        let client = emit_client(&api);
+        assert!(client.contains("use toy_proto::"));
+        assert!(client.contains("const STATUS_SUCCESS: i32 = TOY_OK;"));
+        assert!(client.contains("pub static DISPATCH"));
+        assert!(!client.contains("#[no_mangle]"));
+    }
+
+    #[test]
+    fn an_exports_api_exports_every_entry_point_by_name() {
+        let api = parse(
+            "exports",
+            "0 toyGet gen (h<thing> t, out_u32 v)\n1 toyPut gen (h<thing> t, u32 v)\n",
+        )
+        .unwrap();
+        let client = emit_client(&api);
+        assert!(client.contains("#[no_mangle]\npub unsafe extern \"C\" fn toyGet("));
+        assert!(client.contains("#[no_mangle]\npub unsafe extern \"C\" fn toyPut("));
+        assert!(!client.contains("DISPATCH"));
+        assert!(client.contains("b\"toyPut\" =>"));
+    }
+
+    #[test]
+    fn a_description_without_its_header_or_with_unknown_kinds_is_refused() {
+        let no_abi = Api::parse(&format!("{HEADER}0 toyGet gen (u32 v)\n")).unwrap_err();
+        assert!(no_abi.msg.contains("@abi"), "{no_abi}");
+        let bad = parse("icd", "0 toyGet gen (h<gadget> g)\n").unwrap_err();
+        assert!(bad.msg.contains("unknown handle kind"), "{bad}");
+        assert!(parse("vtable", "").is_err());
+        let gap = parse("icd", "1 toyGet gen (u32 v)\n").unwrap_err();
+        assert!(gap.msg.contains("dense"), "{gap}");
     }
 }

@@ -2,10 +2,56 @@
 
 use std::fmt;
 
-/// A whole API description: every entry point, ordered by opcode.
+/// A whole API description: what the API is (its header of `@` directives) and every entry
+/// point, ordered by opcode.
 #[derive(Debug)]
 pub struct Api {
+    /// The API's name in HELLO (`@api opencl`).
+    pub name: String,
+    /// The crate of the API's wire vocabulary that generated code names (`@proto`).
+    pub proto: String,
+    /// How entry points report errors (`@status`).
+    pub status: Status,
+    /// How the client library exposes the entry points (`@abi`).
+    pub abi: Abi,
+    /// The API's object kinds (`@handle`), in the order of their wire numbers (from 1).
+    pub handles: Vec<HandleDecl>,
+    /// The callback signatures (`@callback`), numbered from 1.
+    pub callbacks: Vec<(String, String)>,
+    /// Parameters by name whose bad handle list has an error of its own (`@list_error`).
+    pub list_errors: Vec<(String, String)>,
     pub funcs: Vec<Func>,
+}
+
+/// The status model: entry points return a status of type `ty` (and functions that return an
+/// object write it to their `err` parameter); `success` is the success value and
+/// `unsupported` the answer for what Wormhole does not forward.
+#[derive(Debug, Clone)]
+pub struct Status {
+    pub ty: String,
+    pub success: String,
+    pub unsupported: String,
+}
+
+/// How the client library exposes the API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Abi {
+    /// An installable client driver: a dispatch table indexed by opcode that every object
+    /// points to (OpenCL's ICD loader contract), plus a name lookup for extension functions.
+    Icd,
+    /// A library that exports every entry point by name (`#[no_mangle]`), plus a name lookup
+    /// for a proc-address query (the CUDA driver's `cuGetProcAddress`).
+    Exports,
+}
+
+/// One object kind: its name in the description, its Rust variant, the status a bad handle of
+/// it gets, and whether the application manages its lifetime.
+#[derive(Debug, Clone)]
+pub struct HandleDecl {
+    pub name: String,
+    pub variant: String,
+    pub invalid: String,
+    pub permanent: bool,
 }
 
 #[derive(Debug)]
@@ -97,41 +143,34 @@ pub enum Kind {
     Err,
 }
 
-/// The handle kinds of the API and the error native OpenCL gives for a bad one.
-pub const HANDLE_KINDS: &[(&str, &str, &str)] = &[
-    ("platform", "Platform", "CL_INVALID_PLATFORM"),
-    ("device", "Device", "CL_INVALID_DEVICE"),
-    ("context", "Context", "CL_INVALID_CONTEXT"),
-    ("queue", "Queue", "CL_INVALID_COMMAND_QUEUE"),
-    ("mem", "Mem", "CL_INVALID_MEM_OBJECT"),
-    ("sampler", "Sampler", "CL_INVALID_SAMPLER"),
-    ("program", "Program", "CL_INVALID_PROGRAM"),
-    ("kernel", "Kernel", "CL_INVALID_KERNEL"),
-    ("event", "Event", "CL_INVALID_EVENT"),
-];
+impl Api {
+    /// The Rust name of a handle kind (`queue` → `Queue`).
+    pub fn handle_variant(&self, kind: &str) -> &str {
+        self.handle(kind)
+            .map(|h| h.variant.as_str())
+            .unwrap_or_else(|| panic!("unknown handle kind {kind}"))
+    }
 
-pub const CALLBACK_KINDS: &[(&str, &str)] = &[
-    ("context_notify", "ContextNotify"),
-    ("program_notify", "ProgramNotify"),
-    ("event_notify", "EventNotify"),
-    ("object_notify", "ObjectNotify"),
-];
+    pub fn handle(&self, kind: &str) -> Option<&HandleDecl> {
+        self.handles.iter().find(|h| h.name == kind)
+    }
 
-/// The Rust name of a handle kind (`queue` → `Queue`).
-pub fn handle_variant(kind: &str) -> &'static str {
-    HANDLE_KINDS
-        .iter()
-        .find(|(k, _, _)| *k == kind)
-        .map(|(_, v, _)| *v)
-        .unwrap_or_else(|| panic!("unknown handle kind {kind}"))
-}
+    pub fn callback_variant(&self, kind: &str) -> &str {
+        self.callbacks
+            .iter()
+            .find(|(k, _)| k == kind)
+            .map(|(_, v)| v.as_str())
+            .unwrap_or_else(|| panic!("unknown callback kind {kind}"))
+    }
 
-pub fn callback_variant(kind: &str) -> &'static str {
-    CALLBACK_KINDS
-        .iter()
-        .find(|(k, _)| *k == kind)
-        .map(|(_, v)| *v)
-        .unwrap_or_else(|| panic!("unknown callback kind {kind}"))
+    /// The status for a bad handle in list parameter `param` of handles of `kind`.
+    pub fn list_error(&self, param: &str, kind: &str) -> &str {
+        self.list_errors
+            .iter()
+            .find(|(p, _)| p == param)
+            .map(|(_, e)| e.as_str())
+            .unwrap_or_else(|| &self.handle(kind).expect("known kind").invalid)
+    }
 }
 
 #[derive(Debug)]
@@ -156,16 +195,49 @@ impl Api {
     }
 
     pub fn parse(text: &str) -> Result<Api, ParseError> {
-        let mut funcs: Vec<Func> = Vec::new();
+        let mut api = Api {
+            name: String::new(),
+            proto: String::new(),
+            status: Status {
+                ty: String::new(),
+                success: String::new(),
+                unsupported: String::new(),
+            },
+            abi: Abi::Icd,
+            handles: Vec::new(),
+            callbacks: Vec::new(),
+            list_errors: Vec::new(),
+            funcs: Vec::new(),
+        };
+        let mut abi = None;
         for (i, raw) in text.lines().enumerate() {
             let line = raw.trim();
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
             let err = |msg: String| ParseError { line: i + 1, msg };
+            if let Some(d) = line.strip_prefix('@') {
+                parse_directive(&mut api, &mut abi, d).map_err(err)?;
+                continue;
+            }
             let func = parse_func(line).map_err(err)?;
-            funcs.push(func);
+            api.funcs.push(func);
         }
+        let missing = |what: &str| ParseError {
+            line: 0,
+            msg: format!("the description lacks its `@{what}` directive"),
+        };
+        if api.name.is_empty() {
+            return Err(missing("api"));
+        }
+        if api.proto.is_empty() {
+            return Err(missing("proto"));
+        }
+        if api.status.ty.is_empty() {
+            return Err(missing("status"));
+        }
+        api.abi = abi.ok_or_else(|| missing("abi"))?;
+        let funcs = &api.funcs;
         // Opcodes are explicit: they must run 0, 1, 2, ... without gaps or repeats.
         for (expected, f) in funcs.iter().enumerate() {
             if usize::from(f.opcode) != expected {
@@ -178,14 +250,72 @@ impl Api {
                 });
             }
         }
-        for f in &funcs {
-            validate(f).map_err(|msg| ParseError {
+        for f in funcs {
+            validate(&api, f).map_err(|msg| ParseError {
                 line: 0,
                 msg: format!("{}: {msg}", f.name),
             })?;
         }
-        Ok(Api { funcs })
+        Ok(api)
     }
+}
+
+/// One header line: `@api NAME`, `@proto CRATE`, `@status TYPE success=X unsupported=Y`,
+/// `@abi icd|exports`, `@handle NAME VARIANT INVALID [permanent]`, `@callback NAME VARIANT`,
+/// `@list_error PARAM STATUS`.
+fn parse_directive(api: &mut Api, abi: &mut Option<Abi>, d: &str) -> Result<(), String> {
+    let words: Vec<&str> = d.split_whitespace().collect();
+    let arg = |i: usize| {
+        words
+            .get(i)
+            .map(|w| w.to_string())
+            .ok_or_else(|| format!("`@{d}`: missing argument {i}"))
+    };
+    let key = |k: &str| {
+        words[1..]
+            .iter()
+            .find_map(|w| w.strip_prefix(k).and_then(|v| v.strip_prefix('=')))
+            .map(str::to_string)
+            .ok_or_else(|| format!("`@{d}`: missing {k}=..."))
+    };
+    match words.first().copied() {
+        Some("api") => api.name = arg(1)?,
+        Some("proto") => api.proto = arg(1)?,
+        Some("status") => {
+            api.status = Status {
+                ty: arg(1)?,
+                success: key("success")?,
+                unsupported: key("unsupported")?,
+            }
+        }
+        Some("abi") => {
+            *abi = Some(match arg(1)?.as_str() {
+                "icd" => Abi::Icd,
+                "exports" => Abi::Exports,
+                other => return Err(format!("unknown ABI profile `{other}` (icd or exports)")),
+            })
+        }
+        Some("handle") => {
+            let name = arg(1)?;
+            if api.handle(&name).is_some() {
+                return Err(format!("handle kind `{name}` declared twice"));
+            }
+            api.handles.push(HandleDecl {
+                name,
+                variant: arg(2)?,
+                invalid: arg(3)?,
+                permanent: match words.get(4) {
+                    None => false,
+                    Some(&"permanent") => true,
+                    Some(w) => return Err(format!("unexpected `{w}` (permanent?)")),
+                },
+            });
+        }
+        Some("callback") => api.callbacks.push((arg(1)?, arg(2)?)),
+        Some("list_error") => api.list_errors.push((arg(1)?, arg(2)?)),
+        _ => return Err(format!("unknown directive `@{d}`")),
+    }
+    Ok(())
 }
 
 fn parse_func(line: &str) -> Result<Func, String> {
@@ -363,7 +493,7 @@ fn parse_kind(k: &str) -> Result<Kind, String> {
 }
 
 /// Cross-checks one entry: lengths name real parameters, callbacks have user data, kinds exist.
-fn validate(f: &Func) -> Result<(), String> {
+fn validate(api: &Api, f: &Func) -> Result<(), String> {
     let has = |n: &str| f.params.iter().any(|p| p.name == n);
     let check_len = |l: &Len| match l {
         Len::Param(p) | Len::Mul(p, _) if !has(p) => Err(format!("length names unknown `{p}`")),
@@ -375,7 +505,7 @@ fn validate(f: &Func) -> Result<(), String> {
             | Kind::NewHandle { kind }
             | Kind::Handles { kind, .. }
             | Kind::OutHandles { kind, .. }
-                if !HANDLE_KINDS.iter().any(|(k, _, _)| k == kind) =>
+                if api.handle(kind).is_none() =>
             {
                 return Err(format!("unknown handle kind `{kind}`"));
             }
@@ -391,7 +521,9 @@ fn validate(f: &Func) -> Result<(), String> {
                 check_len(len)?
             }
             Kind::Callback { kind, owner } => {
-                callback_variant(kind);
+                if !api.callbacks.iter().any(|(k, _)| k == kind) {
+                    return Err(format!("unknown callback kind `{kind}`"));
+                }
                 if owner != "none" && owner != "ret" && !has(owner) {
                     return Err(format!("callback owner `{owner}` is not a parameter"));
                 }

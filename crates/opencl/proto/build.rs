@@ -1,8 +1,9 @@
-//! Generates the opcode table from the single API description (`api/opencl.api`).
+//! Generates the opcode table and the handle and callback kinds from the single API
+//! description (`api/opencl.api`).
 fn main() {
     let api_path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("api/opencl.api");
     println!("cargo:rerun-if-changed={}", api_path.display());
     let api = wormhole_apigen::Api::load(&api_path).unwrap_or_else(|e| panic!("{e}"));
-    let out = std::path::PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("opcodes.rs");
-    std::fs::write(out, wormhole_apigen::emit_opcodes(&api)).unwrap();
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("proto.rs");
+    std::fs::write(out, wormhole_apigen::emit_proto(&api)).unwrap();
 }

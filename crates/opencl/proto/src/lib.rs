@@ -11,10 +11,12 @@ mod kinds;
 pub use kinds::*;
 pub use wormhole_wire::*;
 
-mod opcodes {
-    include!(concat!(env!("OUT_DIR"), "/opcodes.rs"));
+/// Generated from `api/opencl.api`: the opcodes, handle kinds and callback kinds.
+mod generated {
+    use crate::cl;
+    include!(concat!(env!("OUT_DIR"), "/proto.rs"));
 }
-pub use opcodes::{Op, OP_COUNT};
+pub use generated::{CallbackKind, HandleKind, Op, OP_COUNT};
 
 /// The API an OpenCL session speaks (sent in HELLO).
 pub const API: &str = "opencl";

@@ -164,6 +164,8 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
             start_at: Some(Instant::now()),
         });
     }
+    let (config, vendors) = (Arc::new(config), Arc::new(vendors));
+    let handshakes = Arc::new(Handshakes::default());
     let workers: Workers = Arc::new(Mutex::new(State {
         workers: HashMap::new(),
         tenants,
@@ -195,10 +197,23 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
                 None
             }
         };
-        let (config, vendors, workers) = (config.clone(), vendors.clone(), workers.clone());
+        let (config, vendors, workers, handshakes) = (
+            config.clone(),
+            vendors.clone(),
+            workers.clone(),
+            handshakes.clone(),
+        );
         std::thread::spawn(move || {
             for conn in tcp.incoming() {
                 let Ok(stream) = conn else { continue };
+                let peer = stream.peer_addr().ok().map(|a| Peer::Ip(a.ip()));
+                let Some(slot) = handshakes.enter(peer) else {
+                    // A TLS client could not read a REFUSED frame before its TLS handshake.
+                    if tls_cfg.is_none() {
+                        refuse_quietly(&Conn::Tcp(stream));
+                    }
+                    continue;
+                };
                 let (config, vendors, workers, tls_cfg) = (
                     config.clone(),
                     vendors.clone(),
@@ -206,7 +221,8 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
                     tls_cfg.clone(),
                 );
                 // One thread per connection: a slow handshake must not hold up the others.
-                std::thread::spawn(move || {
+                spawn_handshake(move || {
+                    let _slot = slot;
                     let _ = stream.set_nodelay(true);
                     let conn = match tls_cfg {
                         Some(cfg) => match TlsConn::new(stream, cfg) {
@@ -236,9 +252,25 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
     for conn in listener.incoming() {
         match conn {
             Ok(stream) => {
-                if let Err(e) = accept(&config, &vendors, &workers, Conn::Unix(stream)) {
-                    tracing::warn!("session not started: {e}");
-                }
+                let peer = nix::sys::socket::getsockopt(
+                    &stream,
+                    nix::sys::socket::sockopt::PeerCredentials,
+                )
+                .ok()
+                .map(|c| Peer::Uid(c.uid()));
+                let Some(slot) = handshakes.enter(peer) else {
+                    refuse_quietly(&Conn::Unix(stream));
+                    continue;
+                };
+                let (config, vendors, workers) = (config.clone(), vendors.clone(), workers.clone());
+                // Off the accept thread: a client that connects and says nothing must not hold
+                // up anyone else's session for the HELLO timeout.
+                spawn_handshake(move || {
+                    let _slot = slot;
+                    if let Err(e) = accept(&config, &vendors, &workers, Conn::Unix(stream)) {
+                        tracing::warn!("session not started: {e}");
+                    }
+                });
             }
             Err(e) => tracing::warn!("accept failed: {e}"),
         }
@@ -315,6 +347,13 @@ impl Conn {
             Conn::Tls(t) => t.tcp.set_read_timeout(d),
         }
     }
+    fn set_write_timeout(&self, d: Option<Duration>) -> std::io::Result<()> {
+        match self {
+            Conn::Unix(s) => s.set_write_timeout(d),
+            Conn::Tcp(s) => s.set_write_timeout(d),
+            Conn::Tls(t) => t.tcp.set_write_timeout(d),
+        }
+    }
     fn read_frame(
         &self,
         body: &mut Vec<u8>,
@@ -350,9 +389,117 @@ impl Conn {
 
 fn refuse(stream: &Conn, reason: &str) {
     tracing::warn!(reason, "refusing a client");
+    send_refused(stream, reason);
+}
+
+fn send_refused(stream: &Conn, reason: &str) {
     let mut w = Writer::new(control::REFUSED);
     w.bytes(reason.as_bytes());
+    // A client that never reads must not keep this thread.
+    let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
     let _ = stream.write_all(&w.finish(FLAG_REPLY, 0));
+}
+
+/// Handshakes (waiting for a HELLO, up to 5 s each) that may run at once, in all and per peer:
+/// a flood of idle connections costs a bounded number of threads, and one peer's flood leaves
+/// room for the others.
+const MAX_HANDSHAKES: usize = 256;
+const MAX_HANDSHAKES_PER_PEER: usize = 32;
+
+/// Who is at the other end before any HELLO: the local uid, or the remote address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Peer {
+    Uid(u32),
+    Ip(std::net::IpAddr),
+}
+
+/// The handshakes in progress, by peer.
+#[derive(Default)]
+struct Handshakes {
+    inner: Mutex<HandshakeCount>,
+}
+
+#[derive(Default)]
+struct HandshakeCount {
+    total: usize,
+    per_peer: HashMap<Option<Peer>, usize>,
+    /// Connections refused since the last log line about them (a flood logs once a second).
+    refused: u64,
+    logged_at: Option<Instant>,
+}
+
+/// A handshake's place in the bound, given back when dropped.
+struct HandshakeSlot {
+    handshakes: Arc<Handshakes>,
+    peer: Option<Peer>,
+}
+
+impl Handshakes {
+    /// A place for one more handshake of `peer`, or None (logged) when over the bounds.
+    fn enter(self: &Arc<Self>, peer: Option<Peer>) -> Option<HandshakeSlot> {
+        let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let of_peer = c.per_peer.get(&peer).copied().unwrap_or(0);
+        if c.total >= MAX_HANDSHAKES || of_peer >= MAX_HANDSHAKES_PER_PEER {
+            c.refused += 1;
+            if c.logged_at
+                .is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
+            {
+                tracing::warn!(
+                    ?peer,
+                    waiting = c.total,
+                    waiting_of_peer = of_peer,
+                    refused = c.refused,
+                    "refusing connections: too many are waiting for their HELLO (at most {MAX_HANDSHAKES}, {MAX_HANDSHAKES_PER_PEER} per peer)"
+                );
+                c.refused = 0;
+                c.logged_at = Some(Instant::now());
+            }
+            return None;
+        }
+        c.total += 1;
+        *c.per_peer.entry(peer).or_default() += 1;
+        Some(HandshakeSlot {
+            handshakes: self.clone(),
+            peer,
+        })
+    }
+}
+
+impl Drop for HandshakeSlot {
+    fn drop(&mut self) {
+        let mut c = self
+            .handshakes
+            .inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        c.total -= 1;
+        if let Some(n) = c.per_peer.get_mut(&self.peer) {
+            *n -= 1;
+            if *n == 0 {
+                c.per_peer.remove(&self.peer);
+            }
+        }
+    }
+}
+
+/// Runs one connection's handshake on a thread of its own (the thread owns its slot).
+fn spawn_handshake(f: impl FnOnce() + Send + 'static) {
+    if let Err(e) = std::thread::Builder::new()
+        .name("handshake".into())
+        .spawn(f)
+    {
+        // The closure (and with it the connection and its slot) is dropped: the client sees
+        // the connection close.
+        tracing::error!("cannot start a thread for a connection: {e}");
+    }
+}
+
+/// Turns a connection away over the handshake bound (already logged, at most once a second).
+fn refuse_quietly(stream: &Conn) {
+    send_refused(
+        stream,
+        "server busy: too many connections are waiting for their HELLO",
+    );
 }
 
 fn accept(
@@ -998,4 +1145,39 @@ fn serve_metrics(addr: &str, workers: Workers) -> Result<(), ServeError> {
         }
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handshakes_are_bounded_per_peer_and_given_back() {
+        let h = Arc::new(Handshakes::default());
+        let a = Some(Peer::Uid(1000));
+        let held: Vec<HandshakeSlot> = (0..MAX_HANDSHAKES_PER_PEER)
+            .map(|_| h.enter(a).expect("within the bound"))
+            .collect();
+        assert!(h.enter(a).is_none(), "one peer over its bound");
+        // Another peer still gets in.
+        let other = h.enter(Some(Peer::Uid(1001))).expect("another peer");
+        drop(other);
+        drop(held);
+        let c = h.inner.lock().unwrap();
+        assert_eq!(c.total, 0);
+        assert!(c.per_peer.is_empty());
+        drop(c);
+        assert!(h.enter(a).is_some(), "places given back");
+    }
+
+    #[test]
+    fn handshakes_are_bounded_in_total() {
+        let h = Arc::new(Handshakes::default());
+        let held: Vec<HandshakeSlot> = (0..MAX_HANDSHAKES as u32)
+            .map(|uid| h.enter(Some(Peer::Uid(uid))).expect("within the bound"))
+            .collect();
+        assert!(h.enter(Some(Peer::Uid(u32::MAX))).is_none());
+        drop(held);
+        assert!(h.enter(Some(Peer::Uid(u32::MAX))).is_some());
+    }
 }

@@ -1,14 +1,22 @@
 """The supervisor under hostile or unlucky conditions: idle connections never hold up another
-tenant's session."""
+tenant's session; the socket serves every local user a tenant names."""
 
+import os
+import pathlib
+import shutil
 import socket
+import stat
 import struct
+import subprocess
+import tempfile
 import time
 
-from conftest import wait_for
+import pytest
+from conftest import WH, Server, wait_for
 
 HEADER = struct.Struct("<HBBHHII")
 REFUSED = 0xF005
+NOBODY = 65534
 
 
 def time_to_session(server, c_programs, **env):
@@ -76,3 +84,76 @@ def test_a_flood_of_idle_connections_is_refused_beyond_the_bound(server, c_progr
     assert time_to_session(server, c_programs) < 5.0
     assert server.proc.poll() is None
 
+
+@pytest.fixture
+def shared_dir():
+    """A directory every local user can reach (pytest's own tmp_path is under a 0700 one)."""
+    d = pathlib.Path(tempfile.mkdtemp(prefix="wh-test-"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def as_nobody(argv):
+    return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"] + argv
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="running a client as another user needs root")
+def test_a_tenant_of_another_uid_can_connect(shared_dir, c_programs):
+    # What nobody runs must be reachable by nobody: wh, the client library next to it, the
+    # C programs; its own temporary directory (wh run writes its ICD file there).
+    for f in [WH, WH.parent / "libwormhole_opencl.so", c_programs["vector_add"], c_programs["block_forever"]]:
+        shutil.copy(f, shared_dir)
+    wh = shared_dir / "wh"
+    tmp = shared_dir / "tmp"
+    tmp.mkdir()
+    tmp.chmod(0o1777)
+    cfg = shared_dir / "wormhole.toml"
+    cfg.write_text(f'[[tenant]]\nname = "root"\nuids = [0]\n\n[[tenant]]\nname = "nobody"\nuids = [{NOBODY}]\n')
+    s = Server(shared_dir, config=cfg).start()
+    try:
+        assert stat.S_IMODE(os.stat(s.socket).st_mode) == 0o666
+        env = s.env(TMPDIR=str(tmp), HOME="/")
+        r = subprocess.run(as_nobody([str(wh), "run", "--", str(shared_dir / "vector_add")]),
+                           env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        p = subprocess.Popen(as_nobody([str(wh), "run", "--", str(shared_dir / "block_forever")]),
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert p.stdout.readline().strip() == "waiting", p.stderr.read()
+            (sess,) = s.status()["sessions"]
+            assert sess["tenant"] == "nobody" and sess["client_uid"] == NOBODY
+        finally:
+            p.kill()
+            p.wait()
+    finally:
+        s.stop()
+
+
+def test_runtime_directory_is_created_reachable_and_an_existing_one_left_alone(tmp_path, c_programs):
+    s = Server(tmp_path)
+    s.socket = str(tmp_path / "run" / "wormhole" / "wh.sock")
+    old = os.umask(0o077)
+    try:
+        s.start()
+    finally:
+        os.umask(old)
+    try:
+        for d in [tmp_path / "run", tmp_path / "run" / "wormhole"]:
+            assert stat.S_IMODE(d.stat().st_mode) == 0o755, d
+        assert stat.S_IMODE(os.stat(s.socket).st_mode) == 0o666
+        r = s.run([c_programs["vector_add"]])
+        assert r.returncode == 0, r.stderr
+    finally:
+        s.stop()
+    # A directory the operator made keeps its mode.
+    mine = tmp_path / "private"
+    mine.mkdir(mode=0o750)
+    mine.chmod(0o750)
+    s = Server(tmp_path)
+    s.socket = str(mine / "wh.sock")
+    s.start()
+    try:
+        assert stat.S_IMODE(mine.stat().st_mode) == 0o750
+    finally:
+        s.stop()

@@ -119,7 +119,7 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
         .parent()
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("."));
-    std::fs::create_dir_all(&dir).map_err(|source| ServeError::Runtime {
+    create_runtime_dir(&dir).map_err(|source| ServeError::Runtime {
         path: dir.clone(),
         source,
     })?;
@@ -248,6 +248,17 @@ pub fn serve(mut config: Config) -> Result<(), ServeError> {
         path: config.socket.clone(),
         source,
     })?;
+    // Tenants are told apart by their peer uid, so any local user must be able to connect
+    // (connecting needs write permission); the socket is otherwise created with the umask.
+    std::fs::set_permissions(
+        &config.socket,
+        std::os::unix::fs::PermissionsExt::from_mode(0o666),
+    )
+    .map_err(|source| ServeError::Listen {
+        path: config.socket.clone(),
+        source,
+    })?;
+    warn_if_unreachable(&config);
     tracing::info!(socket = %config.socket.display(), "wormhole server listening");
     for conn in listener.incoming() {
         match conn {
@@ -500,6 +511,57 @@ fn refuse_quietly(stream: &Conn) {
         stream,
         "server busy: too many connections are waiting for their HELLO",
     );
+}
+
+/// Creates the socket's directory (and any missing parent) traversable by every local user,
+/// whatever the umask: tenants of other uids must reach the socket. A directory that already
+/// exists is the operator's and is left as it is.
+fn create_runtime_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let missing: Vec<&std::path::Path> = dir
+        .ancestors()
+        .take_while(|d| !d.as_os_str().is_empty() && !d.exists())
+        .collect();
+    for d in missing.into_iter().rev() {
+        match std::fs::DirBuilder::new().mode(0o755).create(d) {
+            Ok(()) => {
+                std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755))?;
+                tracing::info!(dir = %d.display(), "created the runtime directory (mode 0755)");
+            }
+            // Another process made it meanwhile: then it is theirs.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Warns when a configured tenant uid other than the server's own cannot reach the socket
+/// because a directory on its path is not searchable by others (those are not changed).
+fn warn_if_unreachable(config: &Config) {
+    use std::os::unix::fs::PermissionsExt;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let foreign: Vec<u32> = config
+        .tenants
+        .iter()
+        .flat_map(|t| t.uids.iter().copied())
+        .filter(|&u| u != me && u != 0)
+        .collect();
+    if foreign.is_empty() {
+        return;
+    }
+    let Ok(socket) = std::path::absolute(&config.socket) else {
+        return;
+    };
+    for d in socket.ancestors().skip(1) {
+        if let Ok(m) = std::fs::metadata(d) {
+            if m.permissions().mode() & 0o001 == 0 {
+                tracing::warn!(dir = %d.display(), uids = ?foreign, "tenant uids other than the server's cannot reach the socket: this directory is not searchable by others");
+                return;
+            }
+        }
+    }
 }
 
 fn accept(

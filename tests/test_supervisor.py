@@ -130,6 +130,28 @@ def test_a_tenant_of_another_uid_can_connect(shared_dir, c_programs):
         s.stop()
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="handing a directory to another user needs root")
+def test_wh_run_refuses_an_icd_directory_someone_else_controls(server, shared_dir, c_programs):
+    # wh run's ICD directory has a predictable name under the temporary directory: another
+    # user who made it first (and can write it) could hand the next program their library.
+    tmp = shared_dir / "tmp"
+    tmp.mkdir()
+    tmp.chmod(0o1777)
+    r = server.run([c_programs["vector_add"]], TMPDIR=str(tmp))
+    assert r.returncode == 0, r.stderr
+    (icd_dir,) = tmp.iterdir()
+    assert stat.S_IMODE(icd_dir.stat().st_mode) == 0o700
+    os.chown(icd_dir, NOBODY, NOBODY)
+    icd_dir.chmod(0o777)
+    r = server.run([c_programs["vector_add"]], TMPDIR=str(tmp))
+    assert r.returncode != 0 and "no one else can write" in r.stderr, r.stderr
+    # Its own again, it is used again.
+    os.chown(icd_dir, 0, 0)
+    icd_dir.chmod(0o700)
+    r = server.run([c_programs["vector_add"]], TMPDIR=str(tmp))
+    assert r.returncode == 0, r.stderr
+
+
 def test_runtime_directory_is_created_reachable_and_an_existing_one_left_alone(tmp_path, c_programs):
     s = Server(tmp_path)
     s.socket = str(tmp_path / "run" / "wormhole" / "wh.sock")

@@ -1,14 +1,17 @@
-"""The supervisor under hostile or unlucky conditions: idle connections never hold up another
-tenant's session; the socket serves every local user a tenant names."""
+"""The supervisor under hostile or unlucky conditions: idle connections, stuck workers and
+status queries never hold up another tenant's session; the socket serves every local user a
+tenant names."""
 
 import os
 import pathlib
 import shutil
+import signal
 import socket
 import stat
 import struct
 import subprocess
 import tempfile
+import threading
 import time
 
 import pytest
@@ -82,6 +85,51 @@ def test_a_flood_of_idle_connections_is_refused_beyond_the_bound(server, c_progr
             s.close()
     # Closed connections give their places back at once.
     assert time_to_session(server, c_programs) < 5.0
+    assert server.proc.poll() is None
+
+
+def test_stopped_workers_do_not_stall_status_or_new_sessions(server, c_programs):
+    clients = [server.popen([c_programs["block_forever"]]) for _ in range(3)]
+    stopped = []
+    stop = threading.Event()
+    pollers = []
+    try:
+        for p in clients:
+            assert p.stdout.readline().strip() == "waiting", p.stderr.read()
+        pids = wait_for(lambda: (lambda w: w if len(w) == 3 else None)(server.worker_pids()))
+        wait_for(lambda: all(t["standby_worker"] for t in server.status()["tenants"]))
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append(pid)
+        # Three stuck workers cost one timeout (0.5 s) in all, not one each.
+        t0 = time.monotonic()
+        st = server.status()
+        took = time.monotonic() - t0
+        assert [s["detail"] for s in st["sessions"]] == [None] * 3
+        assert took < 1.2, f"wh status took {took:.2f}s with 3 stopped workers"
+
+        # Status queries all the time (a dashboard, a metrics scraper): before, each held the
+        # server's lock while it waited for the stuck workers, and every accept waited too.
+        def poll():
+            while not stop.is_set():
+                subprocess.run([str(WH), "status", "--socket", server.socket], capture_output=True, timeout=30)
+
+        pollers = [threading.Thread(target=poll) for _ in range(4)]
+        for t in pollers:
+            t.start()
+        time.sleep(0.5)
+        elapsed = time_to_session(server, c_programs)
+        assert elapsed < 1.0, f"session start took {elapsed:.2f}s while status queries waited on stopped workers"
+    finally:
+        stop.set()
+        for t in pollers:
+            t.join()
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        for p in clients:
+            p.kill()
+            p.wait()
+    # Resumed workers answer again.
     assert server.proc.poll() is None
 
 

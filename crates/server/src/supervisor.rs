@@ -1059,47 +1059,97 @@ pub struct SessionStatus {
     pub detail: Option<crate::worker::SessionDetail>,
 }
 
+/// How long a snapshot waits for all the workers' answers together.
+const STATUS_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// One snapshot asks the workers at a time: two asking the same worker at once could read
+/// each other's answers.
+static STATUS_QUERIES: Mutex<()> = Mutex::new(());
+
 fn snapshot(workers: &Workers) -> Snapshot {
-    let mut guard = workers.lock().unwrap_or_else(|p| p.into_inner());
-    let state = &mut *guard;
-    let tenants = state
-        .tenants
-        .iter()
-        .enumerate()
-        .map(|(i, t)| TenantStatus {
-            name: t.cfg.name.clone(),
-            sessions: state
-                .workers
-                .values()
-                .filter(|w| w.tenant == i && w.in_session())
-                .count(),
-            mem_bytes: t.ledger.total(),
-            mem_quota: t.cfg.mem_quota_mib.map(|q| q << 20),
-            standby_worker: state
-                .workers
-                .iter()
-                .find(|(_, w)| w.tenant == i && !w.in_session())
-                .map(|(pid, _)| *pid),
-        })
-        .collect();
+    // Under the lock only what is at hand: accepts and the reaper wait for it, and must not
+    // wait for a stuck worker's answer.
+    struct Asked {
+        pid: u32,
+        tenant: String,
+        peer_pid: Option<i32>,
+        peer_uid: Option<u32>,
+        guest_region: Option<PathBuf>,
+        started: Instant,
+        stats: Option<UnixStream>,
+    }
+    let (tenants, mut asked) = {
+        let guard = workers.lock().unwrap_or_else(|p| p.into_inner());
+        let state = &*guard;
+        let tenants: Vec<TenantStatus> = state
+            .tenants
+            .iter()
+            .enumerate()
+            .map(|(i, t)| TenantStatus {
+                name: t.cfg.name.clone(),
+                sessions: state
+                    .workers
+                    .values()
+                    .filter(|w| w.tenant == i && w.in_session())
+                    .count(),
+                mem_bytes: t.ledger.total(),
+                mem_quota: t.cfg.mem_quota_mib.map(|q| q << 20),
+                standby_worker: state
+                    .workers
+                    .iter()
+                    .find(|(_, w)| w.tenant == i && !w.in_session())
+                    .map(|(pid, _)| *pid),
+            })
+            .collect();
+        let asked: Vec<Asked> = state
+            .workers
+            .iter()
+            .filter(|(_, w)| w.in_session())
+            .map(|(pid, wk)| Asked {
+                pid: *pid,
+                tenant: state.tenants[wk.tenant].cfg.name.clone(),
+                peer_pid: wk.peer_pid,
+                peer_uid: wk.peer_uid,
+                guest_region: wk.guest.map(|g| state.guests[g].cfg.region.clone()),
+                started: wk.started,
+                stats: wk.stats.try_clone().ok(),
+            })
+            .collect();
+        (tenants, asked)
+    };
+    // Every worker is asked first and all answer at once: a stuck one costs STATUS_TIMEOUT
+    // in all, not per worker.
+    let _one_at_a_time = STATUS_QUERIES.lock().unwrap_or_else(|p| p.into_inner());
+    let deadline = Instant::now() + STATUS_TIMEOUT;
+    let mut q = Writer::new(control::STATUS);
+    q.u8(0);
+    let query = q.finish(0, 0);
+    for a in &mut asked {
+        let sent = a.stats.as_ref().is_some_and(|s| {
+            drain_late_answers(s);
+            s.set_write_timeout(Some(STATUS_TIMEOUT)).is_ok() && (&*s).write_all(&query).is_ok()
+        });
+        if !sent {
+            a.stats = None;
+        }
+    }
     let mut sessions = Vec::new();
-    for (pid, wk) in state.workers.iter_mut().filter(|(_, w)| w.in_session()) {
-        let mut q = Writer::new(control::STATUS);
-        q.u8(0);
-        let _ = wk.stats.set_read_timeout(Some(Duration::from_millis(500)));
-        let detail: Option<crate::worker::SessionDetail> =
-            (&wk.stats).write_all(&q.finish(0, 0)).ok().and_then(|_| {
-                let mut body = Vec::new();
-                read_frame(&mut &wk.stats, &mut body).ok()?;
-                serde_json::from_slice(Reader::new(&body).bytes().ok()?).ok()
-            });
-        let uptime = wk.started.elapsed().as_secs_f64();
+    for a in asked {
+        let detail: Option<crate::worker::SessionDetail> = a.stats.and_then(|s| {
+            let left = deadline.saturating_duration_since(Instant::now());
+            s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+                .ok()?;
+            let mut body = Vec::new();
+            read_frame(&mut &s, &mut body).ok()?;
+            serde_json::from_slice(Reader::new(&body).bytes().ok()?).ok()
+        });
+        let uptime = a.started.elapsed().as_secs_f64();
         sessions.push(SessionStatus {
-            worker: *pid,
-            tenant: state.tenants[wk.tenant].cfg.name.clone(),
-            client_pid: wk.peer_pid,
-            client_uid: wk.peer_uid,
-            guest_region: wk.guest.map(|g| state.guests[g].cfg.region.clone()),
+            worker: a.pid,
+            tenant: a.tenant,
+            client_pid: a.peer_pid,
+            client_uid: a.peer_uid,
+            guest_region: a.guest_region,
             uptime_s: uptime,
             calls_per_s: detail
                 .as_ref()
@@ -1111,11 +1161,25 @@ fn snapshot(workers: &Workers) -> Snapshot {
     Snapshot { tenants, sessions }
 }
 
+/// Discards answers that came after an earlier snapshot stopped waiting (a worker that was
+/// stopped, then resumed), so this snapshot reads the answer to its own question. The worker
+/// writes each small answer whole, so only whole frames are discarded.
+fn drain_late_answers(s: &UnixStream) {
+    if s.set_nonblocking(true).is_err() {
+        return;
+    }
+    let mut buf = [0u8; 4096];
+    while matches!(std::io::Read::read(&mut &*s, &mut buf), Ok(n) if n > 0) {}
+    let _ = s.set_nonblocking(false);
+}
+
 /// Answers `wh status` with one JSON document.
 fn status(workers: &Workers, stream: &UnixStream) -> std::io::Result<()> {
     let json = serde_json::to_vec(&snapshot(workers)).unwrap_or_default();
     let mut reply = Writer::new(control::STATUS);
     reply.bytes(&json);
+    // A client that asks and never reads must not keep this thread.
+    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
     (&*stream).write_all(&reply.finish(FLAG_REPLY, 0))
 }
 

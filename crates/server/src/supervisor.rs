@@ -640,10 +640,20 @@ fn accept(
                 .tenants
                 .iter()
                 .position(|t| t.cfg.uids.contains(&c.uid())),
-            (Conn::Tcp(_) | Conn::Tls(_), _, Some(tok)) => state
-                .tenants
-                .iter()
-                .position(|t| t.cfg.token.as_deref().map(str::as_bytes) == Some(tok.as_slice())),
+            (Conn::Tcp(_) | Conn::Tls(_), _, Some(tok)) => {
+                // Every tenant's token is compared, so the time taken tells nothing either.
+                let matches: Vec<bool> = state
+                    .tenants
+                    .iter()
+                    .map(|t| {
+                        t.cfg
+                            .token
+                            .as_deref()
+                            .is_some_and(|e| token_matches(e, tok))
+                    })
+                    .collect();
+                matches.iter().position(|&m| m)
+            }
             _ => None,
         }
     };
@@ -712,6 +722,20 @@ fn accept(
         t.relay();
     }
     Ok(())
+}
+
+/// Whether a presented token is `expected`, in a time that depends neither on where they
+/// differ nor on their lengths: both are hashed, and the digests compared without branching.
+fn token_matches(expected: &str, presented: &[u8]) -> bool {
+    let a = ring::digest::digest(&ring::digest::SHA256, expected.as_bytes());
+    let b = ring::digest::digest(&ring::digest::SHA256, presented);
+    let diff = a
+        .as_ref()
+        .iter()
+        .zip(b.as_ref())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    // Keeps the compiler from turning the fold back into an early-exit comparison.
+    std::hint::black_box(diff) == 0
 }
 
 /// How long after a standby worker takes a session its successor starts.
@@ -1276,6 +1300,18 @@ fn serve_metrics(addr: &str, workers: Workers) -> Result<(), ServeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tokens_match_only_when_equal() {
+        assert!(token_matches("s3cret", b"s3cret"));
+        assert!(!token_matches("s3cret", b"s3creT"));
+        assert!(!token_matches("s3cret", b"s3cre"));
+        assert!(!token_matches("s3cret", b"s3crett"));
+        assert!(!token_matches("s3cret", b""));
+        assert!(!token_matches("", b"x"));
+        // Equal empty tokens are equal (a tenant without a token never gets here).
+        assert!(token_matches("", b""));
+    }
 
     #[test]
     fn handshakes_are_bounded_per_peer_and_given_back() {

@@ -101,6 +101,9 @@ def test_stopped_workers_do_not_stall_status_or_new_sessions(server, c_programs)
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
             stopped.append(pid)
+        # SIGSTOP takes effect asynchronously: until then a worker may still answer.
+        for pid in pids:
+            wait_for(lambda: open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "T")
         # Three stuck workers cost one timeout (0.5 s) in all, not one each.
         t0 = time.monotonic()
         st = server.status()
@@ -169,7 +172,8 @@ def test_a_tenant_of_another_uid_can_connect(shared_dir, c_programs):
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             assert p.stdout.readline().strip() == "waiting", p.stderr.read()
-            (sess,) = s.status()["sessions"]
+            # (setpriv and wh run exec: the program keeps the pid Popen gave it.)
+            (sess,) = [x for x in s.status()["sessions"] if x["client_pid"] == p.pid]
             assert sess["tenant"] == "nobody" and sess["client_uid"] == NOBODY
         finally:
             p.kill()

@@ -13,6 +13,7 @@ version = sys.argv[1]
 dest = pathlib.Path(sys.argv[2])
 tests = dest / f"pyopencl-{version}" / "test"
 if tests.is_dir():
+    print(f"install: skipped the PyOpenCL {version} tests: {tests} exists")
     sys.exit(0)
 index = urllib.request.urlopen("https://pypi.org/simple/pyopencl/", timeout=60).read().decode()
 name = f"pyopencl-{version}.tar.gz"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything Wormhole needs on Debian 12 (run as root): the OpenCL stack (PoCL behind
 # the ocl-icd loader), a C compiler, Rust (if missing), a Python venv with PyOpenCL and pytest,
-# and builds the workspace in release mode. Safe to run again.
+# and builds the workspace in release mode. Safe to run again: a step whose result is already
+# there is skipped, and says so and why (a second run takes seconds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,6 +19,8 @@ if [ ${#missing[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq "${missing[@]}" >/dev/null
+else
+    echo "install: skipped apt: all ${#apt_packages[@]} packages installed"
 fi
 
 if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
@@ -27,32 +30,49 @@ if ! command -v cargo >/dev/null 2>&1; then
     echo "install: Rust (rustup, stable)"
     curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --component clippy,rustfmt
     export PATH="$HOME/.cargo/bin:$PATH"
+else
+    echo "install: skipped Rust: $(cargo --version) found"
 fi
 
 if [ ! -x .venv/bin/python ]; then
     echo "install: Python venv in .venv"
     python3 -m venv .venv
+else
+    echo "install: skipped the venv: .venv exists"
 fi
 if ! .venv/bin/python -c "import pyopencl, pytest, pytest_timeout, mako" >/dev/null 2>&1 \
    || [ "$(.venv/bin/python -c 'import pyopencl; print(pyopencl.VERSION_TEXT)')" != "$PYOPENCL_VERSION" ]; then
     echo "install: PyOpenCL $PYOPENCL_VERSION, pytest"
     .venv/bin/python -m pip install -q "pyopencl==$PYOPENCL_VERSION" pytest pytest-timeout mako numpy
+else
+    echo "install: skipped pip: PyOpenCL $PYOPENCL_VERSION, pytest, pytest-timeout and mako import"
 fi
 
 .venv/bin/python scripts/fetch_pyopencl_tests.py "$PYOPENCL_VERSION" target/pyopencl-src
 
-# Fuzzing needs a nightly toolchain and cargo-fuzz (only the test script uses them).
-if ! rustup toolchain list 2>/dev/null | grep -q nightly; then
+# Fuzzing needs a nightly toolchain and cargo-fuzz (only the test script uses them, and it
+# fails without them: it does not skip fuzzing).
+if ! rustup toolchain list 2>/dev/null | grep nightly >/dev/null; then
     echo "install: nightly Rust (for cargo fuzz)"
-    rustup toolchain install nightly --profile minimal || echo "install: no nightly toolchain; fuzzing will be skipped"
+    rustup toolchain install nightly --profile minimal \
+        || echo "install: could not install a nightly toolchain: scripts/test.sh cannot fuzz and will fail" >&2
+else
+    echo "install: skipped nightly Rust: a nightly toolchain is installed"
 fi
 if ! command -v cargo-fuzz >/dev/null 2>&1; then
     echo "install: cargo-fuzz"
-    cargo install cargo-fuzz --locked --quiet || echo "install: cargo-fuzz unavailable; fuzzing will be skipped"
+    cargo install cargo-fuzz --locked --quiet \
+        || echo "install: could not install cargo-fuzz: scripts/test.sh cannot fuzz and will fail" >&2
+else
+    echo "install: skipped cargo-fuzz: $(command -v cargo-fuzz) found"
 fi
 
-echo "install: building Wormhole (release)"
+echo "install: building Wormhole (release; cargo rebuilds only what changed)"
 cargo build --release --workspace --quiet
-gcc -O2 -o target/release/wh-bench-client bench/bench_client.c -lOpenCL
+if [ ! -x target/release/wh-bench-client ] || [ bench/bench_client.c -nt target/release/wh-bench-client ]; then
+    gcc -O2 -o target/release/wh-bench-client bench/bench_client.c -lOpenCL
+else
+    echo "install: skipped the benchmark client: target/release/wh-bench-client is newer than its source"
+fi
 ./scripts/vm/prepare.sh   # QEMU, kernel and initramfs for the guest tests (target/vm)
 echo "install: done ($(pwd)/target/release/wh)"

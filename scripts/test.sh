@@ -4,8 +4,22 @@
 # test suite, sessions, faults).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Installs what is missing and skips (saying why) what is there already: seconds when
+# nothing changed.
 ./scripts/install.sh
 export PATH="$HOME/.cargo/bin:$PATH"
+
+# Fuzzing is part of the test run, never skipped: without its tools, fail now (not after the
+# other steps) and say why.
+fuzz_missing=()
+rustup toolchain list 2>/dev/null | grep nightly >/dev/null || fuzz_missing+=("a nightly Rust toolchain (rustup toolchain install nightly)")
+command -v cargo-fuzz >/dev/null 2>&1 || fuzz_missing+=("cargo-fuzz (cargo install cargo-fuzz --locked)")
+if [ ${#fuzz_missing[@]} -gt 0 ]; then
+    echo "error: fuzzing cannot run: scripts/install.sh could not install" >&2
+    printf '  - %s\n' "${fuzz_missing[@]}" >&2
+    echo "(see its output above); the test run fails rather than skip fuzzing" >&2
+    exit 1
+fi
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
@@ -14,14 +28,9 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== cargo test"
 cargo test --workspace --quiet 2>&1 | tail -n 40
 echo "== fuzzing the decoders and the server's request path (bounded)"
-if command -v cargo-fuzz >/dev/null 2>&1 && rustup toolchain list | grep -q nightly; then
-    (cd fuzz && cargo +nightly fuzz build 2>&1 | tail -n 3)
-    # Objects the fuzzed requests create are never released: leaks are expected, not bugs.
-    (cd fuzz && ASAN_OPTIONS=detect_leaks=0 cargo +nightly fuzz run frame_decode -- -max_total_time=30 2>&1 | tail -n 2)
-    (cd fuzz && ASAN_OPTIONS=detect_leaks=0 cargo +nightly fuzz run server_request -- -max_total_time=90 -rss_limit_mb=4096 2>&1 | tail -n 2)
-else
-    echo "fuzzing skipped: needs nightly Rust and cargo-fuzz" >&2
-    exit 1
-fi
+(cd fuzz && cargo +nightly fuzz build 2>&1 | tail -n 3)
+# Objects the fuzzed requests create are never released: leaks are expected, not bugs.
+(cd fuzz && ASAN_OPTIONS=detect_leaks=0 cargo +nightly fuzz run frame_decode -- -max_total_time=30 2>&1 | tail -n 2)
+(cd fuzz && ASAN_OPTIONS=detect_leaks=0 cargo +nightly fuzz run server_request -- -max_total_time=90 -rss_limit_mb=4096 2>&1 | tail -n 2)
 echo "== integration tests (pytest)"
 .venv/bin/python -m pytest -v --timeout=1800 tests

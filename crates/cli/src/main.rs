@@ -129,6 +129,8 @@ enum CliError {
     Worker(#[from] wormhole_server::worker::WorkerError),
     #[error("cannot find Wormhole's ICD library {0} (set WORMHOLE_ICD_LIB)")]
     NoIcd(PathBuf),
+    #[error("refusing to use {dir}: it must be a directory of uid {uid} that no one else can write (remove it, or set TMPDIR elsewhere)")]
+    UnsafeIcdDir { dir: PathBuf, uid: u32 },
     #[error("cannot run {program}")]
     Exec {
         program: String,
@@ -312,7 +314,7 @@ fn run_program(socket: Option<PathBuf>, program: Vec<String>) -> Result<(), CliE
         h.finish()
     };
     let dir = std::env::temp_dir().join(format!("wormhole-icd-{uid}-{tag:016x}"));
-    std::fs::create_dir_all(&dir)?;
+    private_dir(&dir, uid)?;
     // Programs started at the same moment share the file: replace it atomically (a loader
     // reading it half-written would find no platform), and only when it differs.
     let icd = dir.join("wormhole.icd");
@@ -334,6 +336,30 @@ fn run_program(socket: Option<PathBuf>, program: Vec<String>) -> Result<(), CliE
         program: program[0].clone(),
         source: err,
     })
+}
+
+/// Makes `dir` (mode 0700) or checks the one there: its name is predictable in a shared
+/// temporary directory, and another user who made it first, or may write it, could hand the
+/// program their own library as the ICD.
+fn private_dir(dir: &std::path::Path, uid: u32) -> Result<(), CliError> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e.into()),
+    }
+    // Not followed if it is a link: a link is not our directory.
+    let m = std::fs::symlink_metadata(dir)?;
+    if !m.is_dir() || m.uid() != uid || m.mode() & 0o022 != 0 {
+        return Err(CliError::UnsafeIcdDir {
+            dir: dir.to_path_buf(),
+            uid,
+        });
+    }
+    Ok(())
 }
 
 fn status(path: PathBuf) -> Result<(), CliError> {

@@ -145,7 +145,7 @@ pub fn serve(
         .parent()
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("."));
-    std::fs::create_dir_all(&dir).map_err(|source| ServeError::Runtime {
+    create_runtime_dir(&dir).map_err(|source| ServeError::Runtime {
         path: dir.clone(),
         source,
     })?;
@@ -204,6 +204,8 @@ pub fn serve(
             start_at: Some(Instant::now()),
         });
     }
+    let (config, vendors) = (Arc::new(config), Arc::new(vendors));
+    let handshakes = Arc::new(Handshakes::default());
     let workers: Workers = Arc::new(Mutex::new(State {
         workers: HashMap::new(),
         tenants,
@@ -235,10 +237,23 @@ pub fn serve(
                 None
             }
         };
-        let (config, vendors, workers) = (config.clone(), vendors.clone(), workers.clone());
+        let (config, vendors, workers, handshakes) = (
+            config.clone(),
+            vendors.clone(),
+            workers.clone(),
+            handshakes.clone(),
+        );
         std::thread::spawn(move || {
             for conn in tcp.incoming() {
                 let Ok(stream) = conn else { continue };
+                let peer = stream.peer_addr().ok().map(|a| Peer::Ip(a.ip()));
+                let Some(slot) = handshakes.enter(peer) else {
+                    // A TLS client could not read a REFUSED frame before its TLS handshake.
+                    if tls_cfg.is_none() {
+                        refuse_quietly(&Conn::Tcp(stream));
+                    }
+                    continue;
+                };
                 let (config, vendors, workers, tls_cfg) = (
                     config.clone(),
                     vendors.clone(),
@@ -246,7 +261,8 @@ pub fn serve(
                     tls_cfg.clone(),
                 );
                 // One thread per connection: a slow handshake must not hold up the others.
-                std::thread::spawn(move || {
+                spawn_handshake(move || {
+                    let _slot = slot;
                     let _ = stream.set_nodelay(true);
                     let conn = match tls_cfg {
                         Some(cfg) => match TlsConn::new(stream, cfg) {
@@ -279,14 +295,35 @@ pub fn serve(
     let tmp = PathBuf::from(tmp);
     let _ = std::fs::remove_file(&tmp);
     let listener = UnixListener::bind(&tmp).map_err(listen_err)?;
+    // Tenants are told apart by their peer uid, so any local user must be able to connect
+    // (connecting needs write permission); the socket is otherwise created with the umask.
+    std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o666))
+        .map_err(listen_err)?;
     std::fs::rename(&tmp, &config.socket).map_err(listen_err)?;
+    warn_if_unreachable(&config);
     tracing::info!(socket = %config.socket.display(), "wormhole server listening");
     for conn in listener.incoming() {
         match conn {
             Ok(stream) => {
-                if let Err(e) = accept(&config, &vendors, &workers, Conn::Unix(stream)) {
-                    tracing::warn!("session not started: {e}");
-                }
+                let peer = nix::sys::socket::getsockopt(
+                    &stream,
+                    nix::sys::socket::sockopt::PeerCredentials,
+                )
+                .ok()
+                .map(|c| Peer::Uid(c.uid()));
+                let Some(slot) = handshakes.enter(peer) else {
+                    refuse_quietly(&Conn::Unix(stream));
+                    continue;
+                };
+                let (config, vendors, workers) = (config.clone(), vendors.clone(), workers.clone());
+                // Off the accept thread: a client that connects and says nothing must not hold
+                // up anyone else's session for the HELLO timeout.
+                spawn_handshake(move || {
+                    let _slot = slot;
+                    if let Err(e) = accept(&config, &vendors, &workers, Conn::Unix(stream)) {
+                        tracing::warn!("session not started: {e}");
+                    }
+                });
             }
             Err(e) => tracing::warn!("accept failed: {e}"),
         }
@@ -363,6 +400,13 @@ impl Conn {
             Conn::Tls(t) => t.tcp.set_read_timeout(d),
         }
     }
+    fn set_write_timeout(&self, d: Option<Duration>) -> std::io::Result<()> {
+        match self {
+            Conn::Unix(s) => s.set_write_timeout(d),
+            Conn::Tcp(s) => s.set_write_timeout(d),
+            Conn::Tls(t) => t.tcp.set_write_timeout(d),
+        }
+    }
     fn read_frame(
         &self,
         body: &mut Vec<u8>,
@@ -398,7 +442,166 @@ impl Conn {
 
 fn refuse(stream: &Conn, reason: &str) {
     tracing::warn!(reason, "refusing a client");
+    send_refused(stream, reason);
+}
+
+fn send_refused(stream: &Conn, reason: &str) {
+    // A client that never reads must not keep this thread.
+    let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
     let _ = stream.write_all(&handshake::refused(reason));
+}
+
+/// Handshakes (waiting for a HELLO, up to 5 s each) that may run at once, in all and per peer:
+/// a flood of idle connections costs a bounded number of threads, and one peer's flood leaves
+/// room for the others.
+const MAX_HANDSHAKES: usize = 256;
+const MAX_HANDSHAKES_PER_PEER: usize = 32;
+
+/// Who is at the other end before any HELLO: the local uid, or the remote address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Peer {
+    Uid(u32),
+    Ip(std::net::IpAddr),
+}
+
+/// The handshakes in progress, by peer.
+#[derive(Default)]
+struct Handshakes {
+    inner: Mutex<HandshakeCount>,
+}
+
+#[derive(Default)]
+struct HandshakeCount {
+    total: usize,
+    per_peer: HashMap<Option<Peer>, usize>,
+    /// Connections refused since the last log line about them (a flood logs once a second).
+    refused: u64,
+    logged_at: Option<Instant>,
+}
+
+/// A handshake's place in the bound, given back when dropped.
+struct HandshakeSlot {
+    handshakes: Arc<Handshakes>,
+    peer: Option<Peer>,
+}
+
+impl Handshakes {
+    /// A place for one more handshake of `peer`, or None (logged) when over the bounds.
+    fn enter(self: &Arc<Self>, peer: Option<Peer>) -> Option<HandshakeSlot> {
+        let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let of_peer = c.per_peer.get(&peer).copied().unwrap_or(0);
+        if c.total >= MAX_HANDSHAKES || of_peer >= MAX_HANDSHAKES_PER_PEER {
+            c.refused += 1;
+            if c.logged_at
+                .is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
+            {
+                tracing::warn!(
+                    ?peer,
+                    waiting = c.total,
+                    waiting_of_peer = of_peer,
+                    refused = c.refused,
+                    "refusing connections: too many are waiting for their HELLO (at most {MAX_HANDSHAKES}, {MAX_HANDSHAKES_PER_PEER} per peer)"
+                );
+                c.refused = 0;
+                c.logged_at = Some(Instant::now());
+            }
+            return None;
+        }
+        c.total += 1;
+        *c.per_peer.entry(peer).or_default() += 1;
+        Some(HandshakeSlot {
+            handshakes: self.clone(),
+            peer,
+        })
+    }
+}
+
+impl Drop for HandshakeSlot {
+    fn drop(&mut self) {
+        let mut c = self
+            .handshakes
+            .inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        c.total -= 1;
+        if let Some(n) = c.per_peer.get_mut(&self.peer) {
+            *n -= 1;
+            if *n == 0 {
+                c.per_peer.remove(&self.peer);
+            }
+        }
+    }
+}
+
+/// Runs one connection's handshake on a thread of its own (the thread owns its slot).
+fn spawn_handshake(f: impl FnOnce() + Send + 'static) {
+    if let Err(e) = std::thread::Builder::new()
+        .name("handshake".into())
+        .spawn(f)
+    {
+        // The closure (and with it the connection and its slot) is dropped: the client sees
+        // the connection close.
+        tracing::error!("cannot start a thread for a connection: {e}");
+    }
+}
+
+/// Turns a connection away over the handshake bound (already logged, at most once a second).
+fn refuse_quietly(stream: &Conn) {
+    send_refused(
+        stream,
+        "server busy: too many connections are waiting for their HELLO",
+    );
+}
+
+/// Creates the socket's directory (and any missing parent) traversable by every local user,
+/// whatever the umask: tenants of other uids must reach the socket. A directory that already
+/// exists is the operator's and is left as it is.
+fn create_runtime_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let missing: Vec<&std::path::Path> = dir
+        .ancestors()
+        .take_while(|d| !d.as_os_str().is_empty() && !d.exists())
+        .collect();
+    for d in missing.into_iter().rev() {
+        match std::fs::DirBuilder::new().mode(0o755).create(d) {
+            Ok(()) => {
+                std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755))?;
+                tracing::info!(dir = %d.display(), "created the runtime directory (mode 0755)");
+            }
+            // Another process made it meanwhile: then it is theirs.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Warns when a configured tenant uid other than the server's own cannot reach the socket
+/// because a directory on its path is not searchable by others (those are not changed).
+fn warn_if_unreachable(config: &Config) {
+    use std::os::unix::fs::PermissionsExt;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let foreign: Vec<u32> = config
+        .tenants
+        .iter()
+        .flat_map(|t| t.uids.iter().copied())
+        .filter(|&u| u != me && u != 0)
+        .collect();
+    if foreign.is_empty() {
+        return;
+    }
+    let Ok(socket) = std::path::absolute(&config.socket) else {
+        return;
+    };
+    for d in socket.ancestors().skip(1) {
+        if let Ok(m) = std::fs::metadata(d) {
+            if m.permissions().mode() & 0o001 == 0 {
+                tracing::warn!(dir = %d.display(), uids = ?foreign, "tenant uids other than the server's cannot reach the socket: this directory is not searchable by others");
+                return;
+            }
+        }
+    }
 }
 
 fn accept(config: &Config, vendors: &Apis, workers: &Workers, stream: Conn) -> std::io::Result<()> {
@@ -477,12 +680,20 @@ fn accept(config: &Config, vendors: &Apis, workers: &Workers, stream: Conn) -> s
                 .tenants
                 .iter()
                 .position(|t| t.cfg.uids.contains(&c.uid())),
-            (Conn::Tcp(_) | Conn::Tls(_), _, Some(tok)) => state.tenants.iter().position(|t| {
-                t.cfg
-                    .token
-                    .as_deref()
-                    .is_some_and(|want| same_secret(want.as_bytes(), tok))
-            }),
+            (Conn::Tcp(_) | Conn::Tls(_), _, Some(tok)) => {
+                // Every tenant's token is compared, so the time taken tells nothing either.
+                let matches: Vec<bool> = state
+                    .tenants
+                    .iter()
+                    .map(|t| {
+                        t.cfg
+                            .token
+                            .as_deref()
+                            .is_some_and(|e| token_matches(e, tok))
+                    })
+                    .collect();
+                matches.iter().position(|&m| m)
+            }
             _ => None,
         }
     };
@@ -552,6 +763,20 @@ fn accept(config: &Config, vendors: &Apis, workers: &Workers, stream: Conn) -> s
         t.relay();
     }
     Ok(())
+}
+
+/// Whether a presented token is `expected`, in a time that depends neither on where they
+/// differ nor on their lengths: both are hashed, and the digests compared without branching.
+fn token_matches(expected: &str, presented: &[u8]) -> bool {
+    let a = ring::digest::digest(&ring::digest::SHA256, expected.as_bytes());
+    let b = ring::digest::digest(&ring::digest::SHA256, presented);
+    let diff = a
+        .as_ref()
+        .iter()
+        .zip(b.as_ref())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    // Keeps the compiler from turning the fold back into an early-exit comparison.
+    std::hint::black_box(diff) == 0
 }
 
 /// How long after a standby worker takes a session its successor starts.
@@ -910,47 +1135,97 @@ pub struct SessionStatus {
     pub detail: Option<crate::worker::SessionDetail>,
 }
 
+/// How long a snapshot waits for all the workers' answers together.
+const STATUS_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// One snapshot asks the workers at a time: two asking the same worker at once could read
+/// each other's answers.
+static STATUS_QUERIES: Mutex<()> = Mutex::new(());
+
 fn snapshot(workers: &Workers) -> Snapshot {
-    let mut guard = workers.lock().unwrap_or_else(|p| p.into_inner());
-    let state = &mut *guard;
-    let tenants = state
-        .tenants
-        .iter()
-        .enumerate()
-        .map(|(i, t)| TenantStatus {
-            name: t.cfg.name.clone(),
-            sessions: state
-                .workers
-                .values()
-                .filter(|w| w.tenant == i && w.in_session())
-                .count(),
-            mem_bytes: t.ledger.total(),
-            mem_quota: t.cfg.mem_quota_mib.map(|q| q << 20),
-            standby_worker: state
-                .workers
-                .iter()
-                .find(|(_, w)| w.tenant == i && !w.in_session())
-                .map(|(pid, _)| *pid),
-        })
-        .collect();
+    // Under the lock only what is at hand: accepts and the reaper wait for it, and must not
+    // wait for a stuck worker's answer.
+    struct Asked {
+        pid: u32,
+        tenant: String,
+        peer_pid: Option<i32>,
+        peer_uid: Option<u32>,
+        guest_region: Option<PathBuf>,
+        started: Instant,
+        stats: Option<UnixStream>,
+    }
+    let (tenants, mut asked) = {
+        let guard = workers.lock().unwrap_or_else(|p| p.into_inner());
+        let state = &*guard;
+        let tenants: Vec<TenantStatus> = state
+            .tenants
+            .iter()
+            .enumerate()
+            .map(|(i, t)| TenantStatus {
+                name: t.cfg.name.clone(),
+                sessions: state
+                    .workers
+                    .values()
+                    .filter(|w| w.tenant == i && w.in_session())
+                    .count(),
+                mem_bytes: t.ledger.total(),
+                mem_quota: t.cfg.mem_quota_mib.map(|q| q << 20),
+                standby_worker: state
+                    .workers
+                    .iter()
+                    .find(|(_, w)| w.tenant == i && !w.in_session())
+                    .map(|(pid, _)| *pid),
+            })
+            .collect();
+        let asked: Vec<Asked> = state
+            .workers
+            .iter()
+            .filter(|(_, w)| w.in_session())
+            .map(|(pid, wk)| Asked {
+                pid: *pid,
+                tenant: state.tenants[wk.tenant].cfg.name.clone(),
+                peer_pid: wk.peer_pid,
+                peer_uid: wk.peer_uid,
+                guest_region: wk.guest.map(|g| state.guests[g].cfg.region.clone()),
+                started: wk.started,
+                stats: wk.stats.try_clone().ok(),
+            })
+            .collect();
+        (tenants, asked)
+    };
+    // Every worker is asked first and all answer at once: a stuck one costs STATUS_TIMEOUT
+    // in all, not per worker.
+    let _one_at_a_time = STATUS_QUERIES.lock().unwrap_or_else(|p| p.into_inner());
+    let deadline = Instant::now() + STATUS_TIMEOUT;
+    let mut q = Writer::new(control::STATUS);
+    q.u8(0);
+    let query = q.finish(0, 0);
+    for a in &mut asked {
+        let sent = a.stats.as_ref().is_some_and(|s| {
+            drain_late_answers(s);
+            s.set_write_timeout(Some(STATUS_TIMEOUT)).is_ok() && (&*s).write_all(&query).is_ok()
+        });
+        if !sent {
+            a.stats = None;
+        }
+    }
     let mut sessions = Vec::new();
-    for (pid, wk) in state.workers.iter_mut().filter(|(_, w)| w.in_session()) {
-        let mut q = Writer::new(control::STATUS);
-        q.u8(0);
-        let _ = wk.stats.set_read_timeout(Some(Duration::from_millis(500)));
-        let detail: Option<crate::worker::SessionDetail> =
-            (&wk.stats).write_all(&q.finish(0, 0)).ok().and_then(|_| {
-                let mut body = Vec::new();
-                read_frame(&mut &wk.stats, &mut body).ok()?;
-                serde_json::from_slice(Reader::new(&body).bytes().ok()?).ok()
-            });
-        let uptime = wk.started.elapsed().as_secs_f64();
+    for a in asked {
+        let detail: Option<crate::worker::SessionDetail> = a.stats.and_then(|s| {
+            let left = deadline.saturating_duration_since(Instant::now());
+            s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+                .ok()?;
+            let mut body = Vec::new();
+            read_frame(&mut &s, &mut body).ok()?;
+            serde_json::from_slice(Reader::new(&body).bytes().ok()?).ok()
+        });
+        let uptime = a.started.elapsed().as_secs_f64();
         sessions.push(SessionStatus {
-            worker: *pid,
-            tenant: state.tenants[wk.tenant].cfg.name.clone(),
-            client_pid: wk.peer_pid,
-            client_uid: wk.peer_uid,
-            guest_region: wk.guest.map(|g| state.guests[g].cfg.region.clone()),
+            worker: a.pid,
+            tenant: a.tenant,
+            client_pid: a.peer_pid,
+            client_uid: a.peer_uid,
+            guest_region: a.guest_region,
             uptime_s: uptime,
             calls_per_s: detail
                 .as_ref()
@@ -962,11 +1237,25 @@ fn snapshot(workers: &Workers) -> Snapshot {
     Snapshot { tenants, sessions }
 }
 
+/// Discards answers that came after an earlier snapshot stopped waiting (a worker that was
+/// stopped, then resumed), so this snapshot reads the answer to its own question. The worker
+/// writes each small answer whole, so only whole frames are discarded.
+fn drain_late_answers(s: &UnixStream) {
+    if s.set_nonblocking(true).is_err() {
+        return;
+    }
+    let mut buf = [0u8; 4096];
+    while matches!(std::io::Read::read(&mut &*s, &mut buf), Ok(n) if n > 0) {}
+    let _ = s.set_nonblocking(false);
+}
+
 /// Answers `wh status` with one JSON document.
 fn status(workers: &Workers, stream: &UnixStream) -> std::io::Result<()> {
     let json = serde_json::to_vec(&snapshot(workers)).unwrap_or_default();
     let mut reply = Writer::new(control::STATUS);
     reply.bytes(&json);
+    // A client that asks and never reads must not keep this thread.
+    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
     (&*stream).write_all(&reply.finish(FLAG_REPLY, 0))
 }
 
@@ -1060,29 +1349,49 @@ fn serve_metrics(addr: &str, workers: Workers) -> Result<(), ServeError> {
     Ok(())
 }
 
-/// Whether a presented token is the configured one, in time that does not depend on where
-/// they differ (SHA-256 both, then compare every byte of the digests).
-fn same_secret(want: &[u8], got: &[u8]) -> bool {
-    let (a, b) = (
-        ring::digest::digest(&ring::digest::SHA256, want),
-        ring::digest::digest(&ring::digest::SHA256, got),
-    );
-    a.as_ref()
-        .iter()
-        .zip(b.as_ref())
-        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-        == 0
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn secrets_compare_by_content_only() {
-        assert!(same_secret(b"long-random-secret", b"long-random-secret"));
-        assert!(!same_secret(b"long-random-secret", b"long-random-secreT"));
-        assert!(!same_secret(b"long-random-secret", b"long"));
-        assert!(!same_secret(b"", b"x"));
+    fn tokens_match_only_when_equal() {
+        assert!(token_matches("s3cret", b"s3cret"));
+        assert!(!token_matches("s3cret", b"s3creT"));
+        assert!(!token_matches("s3cret", b"s3cre"));
+        assert!(!token_matches("s3cret", b"s3crett"));
+        assert!(!token_matches("s3cret", b""));
+        assert!(!token_matches("", b"x"));
+        // Equal empty tokens are equal (a tenant without a token never gets here).
+        assert!(token_matches("", b""));
+    }
+
+    #[test]
+    fn handshakes_are_bounded_per_peer_and_given_back() {
+        let h = Arc::new(Handshakes::default());
+        let a = Some(Peer::Uid(1000));
+        let held: Vec<HandshakeSlot> = (0..MAX_HANDSHAKES_PER_PEER)
+            .map(|_| h.enter(a).expect("within the bound"))
+            .collect();
+        assert!(h.enter(a).is_none(), "one peer over its bound");
+        // Another peer still gets in.
+        let other = h.enter(Some(Peer::Uid(1001))).expect("another peer");
+        drop(other);
+        drop(held);
+        let c = h.inner.lock().unwrap();
+        assert_eq!(c.total, 0);
+        assert!(c.per_peer.is_empty());
+        drop(c);
+        assert!(h.enter(a).is_some(), "places given back");
+    }
+
+    #[test]
+    fn handshakes_are_bounded_in_total() {
+        let h = Arc::new(Handshakes::default());
+        let held: Vec<HandshakeSlot> = (0..MAX_HANDSHAKES as u32)
+            .map(|uid| h.enter(Some(Peer::Uid(uid))).expect("within the bound"))
+            .collect();
+        assert!(h.enter(Some(Peer::Uid(u32::MAX))).is_none());
+        drop(held);
+        assert!(h.enter(Some(Peer::Uid(u32::MAX))).is_some());
     }
 }

@@ -12,7 +12,7 @@ fn main() {
         })
         .unwrap(),
     );
-    let peer = Region::open_file(region.file().try_clone().unwrap()).unwrap();
+    let peer = Arc::new(Region::open_file(region.file().try_clone().unwrap()).unwrap());
     let n = 200_000;
     let server = std::thread::spawn(move || {
         let (req, rep) = peer.lane(0).unwrap();

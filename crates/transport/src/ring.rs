@@ -17,9 +17,11 @@
 //! The peer is not trusted: a `head`/`tail` pair claiming more than `capacity` bytes in flight is
 //! reported as corruption, never used to index memory.
 
+use crate::region::Region;
 use crate::wait::{SpinPolicy, Waiter};
 use crate::TransportError;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 #[repr(C, align(64))]
@@ -43,12 +45,16 @@ pub const CTRL_SIZE: usize = std::mem::size_of::<RingCtrl>();
 /// copies of a large transfer overlap on two cores instead of taking turns.
 pub const STREAM_PIECE: u64 = 32 * 1024;
 
-/// One ring as seen from one side. Cheap to copy; it does not own the memory.
-#[derive(Debug, Clone, Copy)]
+/// One ring as seen from one side. Neither `Copy` nor `Clone`: a ring of a region holds the
+/// region (and so its mapping) alive, and each side owns its view of a ring exactly once.
+#[derive(Debug)]
 pub struct Ring {
     ctrl: *const RingCtrl,
     data: *mut u8,
     cap: u64,
+    /// The mapping `ctrl` and `data` point into, kept alive as long as the ring (None for a
+    /// ring over memory whose lifetime the creator vouches for, see [`Ring::new`]).
+    _mapping: Option<Arc<Region>>,
 }
 
 // SAFETY: a Ring is only a view; all shared state is accessed through atomics or through byte
@@ -71,7 +77,30 @@ impl Ring {
     /// be a power of two.
     pub unsafe fn new(ctrl: *const RingCtrl, data: *mut u8, cap: u64) -> Ring {
         debug_assert!(cap.is_power_of_two());
-        Ring { ctrl, data, cap }
+        Ring {
+            ctrl,
+            data,
+            cap,
+            _mapping: None,
+        }
+    }
+
+    /// A ring inside `region`, which the ring keeps mapped.
+    ///
+    /// # Safety
+    /// As [`Ring::new`], except that the mapping is `region`'s (so it lives as long as the ring).
+    pub(crate) unsafe fn in_region(
+        region: Arc<Region>,
+        ctrl: *const RingCtrl,
+        data: *mut u8,
+        cap: u64,
+    ) -> Ring {
+        // SAFETY: forwarded from the caller.
+        let ring = unsafe { Ring::new(ctrl, data, cap) };
+        Ring {
+            _mapping: Some(region),
+            ..ring
+        }
     }
 
     fn ctrl(&self) -> &RingCtrl {

@@ -1,7 +1,8 @@
 //! Bulk throughput of the shared-memory fast path (no OpenCL): 16 MiB and 256 MiB frames through
 //! one lane of the default geometry between two threads (the producer's copy into the ring
-//! overlaps the consumer's copy out of it), and `copy_bulk` between a buffer arena and private
-//! memory (the one copy of a windowed buffer's read or write).
+//! overlaps the consumer's copy out of it), `copy_bulk` between a buffer arena and private
+//! memory (the one copy of a windowed buffer's read or write), and the copy kernel alone on
+//! pieces that stay in the caches.
 //! `cargo run --release -p wormhole-transport --example bulk`
 use std::sync::Arc;
 use std::time::Instant;
@@ -9,7 +10,7 @@ use wormhole_transport::copy::copy_bulk;
 use wormhole_transport::{Arena, FutexWaiter, Layout, Region, ShmLink, SpinPolicy};
 
 /// Rounds per size; the median is reported (the host is shared, single rounds swing).
-const ROUNDS: usize = 7;
+const ROUNDS: usize = 9;
 
 fn gbps(bytes: usize, secs: f64) -> f64 {
     bytes as f64 / secs / 1e9
@@ -110,8 +111,47 @@ fn arena(sizes: &[usize]) {
     }
 }
 
+/// The copy kernel alone, in the caches: one ring piece (32 KiB) at a time between shared
+/// memory and an application buffer 16 bytes past a page, and one frame header (16 bytes).
+fn pieces() {
+    let a = Arena::create(1 << 20).unwrap();
+    let shared = a.range(0, 1 << 16).unwrap();
+    let mut app = vec![0u8; (1 << 16) + 4096];
+    let app = &mut app[16..];
+    for (n, reps) in [(16usize, 10_000_000usize), (32 << 10, 100_000)] {
+        for (what, to_shared) in [("write", true), ("read", false)] {
+            let mut rates = Vec::new();
+            for _ in 0..ROUNDS {
+                let t = Instant::now();
+                for _ in 0..reps {
+                    // SAFETY: both ranges hold `n` bytes and are disjoint.
+                    unsafe {
+                        if to_shared {
+                            copy_bulk(shared, app.as_ptr(), n);
+                        } else {
+                            copy_bulk(app.as_mut_ptr(), shared, n);
+                        }
+                    }
+                }
+                rates.push(t.elapsed().as_secs_f64() / reps as f64);
+            }
+            let secs = median(rates);
+            if n < 4096 {
+                println!("piece {what:>5} {n:>5} B: median {:>6.2} ns", secs * 1e9);
+            } else {
+                println!(
+                    "piece {what:>5} {:>3} KiB: median {:>6.2} GB/s",
+                    n >> 10,
+                    gbps(n, secs)
+                );
+            }
+        }
+    }
+}
+
 fn main() {
     let sizes = [16 << 20, 256 << 20];
+    pieces();
     ring(&sizes);
     arena(&sizes);
 }

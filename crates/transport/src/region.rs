@@ -9,6 +9,7 @@
 //! The creator writes the header; the other side reads it once, validates every field against
 //! the size of its own mapping, and keeps its own copy of the layout.
 
+use crate::copy::zero_shared;
 use crate::rendezvous::{Rendezvous, RENDEZVOUS_OFFSET, STATE_INIT, STATE_READY};
 use crate::ring::{Ring, RingCtrl, CTRL_SIZE};
 use crate::TransportError;
@@ -128,10 +129,11 @@ impl Region {
     fn init(file: File, layout: Layout) -> Result<Region, TransportError> {
         let map = MmapRaw::map_raw(&file)?;
         let region = Region { map, layout, file };
-        // SAFETY: the mapping is at least total_size bytes long and we are its only user yet.
+        // SAFETY: the mapping is at least total_size bytes long and page-aligned. Volatile:
+        // another process (QEMU, a guest) may map the file of `create_file` already.
         unsafe {
-            std::ptr::write_bytes(region.map.as_mut_ptr(), 0, layout.total_size() as usize);
-            std::ptr::write(
+            zero_shared(region.map.as_mut_ptr(), layout.total_size() as usize);
+            std::ptr::write_volatile(
                 region.map.as_mut_ptr() as *mut RegionHeader,
                 layout.header(),
             );
@@ -160,11 +162,12 @@ impl Region {
         let rv = region.rendezvous();
         rv.server_state.store(STATE_INIT, Ordering::SeqCst);
         let epoch = rv.server_epoch.load(Ordering::SeqCst);
-        // SAFETY: the mapping is at least total_size bytes long (checked above). A guest may
-        // map it concurrently, but sees STATE_INIT and waits until READY.
+        // SAFETY: the mapping is at least total_size bytes long (checked above) and
+        // page-aligned. A guest may map it concurrently (hence volatile stores), but sees
+        // STATE_INIT and waits until READY.
         unsafe {
-            std::ptr::write_bytes(region.map.as_mut_ptr(), 0, layout.total_size() as usize);
-            std::ptr::write(
+            zero_shared(region.map.as_mut_ptr(), layout.total_size() as usize);
+            std::ptr::write_volatile(
                 region.map.as_mut_ptr() as *mut RegionHeader,
                 layout.header(),
             );

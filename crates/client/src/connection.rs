@@ -117,7 +117,7 @@ impl std::fmt::Display for ConnectError {
     }
 }
 
-fn hello() -> Vec<u8> {
+fn hello() -> Result<Vec<u8>, ConnectError> {
     let mut hello = Writer::new(control::HELLO);
     hello.u8(VERSION);
     hello.bytes(API_OPENCL.as_bytes());
@@ -126,7 +126,9 @@ fn hello() -> Vec<u8> {
         .ok()
         .filter(|t| !t.is_empty());
     hello.opt_bytes(token.as_deref().map(str::as_bytes));
-    hello.finish(0, 0)
+    hello
+        .finish(0, 0)
+        .map_err(|e| ConnectError(format!("cannot send HELLO: {e}")))
 }
 
 /// Checks the server's first answer: WELCOME (returns its lane count) or REFUSED.
@@ -304,7 +306,7 @@ fn connect_guest(spec: &str) -> Result<Connection, ConnectError> {
     let mut lane0 = link(0);
     rv.use_lane(0);
     lane0
-        .send(&hello())
+        .send(&hello()?)
         .map_err(|e| ConnectError(format!("server gone during HELLO: {e}")))?;
     let mut body = Vec::new();
     let h = lane0
@@ -356,7 +358,7 @@ fn connect_local() -> Result<Connection, ConnectError> {
         ))
     })?;
     (&sock)
-        .write_all(&hello())
+        .write_all(&hello()?)
         .map_err(|e| ConnectError(format!("server hung up during HELLO: {e}")))?;
     sock.set_read_timeout(Some(WELCOME_TIMEOUT)).ok();
     let mut body = Vec::new();
@@ -473,7 +475,7 @@ fn connect_tcp(addr: &str, tls: bool) -> Result<Connection, ConnectError> {
         (Box::new(r), Box::new(w))
     };
     writer
-        .write_all(&hello())
+        .write_all(&hello()?)
         .and_then(|_| writer.flush())
         .map_err(|e| ConnectError(format!("server hung up during HELLO: {e}")))?;
     sock.set_read_timeout(Some(WELCOME_TIMEOUT)).ok();
@@ -574,6 +576,21 @@ pub enum CallError {
     Unavailable,
     /// The transport failed mid-call; the session is now unusable.
     Broken,
+    /// The request exceeds the protocol's frame limit: it was not sent, and the session goes
+    /// on.
+    TooLarge,
+}
+
+impl CallError {
+    /// The status the failed OpenCL call returns.
+    pub fn status(&self) -> i32 {
+        match self {
+            CallError::TooLarge => wormhole_protocol::cl::CL_OUT_OF_HOST_MEMORY,
+            CallError::Unavailable | CallError::Broken => {
+                wormhole_protocol::cl::CL_OUT_OF_RESOURCES
+            }
+        }
+    }
 }
 
 static WARNED: AtomicU32 = AtomicU32::new(0);
@@ -608,8 +625,8 @@ impl Connection {
                 lane.seq = lane.seq.wrapping_add(1);
                 let seq = lane.seq;
                 lane.link.set_policy(policy_for(w.opcode()));
-                let frame = w.finish(0, seq);
                 (|| {
+                    let frame = w.finish(0, seq)?;
                     lane.link.send_parts(&[&frame, payload])?;
                     let h = lane.link.recv_header()?;
                     check_reply(&h, seq)?;
@@ -646,17 +663,20 @@ impl Connection {
             Transport::Shm { lanes, .. } => {
                 let mut lane = lanes[idx].lock().unwrap_or_else(|p| p.into_inner());
                 lane.seq = lane.seq.wrapping_add(1);
-                let frame = w.finish(FLAG_ASYNC, lane.seq);
-                lane.link.send(&frame)
+                w.finish(FLAG_ASYNC, lane.seq)
+                    .map_err(TransportError::from)
+                    .and_then(|frame| lane.link.send(&frame))
             }
-            Transport::Tcp { writer, .. } => {
-                let frame = w.finish_on(idx as u16, FLAG_ASYNC, 0);
-                writer
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .write_all(&frame)
-                    .map_err(|_| TransportError::PeerGone)
-            }
+            Transport::Tcp { writer, .. } => w
+                .finish_on(idx as u16, FLAG_ASYNC, 0)
+                .map_err(TransportError::from)
+                .and_then(|frame| {
+                    writer
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .write_all(&frame)
+                        .map_err(|_| TransportError::PeerGone)
+                }),
         };
         res.map_err(|e| self.broken(e))
     }
@@ -676,6 +696,13 @@ impl Connection {
     }
 
     fn broken(&self, e: TransportError) -> CallError {
+        if let TransportError::TooLarge(e) = e {
+            // Nothing was sent: only this call fails.
+            log(&format!(
+                "{e}: the call is not forwarded and fails with CL_OUT_OF_HOST_MEMORY"
+            ));
+            return CallError::TooLarge;
+        }
         self.dead.store(true, Ordering::SeqCst);
         if WARNED.fetch_add(1, Ordering::Relaxed) == 0 {
             log(&format!("lost the server mid-call: {e}"));
@@ -694,7 +721,7 @@ impl Connection {
         let mut busy = slot.busy.lock().unwrap_or_else(|p| p.into_inner());
         *busy = busy.wrapping_add(1);
         let seq = *busy;
-        let frame = w.finish_on(idx as u16, 0, seq);
+        let frame = w.finish_on(idx as u16, 0, seq)?;
         {
             let mut out = writer.lock().unwrap_or_else(|p| p.into_inner());
             out.write_all(&frame)
@@ -724,4 +751,83 @@ fn check_reply(h: &FrameHeader, seq: u32) -> Result<(), TransportError> {
         return Err(TransportError::Corrupt("reply does not match the request"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wormhole_protocol::MAX_BODY;
+
+    /// Bytes a TCP session would have sent.
+    #[derive(Clone, Default)]
+    struct Sent(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Sent {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn oversize() -> Writer {
+        let mut w = Writer::new(wormhole_protocol::Op::clCreateProgramWithSource as u16);
+        w.trailing_bytes(MAX_BODY as usize);
+        w
+    }
+
+    /// A request beyond the frame limit fails alone with CL_OUT_OF_HOST_MEMORY: nothing goes
+    /// out and the session stays usable (it used to trip a debug assertion, and to send a
+    /// header the server refuses, ending the session, in release builds).
+    #[test]
+    fn an_oversize_request_fails_alone() {
+        let sent = Sent::default();
+        let tcp = Connection {
+            transport: Transport::Tcp {
+                writer: Mutex::new(Box::new(sent.clone())),
+                slots: Arc::new(vec![TcpSlot::default()]),
+            },
+            lanes: 1,
+            dead: Arc::new(AtomicBool::new(false)),
+            guest: None,
+            arena: None,
+        };
+        let region = Arc::new(
+            Region::create_memfd(wormhole_transport::Layout {
+                lanes: 1,
+                ring_capacity: 4096,
+            })
+            .unwrap(),
+        );
+        let (req, rep) = region.lane(0).unwrap();
+        let link = ShmLink::new(
+            req,
+            rep,
+            Arc::new(FutexWaiter),
+            SpinPolicy::default(),
+            Arc::new(|| true),
+        );
+        let shm = Connection {
+            transport: Transport::Shm {
+                lanes: vec![Mutex::new(ShmLane { link, seq: 0 })],
+                _region: region.clone(),
+            },
+            lanes: 1,
+            dead: Arc::new(AtomicBool::new(false)),
+            guest: None,
+            arena: None,
+        };
+        for c in [&tcp, &shm] {
+            let e = c.call_bulk(oversize(), &[], None).unwrap_err();
+            assert!(matches!(e, CallError::TooLarge));
+            assert_eq!(e.status(), wormhole_protocol::cl::CL_OUT_OF_HOST_MEMORY);
+            assert!(matches!(c.send_async(oversize()), Err(CallError::TooLarge)));
+            assert!(!c.dead.load(Ordering::SeqCst));
+        }
+        assert!(sent.0.lock().unwrap().is_empty());
+        let (server_rx, _) = region.lane(0).unwrap();
+        assert_eq!(server_rx.readable().unwrap(), 0);
+    }
 }

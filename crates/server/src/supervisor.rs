@@ -352,7 +352,12 @@ fn refuse(stream: &Conn, reason: &str) {
     tracing::warn!(reason, "refusing a client");
     let mut w = Writer::new(control::REFUSED);
     w.bytes(reason.as_bytes());
-    let _ = stream.write_all(&w.finish(FLAG_REPLY, 0));
+    match w.finish(FLAG_REPLY, 0) {
+        Ok(frame) => {
+            let _ = stream.write_all(&frame);
+        }
+        Err(e) => tracing::warn!("refusal not sent: {e}"),
+    }
 }
 
 fn accept(
@@ -523,7 +528,11 @@ fn hand_to_standby(
     let line = wk.standby.take()?;
     let mut w = Writer::new(control::HANDOFF);
     w.bytes(transport.as_bytes());
-    match wormhole_transport::unix::send_frame_with_fds(&line, &w.finish(0, 0), &[fd]) {
+    let sent = w
+        .finish(0, 0)
+        .map_err(wormhole_transport::TransportError::from)
+        .and_then(|frame| wormhole_transport::unix::send_frame_with_fds(&line, &frame, &[fd]));
+    match sent {
         Ok(()) => {
             wk.started = Instant::now();
             // The reaper starts the next standby worker, a little later: loading the driver
@@ -878,8 +887,11 @@ fn snapshot(workers: &Workers) -> Snapshot {
         let mut q = Writer::new(control::STATUS);
         q.u8(0);
         let _ = wk.stats.set_read_timeout(Some(Duration::from_millis(500)));
-        let detail: Option<crate::worker::SessionDetail> =
-            (&wk.stats).write_all(&q.finish(0, 0)).ok().and_then(|_| {
+        let detail: Option<crate::worker::SessionDetail> = q
+            .finish(0, 0)
+            .ok()
+            .and_then(|f| (&wk.stats).write_all(&f).ok())
+            .and_then(|_| {
                 let mut body = Vec::new();
                 read_frame(&mut &wk.stats, &mut body).ok()?;
                 serde_json::from_slice(Reader::new(&body).bytes().ok()?).ok()
@@ -907,7 +919,7 @@ fn status(workers: &Workers, stream: &UnixStream) -> std::io::Result<()> {
     let json = serde_json::to_vec(&snapshot(workers)).unwrap_or_default();
     let mut reply = Writer::new(control::STATUS);
     reply.bytes(&json);
-    (&*stream).write_all(&reply.finish(FLAG_REPLY, 0))
+    (&*stream).write_all(&reply.finish(FLAG_REPLY, 0)?)
 }
 
 /// The same state in Prometheus' text format.

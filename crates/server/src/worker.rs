@@ -10,8 +10,9 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::Duration;
+use wormhole_protocol::cl::CL_OUT_OF_HOST_MEMORY;
 use wormhole_protocol::{
-    control, DecodeError, FrameHeader, Op, Reader, Writer, FLAG_ASYNC, FLAG_REPLY,
+    control, DecodeError, FrameHeader, FrameTooLarge, Op, Reader, Writer, FLAG_ASYNC, FLAG_REPLY,
 };
 use wormhole_transport::link::read_frame;
 use wormhole_transport::rendezvous::{self, BeatWatch};
@@ -92,6 +93,8 @@ pub enum WorkerError {
     Transport(#[from] TransportError),
     #[error("I/O failed")]
     Io(#[from] std::io::Error),
+    #[error(transparent)]
+    TooLarge(#[from] FrameTooLarge),
 }
 
 /// What a standby worker does before any tenant waits for it: load the driver and let it find
@@ -177,7 +180,7 @@ pub fn run(
     w.u64(layout.ring_capacity);
     let mut fds = vec![region.file().as_raw_fd()];
     fds.extend(arena.as_ref().map(|a| a.file().as_raw_fd()));
-    send_frame_with_fds(&sock, &w.finish(0, 0), &fds)?;
+    send_frame_with_fds(&sock, &w.finish(0, 0)?, &fds)?;
     if let Some(arena) = arena {
         crate::arena::enable(arena);
     }
@@ -307,7 +310,7 @@ pub fn run_guest(
         tracing::warn!(region = %path.display(), "guest session refused: {reason}");
         let mut w = Writer::new(control::REFUSED);
         w.bytes(reason.as_bytes());
-        link.send(&w.finish(FLAG_REPLY, h.seq))?;
+        link.send(&w.finish(FLAG_REPLY, h.seq)?)?;
         return Ok(());
     }
     let call_lanes = layout.lanes - 1;
@@ -315,7 +318,7 @@ pub fn run_guest(
     w.u64(u64::from(std::process::id()));
     w.u32(call_lanes);
     w.u64(layout.ring_capacity);
-    link.send(&w.finish(FLAG_REPLY, h.seq))?;
+    link.send(&w.finish(FLAG_REPLY, h.seq)?)?;
     rv.server_state
         .store(rendezvous::STATE_SERVING, Ordering::Release);
     tracing::info!(region = %path.display(), "guest session started");
@@ -421,6 +424,8 @@ enum LaneError {
     Transport(#[from] TransportError),
     #[error("malformed request (opcode {op:#06x}): {source}")]
     Malformed { op: u16, source: DecodeError },
+    #[error(transparent)]
+    TooLarge(#[from] FrameTooLarge),
 }
 
 /// Runs one request, writing the reply frame into `out` (whose allocation is reused); returns
@@ -469,11 +474,43 @@ fn handle(h: &FrameHeader, body: &[u8], out: &mut Vec<u8>) -> Result<bool, LaneE
         if let Some(t) = crate::custom::take_trailer() {
             t.release();
         }
-        *out = w.finish_on(h.lane, 0, h.seq);
+        // Only the buffer is kept, for reuse.
+        *out = w.finish_on(h.lane, 0, h.seq).unwrap_or_default();
         return Ok(false);
     }
-    *out = w.finish_on(h.lane, FLAG_REPLY, h.seq);
+    *out = reply_frame(h, w);
     Ok(true)
+}
+
+/// The reply frame `w` makes for request `h`. A reply that cannot travel (the peer would
+/// refuse it) becomes a failure of the call instead, as any call may fail for want of memory,
+/// and the session goes on.
+fn reply_frame(h: &FrameHeader, w: Writer) -> Vec<u8> {
+    match w.finish_on(h.lane, FLAG_REPLY, h.seq) {
+        Ok(frame) => frame,
+        Err(e) => {
+            let name = Op::from_u16(h.opcode).map_or("control", |o| o.name());
+            tracing::error!(op = name, "{e}: answering CL_OUT_OF_HOST_MEMORY instead");
+            if let Some(t) = crate::custom::take_trailer() {
+                t.release();
+            }
+            status_reply(h, CL_OUT_OF_HOST_MEMORY)
+        }
+    }
+}
+
+/// A reply to `h` that carries a status only (what every reply starts with).
+fn status_reply(h: &FrameHeader, status: i32) -> Vec<u8> {
+    let header = FrameHeader {
+        flags: FLAG_REPLY,
+        opcode: h.opcode,
+        lane: h.lane,
+        len: 4,
+        seq: h.seq,
+    };
+    let mut frame = header.encode().to_vec();
+    frame.extend_from_slice(&status.to_le_bytes());
+    frame
 }
 
 /// Buffers a lane keeps between requests stay allocated up to this size.
@@ -494,7 +531,7 @@ fn serve_lane(mut link: ShmLink) -> Result<(), LaneError> {
                 Ok(Streamed::Done(status)) => {
                     let mut w = Writer::with_buffer(h.opcode, std::mem::take(&mut reply));
                     w.i32(status);
-                    reply = w.finish_on(h.lane, FLAG_REPLY, h.seq);
+                    reply = w.finish_on(h.lane, FLAG_REPLY, h.seq)?;
                     link.send(&reply)?;
                     continue;
                 }
@@ -572,7 +609,7 @@ pub fn run_tcp<S: Duplex>(
     writer
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .write_all(&w.finish(0, 0))?;
+        .write_all(&w.finish(0, 0)?)?;
     crate::callbacks::set_sink(writer.clone());
     if let Some(stats) = stats {
         std::thread::Builder::new()
@@ -695,8 +732,50 @@ fn serve_stats(mut sock: UnixStream) {
         let json = serde_json::to_vec(&detail()).unwrap_or_default();
         let mut w = Writer::new(control::STATUS);
         w.bytes(&json);
-        if sock.write_all(&w.finish(FLAG_REPLY, 0)).is_err() {
+        let Ok(frame) = w.finish(FLAG_REPLY, 0) else {
+            tracing::warn!("session statistics too large to send");
+            continue;
+        };
+        if sock.write_all(&frame).is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reply larger than a frame may be is answered with CL_OUT_OF_HOST_MEMORY alone (it
+    /// used to trip a debug assertion, and to go out with a header the client refuses, ending
+    /// the session, in release builds).
+    #[test]
+    fn an_oversize_reply_becomes_an_error_status() {
+        let h = FrameHeader {
+            flags: 0,
+            opcode: Op::clGetProgramInfo as u16,
+            lane: 2,
+            len: 0,
+            seq: 41,
+        };
+        let mut w = Writer::new(h.opcode);
+        w.i32(0);
+        w.trailing_bytes(wormhole_protocol::MAX_BODY as usize);
+        let frame = reply_frame(&h, w);
+        let got = FrameHeader::decode(frame[..wormhole_protocol::HEADER_LEN].try_into().unwrap())
+            .unwrap();
+        assert_eq!(
+            (got.opcode, got.lane, got.seq, got.flags),
+            (h.opcode, 2, 41, FLAG_REPLY)
+        );
+        let mut r = Reader::new(&frame[wormhole_protocol::HEADER_LEN..]);
+        assert_eq!(r.i32().unwrap(), CL_OUT_OF_HOST_MEMORY);
+        r.finish().unwrap();
+        // A reply within the limit goes out as written.
+        let mut w = Writer::new(h.opcode);
+        w.i32(0);
+        w.u64(7);
+        let frame = reply_frame(&h, w);
+        assert_eq!(frame.len(), wormhole_protocol::HEADER_LEN + 12);
     }
 }

@@ -65,7 +65,7 @@ fn ring(sizes: &[usize]) {
         for _ in 0..ROUNDS {
             let mut w = wormhole_protocol::Writer::new(1);
             w.trailing_bytes(n - 8);
-            let frame = w.finish(0, 0);
+            let frame = w.finish(0, 0).unwrap();
             let t = Instant::now();
             link.send_parts(&[&frame, &payload[..n - 8]]).unwrap();
             // A frame far larger than the ring streams through it: when the last byte is in,

@@ -75,7 +75,7 @@ pub fn call(w: Writer) -> Result<Vec<u8>, ClErr> {
     }
     crate::custom::push_fine();
     let conn = connection::get().ok_or(ClErr(CL_OUT_OF_RESOURCES))?;
-    conn.call(w).map_err(|_| ClErr(CL_OUT_OF_RESOURCES))
+    conn.call(w).map_err(|e| ClErr(e.status()))
 }
 
 /// A call with bulk data (see `Connection::call_bulk`).
@@ -87,7 +87,7 @@ pub fn call_bulk(
     crate::custom::push_fine();
     let conn = connection::get().ok_or(ClErr(CL_OUT_OF_RESOURCES))?;
     conn.call_bulk(w, payload, sink)
-        .map_err(|_| ClErr(CL_OUT_OF_RESOURCES))
+        .map_err(|e| ClErr(e.status()))
 }
 
 /// Sends a request whose every error the client has already ruled out, without waiting: the
@@ -96,7 +96,7 @@ pub fn call_bulk(
 pub fn call_async(w: Writer) -> Result<Vec<u8>, ClErr> {
     crate::custom::push_fine();
     let conn = connection::get().ok_or(ClErr(CL_OUT_OF_RESOURCES))?;
-    conn.send_async(w).map_err(|_| ClErr(CL_OUT_OF_RESOURCES))?;
+    conn.send_async(w).map_err(|e| ClErr(e.status()))?;
     Ok(CL_SUCCESS.to_le_bytes().to_vec())
 }
 

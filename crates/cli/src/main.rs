@@ -369,7 +369,7 @@ fn status(path: PathBuf) -> Result<(), CliError> {
     })?;
     let mut w = Writer::new(control::STATUS);
     w.u8(0);
-    std::io::Write::write_all(&mut &sock, &w.finish(0, 0))?;
+    std::io::Write::write_all(&mut &sock, &w.finish(0, 0).map_err(std::io::Error::from)?)?;
     let mut body = Vec::new();
     let h = wormhole_transport::link::read_frame(&mut &sock, &mut body)
         .map_err(|e| CliError::Answer(e.to_string()))?;

@@ -61,6 +61,10 @@ pub trait Backend: Sync {
     /// The API's name in HELLO (`"opencl"`, `"cuda"`).
     fn api(&self) -> &'static str;
 
+    /// The API's status for a call that failed for want of host memory: what a call whose
+    /// reply would outgrow a frame answers instead.
+    fn out_of_memory(&self) -> i32;
+
     /// Supervisor, once per server: the environment this API's workers need, prepared in
     /// the server's runtime directory (e.g. an ICD vendor directory without Wormhole's own).
     fn worker_env(&self, _runtime_dir: &Path) -> std::io::Result<Vec<(OsString, OsString)>> {

@@ -798,7 +798,11 @@ fn hand_to_standby(
     let line = wk.standby.take()?;
     let mut w = Writer::new(control::HANDOFF);
     w.bytes(transport.as_bytes());
-    match wormhole_transport::unix::send_frame_with_fds(&line, &w.finish(0, 0), &[fd]) {
+    let sent = w
+        .finish(0, 0)
+        .map_err(wormhole_transport::TransportError::from)
+        .and_then(|frame| wormhole_transport::unix::send_frame_with_fds(&line, &frame, &[fd]));
+    match sent {
         Ok(()) => {
             wk.started = Instant::now();
             // The reaper starts the next standby worker, a little later: loading the driver
@@ -1199,7 +1203,8 @@ fn snapshot(workers: &Workers) -> Snapshot {
     let deadline = Instant::now() + STATUS_TIMEOUT;
     let mut q = Writer::new(control::STATUS);
     q.u8(0);
-    let query = q.finish(0, 0);
+    // One byte of body: always within a frame.
+    let query = q.finish(0, 0).unwrap_or_default();
     for a in &mut asked {
         let sent = a.stats.as_ref().is_some_and(|s| {
             drain_late_answers(s);
@@ -1256,7 +1261,7 @@ fn status(workers: &Workers, stream: &UnixStream) -> std::io::Result<()> {
     reply.bytes(&json);
     // A client that asks and never reads must not keep this thread.
     stream.set_write_timeout(Some(Duration::from_secs(5)))?;
-    (&*stream).write_all(&reply.finish(FLAG_REPLY, 0))
+    (&*stream).write_all(&reply.finish(FLAG_REPLY, 0)?)
 }
 
 /// The same state in Prometheus' text format.

@@ -19,7 +19,9 @@ use wormhole_transport::{
     Arena, FrameLink, FutexWaiter, Layout, PollWaiter, Region, ShmLink, SpinPolicy, TransportError,
 };
 use wormhole_wire::handshake::{self, Hello, Welcome};
-use wormhole_wire::{control, DecodeError, FrameHeader, Reader, Writer, FLAG_ASYNC, FLAG_REPLY};
+use wormhole_wire::{
+    control, DecodeError, FrameHeader, FrameTooLarge, Reader, Writer, FLAG_ASYNC, FLAG_REPLY,
+};
 
 static LIMITS: OnceLock<Limits> = OnceLock::new();
 
@@ -384,6 +386,8 @@ impl Write for LinkWriter {
 enum LaneError {
     #[error(transparent)]
     Transport(#[from] TransportError),
+    #[error(transparent)]
+    TooLarge(#[from] FrameTooLarge),
     #[error("malformed request (opcode {op:#06x}): {source}")]
     Malformed { op: u16, source: DecodeError },
 }
@@ -423,14 +427,39 @@ fn handle(
             );
         }
         // No reply goes out, so neither does bulk data the handler left for it (dropping
-        // the trailer releases it).
-        *out = w.finish_on(h.lane, 0, h.seq);
+        // the trailer releases it). Only the buffer is kept, for reuse.
+        *out = w.finish_on(h.lane, 0, h.seq).unwrap_or_default();
         return Ok(None);
     }
-    *out = w.finish_on(h.lane, FLAG_REPLY, h.seq);
-    Ok(Some(Outgoing {
-        trailer: reply.trailer,
-    }))
+    match w.finish_on(h.lane, FLAG_REPLY, h.seq) {
+        Ok(frame) => {
+            *out = frame;
+            Ok(Some(Outgoing {
+                trailer: reply.trailer,
+            }))
+        }
+        Err(e) => {
+            // A reply that cannot travel (the peer would refuse it) becomes a failure of the
+            // call instead, as any call may fail for want of memory, and the session goes on.
+            tracing::error!(opcode = h.opcode, "{e}: answering out-of-memory instead");
+            *out = status_reply(h, backend.out_of_memory());
+            Ok(Some(Outgoing { trailer: None }))
+        }
+    }
+}
+
+/// A reply to `h` that carries a status only (what every reply starts with).
+fn status_reply(h: &FrameHeader, status: i32) -> Vec<u8> {
+    let header = FrameHeader {
+        flags: FLAG_REPLY,
+        opcode: h.opcode,
+        lane: h.lane,
+        len: 4,
+        seq: h.seq,
+    };
+    let mut frame = header.encode().to_vec();
+    frame.extend_from_slice(&status.to_le_bytes());
+    frame
 }
 
 /// Buffers a lane keeps between requests stay allocated up to this size.
@@ -460,11 +489,11 @@ fn serve_lane(backend: &'static dyn Backend, mut link: ShmLink) -> Result<(), La
             };
             if let Streamed::Done = streamed {
                 CALLS.fetch_add(1, Ordering::Relaxed);
-                reply = w.finish_on(h.lane, FLAG_REPLY, h.seq);
+                reply = w.finish_on(h.lane, FLAG_REPLY, h.seq)?;
                 link.send(&reply)?;
                 continue;
             }
-            reply = w.finish_on(h.lane, 0, 0);
+            reply = w.finish_on(h.lane, 0, 0).unwrap_or_default();
         }
         if let Streamed::Declined = streamed {
             let n = h.len as usize;
@@ -642,7 +671,11 @@ fn serve_stats(backend: &dyn Backend, mut sock: UnixStream) {
         let json = serde_json::to_vec(&detail(backend)).unwrap_or_default();
         let mut w = Writer::new(control::STATUS);
         w.bytes(&json);
-        if sock.write_all(&w.finish(FLAG_REPLY, 0)).is_err() {
+        let Ok(frame) = w.finish(FLAG_REPLY, 0) else {
+            tracing::warn!("session statistics too large to send");
+            continue;
+        };
+        if sock.write_all(&frame).is_err() {
             return;
         }
     }
@@ -739,5 +772,80 @@ pub fn main(args: WorkerArgs, backend: &'static dyn Backend) -> Result<(), Worke
             layout,
             memory,
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    /// A backend whose every call answers with a reply of the size it is asked for.
+    struct Echo;
+
+    impl Backend for Echo {
+        fn api(&self) -> &'static str {
+            "echo"
+        }
+        fn out_of_memory(&self) -> i32 {
+            -6
+        }
+        fn begin(&self, _: SessionSetup) {}
+        fn handle(
+            &self,
+            _h: &FrameHeader,
+            r: &mut Reader<'_>,
+            w: &mut Writer,
+        ) -> Result<crate::backend::Reply, DecodeError> {
+            w.i32(0);
+            w.trailing_bytes(r.u64()? as usize);
+            Ok(crate::backend::Reply {
+                status: 0,
+                trailer: None,
+            })
+        }
+        fn objects(&self) -> BTreeMap<String, usize> {
+            BTreeMap::new()
+        }
+        fn mem_bytes(&self) -> i64 {
+            0
+        }
+    }
+
+    /// A reply larger than a frame may be is answered with the API's out-of-memory status
+    /// alone (it used to trip a debug assertion, and in release builds to go out with a
+    /// header the client refuses, ending the session).
+    #[test]
+    fn an_oversize_reply_becomes_an_error_status() {
+        let h = FrameHeader {
+            flags: 0,
+            opcode: 7,
+            lane: 2,
+            len: 8,
+            seq: 41,
+        };
+        let mut out = Vec::new();
+        let big = (wormhole_wire::MAX_BODY as u64).to_le_bytes();
+        assert!(handle(&Echo, &h, &big, &mut out).unwrap().is_some());
+        let got =
+            FrameHeader::decode(out[..wormhole_wire::HEADER_LEN].try_into().unwrap()).unwrap();
+        assert_eq!(
+            (got.opcode, got.lane, got.seq, got.flags),
+            (7, 2, 41, FLAG_REPLY)
+        );
+        let mut r = Reader::new(&out[wormhole_wire::HEADER_LEN..]);
+        assert_eq!(r.i32().unwrap(), -6);
+        r.finish().unwrap();
+        // A reply within the limit goes out as written.
+        assert!(handle(&Echo, &h, &8u64.to_le_bytes(), &mut out)
+            .unwrap()
+            .is_some());
+        let got =
+            FrameHeader::decode(out[..wormhole_wire::HEADER_LEN].try_into().unwrap()).unwrap();
+        assert_eq!(
+            got.len,
+            4 + 8 + 8,
+            "the status, the bulk length and the bulk bytes"
+        );
     }
 }

@@ -132,12 +132,14 @@ impl Connection {
     }
 }
 
-fn hello(hooks: &ApiHooks) -> Vec<u8> {
+fn hello(hooks: &ApiHooks) -> Result<Vec<u8>, ConnectError> {
     // TCP tenants identify themselves with a token (local ones by their uid).
     let token = std::env::var("WORMHOLE_TOKEN")
         .ok()
         .filter(|t| !t.is_empty());
-    Hello::new(hooks.api, token.as_deref().map(str::as_bytes)).encode()
+    Hello::new(hooks.api, token.as_deref().map(str::as_bytes))
+        .encode()
+        .map_err(|e| ConnectError(format!("cannot send HELLO: {e}")))
 }
 
 /// Checks the server's first answer: WELCOME (returns its lane count) or REFUSED.
@@ -297,7 +299,7 @@ fn connect_guest(hooks: ApiHooks, spec: &str) -> Result<Connection, ConnectError
     let mut lane0 = link(0);
     rv.use_lane(0);
     lane0
-        .send(&hello(&hooks))
+        .send(&hello(&hooks)?)
         .map_err(|e| ConnectError(format!("server gone during HELLO: {e}")))?;
     let mut body = Vec::new();
     let h = lane0
@@ -350,7 +352,7 @@ fn connect_local(hooks: ApiHooks) -> Result<Connection, ConnectError> {
         ))
     })?;
     (&sock)
-        .write_all(&hello(&hooks))
+        .write_all(&hello(&hooks)?)
         .map_err(|e| ConnectError(format!("server hung up during HELLO: {e}")))?;
     sock.set_read_timeout(Some(WELCOME_TIMEOUT)).ok();
     let mut body = Vec::new();
@@ -468,7 +470,7 @@ fn connect_tcp(hooks: ApiHooks, addr: &str, tls: bool) -> Result<Connection, Con
         (Box::new(r), Box::new(w))
     };
     writer
-        .write_all(&hello(&hooks))
+        .write_all(&hello(&hooks)?)
         .and_then(|_| writer.flush())
         .map_err(|e| ConnectError(format!("server hung up during HELLO: {e}")))?;
     sock.set_read_timeout(Some(WELCOME_TIMEOUT)).ok();
@@ -576,6 +578,9 @@ pub enum CallError {
     Unavailable,
     /// The transport failed mid-call; the session is now unusable.
     Broken,
+    /// The request exceeds the protocol's frame limit: it was not sent, and the session goes
+    /// on.
+    TooLarge,
 }
 
 static WARNED: AtomicU32 = AtomicU32::new(0);
@@ -610,8 +615,8 @@ impl Connection {
                 lane.seq = lane.seq.wrapping_add(1);
                 let seq = lane.seq;
                 lane.link.set_policy(policy_for(&self.hooks, w.opcode()));
-                let frame = w.finish(0, seq);
                 (|| {
+                    let frame = w.finish(0, seq)?;
                     lane.link.send_parts(&[&frame, payload])?;
                     let h = lane.link.recv_header()?;
                     check_reply(&h, seq)?;
@@ -648,17 +653,20 @@ impl Connection {
             Transport::Shm { lanes, .. } => {
                 let mut lane = lanes[idx].lock().unwrap_or_else(|p| p.into_inner());
                 lane.seq = lane.seq.wrapping_add(1);
-                let frame = w.finish(FLAG_ASYNC, lane.seq);
-                lane.link.send(&frame)
+                w.finish(FLAG_ASYNC, lane.seq)
+                    .map_err(TransportError::from)
+                    .and_then(|frame| lane.link.send(&frame))
             }
-            Transport::Tcp { writer, .. } => {
-                let frame = w.finish_on(idx as u16, FLAG_ASYNC, 0);
-                writer
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .write_all(&frame)
-                    .map_err(|_| TransportError::PeerGone)
-            }
+            Transport::Tcp { writer, .. } => w
+                .finish_on(idx as u16, FLAG_ASYNC, 0)
+                .map_err(TransportError::from)
+                .and_then(|frame| {
+                    writer
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .write_all(&frame)
+                        .map_err(|_| TransportError::PeerGone)
+                }),
         };
         res.map_err(|e| self.broken(e))
     }
@@ -678,6 +686,13 @@ impl Connection {
     }
 
     fn broken(&self, e: TransportError) -> CallError {
+        if let TransportError::TooLarge(e) = e {
+            // Nothing was sent: only this call fails.
+            log(&format!(
+                "{e}: the call is not forwarded and fails with CL_OUT_OF_HOST_MEMORY"
+            ));
+            return CallError::TooLarge;
+        }
         self.dead.store(true, Ordering::SeqCst);
         if WARNED.fetch_add(1, Ordering::Relaxed) == 0 {
             log(&format!("lost the server mid-call: {e}"));
@@ -696,7 +711,7 @@ impl Connection {
         let mut busy = slot.busy.lock().unwrap_or_else(|p| p.into_inner());
         *busy = busy.wrapping_add(1);
         let seq = *busy;
-        let frame = w.finish_on(idx as u16, 0, seq);
+        let frame = w.finish_on(idx as u16, 0, seq)?;
         {
             let mut out = writer.lock().unwrap_or_else(|p| p.into_inner());
             out.write_all(&frame)
@@ -726,4 +741,91 @@ fn check_reply(h: &FrameHeader, seq: u32) -> Result<(), TransportError> {
         return Err(TransportError::Corrupt("reply does not match the request"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wormhole_wire::MAX_BODY;
+
+    /// Bytes a TCP session would have sent.
+    #[derive(Clone, Default)]
+    struct Sent(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Sent {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    const HOOKS: ApiHooks = ApiHooks {
+        api: "test",
+        waits_for_device: |_| false,
+        deliver_callback: |_| {},
+        when_gone: "",
+    };
+
+    fn oversize() -> Writer {
+        let mut w = Writer::new(6);
+        w.trailing_bytes(MAX_BODY as usize);
+        w
+    }
+
+    /// A request beyond the frame limit fails alone (the API's client reports it as its
+    /// out-of-memory status): nothing goes out and the session stays usable (it used to trip a debug assertion, and to send a
+    /// header the server refuses, ending the session, in release builds).
+    #[test]
+    fn an_oversize_request_fails_alone() {
+        let sent = Sent::default();
+        let tcp = Connection {
+            hooks: HOOKS,
+            transport: Transport::Tcp {
+                writer: Mutex::new(Box::new(sent.clone())),
+                slots: Arc::new(vec![TcpSlot::default()]),
+            },
+            lanes: 1,
+            dead: Arc::new(AtomicBool::new(false)),
+            guest: None,
+            arena: None,
+        };
+        let region = Arc::new(
+            Region::create_memfd(wormhole_transport::Layout {
+                lanes: 1,
+                ring_capacity: 4096,
+            })
+            .unwrap(),
+        );
+        let (req, rep) = region.lane(0).unwrap();
+        let link = ShmLink::new(
+            req,
+            rep,
+            Arc::new(FutexWaiter),
+            SpinPolicy::default(),
+            Arc::new(|| true),
+        );
+        let shm = Connection {
+            hooks: HOOKS,
+            transport: Transport::Shm {
+                lanes: vec![Mutex::new(ShmLane { link, seq: 0 })],
+                _region: region.clone(),
+            },
+            lanes: 1,
+            dead: Arc::new(AtomicBool::new(false)),
+            guest: None,
+            arena: None,
+        };
+        for c in [&tcp, &shm] {
+            let e = c.call_bulk(oversize(), &[], None).unwrap_err();
+            assert!(matches!(e, CallError::TooLarge));
+            assert!(matches!(c.send_async(oversize()), Err(CallError::TooLarge)));
+            assert!(!c.dead.load(Ordering::SeqCst));
+        }
+        assert!(sent.0.lock().unwrap().is_empty());
+        let (server_rx, _) = region.lane(0).unwrap();
+        assert_eq!(server_rx.readable().unwrap(), 0);
+    }
 }

@@ -12,7 +12,7 @@ fn main() {
         })
         .unwrap(),
     );
-    let peer = Region::open_file(region.file().try_clone().unwrap()).unwrap();
+    let peer = Arc::new(Region::open_file(region.file().try_clone().unwrap()).unwrap());
     let n = 200_000;
     let server = std::thread::spawn(move || {
         let (req, rep) = peer.lane(0).unwrap();
@@ -27,7 +27,7 @@ fn main() {
         for _ in 0..n {
             let h = link.recv(&mut body).unwrap();
             let w = wormhole_wire::Writer::new(h.opcode);
-            link.send(&w.finish(wormhole_wire::FLAG_REPLY, h.seq))
+            link.send(&w.finish(wormhole_wire::FLAG_REPLY, h.seq).unwrap())
                 .unwrap();
         }
     });
@@ -45,7 +45,7 @@ fn main() {
         let t = Instant::now();
         let mut w = wormhole_wire::Writer::new(1);
         w.u64(i as u64);
-        link.send(&w.finish(0, i as u32)).unwrap();
+        link.send(&w.finish(0, i as u32).unwrap()).unwrap();
         link.recv(&mut body).unwrap();
         lat.push(t.elapsed().as_nanos() as u64);
     }

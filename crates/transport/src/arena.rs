@@ -83,7 +83,8 @@ impl Arena {
     }
 
     /// Where `[off, off + len)` lies in this process, if inside the arena (the offset may come
-    /// from the peer, so it is checked, never trusted).
+    /// from the peer, so it is checked, never trusted). The peer may write those bytes at any
+    /// time: copy them with [`crate::copy::copy_bulk`], never read them through a reference.
     pub fn range(&self, off: u64, len: u64) -> Option<*mut u8> {
         let end = off.checked_add(len)?;
         if end > self.len() {
@@ -121,6 +122,7 @@ impl Drop for Arena {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::copy::copy_bulk;
 
     #[test]
     fn both_sides_see_the_same_bytes_and_ranges_are_checked() {
@@ -129,13 +131,16 @@ mod tests {
         assert_eq!(b.len(), 1 << 30);
         let p = a.range(4096, 8).unwrap();
         // SAFETY: 8 bytes inside the arena.
-        unsafe { std::ptr::copy_nonoverlapping(b"wormhole".as_ptr(), p, 8) };
+        unsafe { copy_bulk(p, b"wormhole".as_ptr(), 8) };
         let q = b.range(4096, 8).unwrap();
+        let mut seen = [0u8; 8];
         // SAFETY: as above, in the peer's mapping.
-        assert_eq!(unsafe { std::slice::from_raw_parts(q, 8) }, b"wormhole");
+        unsafe { copy_bulk(seen.as_mut_ptr(), q, 8) };
+        assert_eq!(&seen, b"wormhole");
         a.discard(0, 8192);
         // SAFETY: as above.
-        assert_eq!(unsafe { std::slice::from_raw_parts(q, 8) }, &[0u8; 8]);
+        unsafe { copy_bulk(seen.as_mut_ptr(), q, 8) };
+        assert_eq!(seen, [0u8; 8]);
         assert!(b.range((1 << 30) - 4, 8).is_none());
         // The client's view sits where the hint asks (the range is free in a test process).
         assert_eq!(b.range(0, 1).unwrap() as usize, CLIENT_HINT);

@@ -1,4 +1,4 @@
-use wormhole_wire::DecodeError;
+use wormhole_wire::{DecodeError, FrameTooLarge};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
@@ -10,6 +10,9 @@ pub enum TransportError {
     Corrupt(&'static str),
     #[error("malformed frame: {0}")]
     Frame(#[from] DecodeError),
+    /// A frame this side was about to send exceeds the limit; nothing was sent.
+    #[error(transparent)]
+    TooLarge(#[from] FrameTooLarge),
     #[error("shared region layout invalid: {0}")]
     Layout(String),
     #[error("I/O error: {0}")]

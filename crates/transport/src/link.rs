@@ -1,5 +1,6 @@
 //! A link carries whole frames (header + body) between two peers, whatever lies underneath.
 
+use crate::copy::SharedBytes;
 use crate::ring::{Ring, WaitCtx};
 use crate::wait::{SpinPolicy, Waiter};
 use crate::TransportError;
@@ -82,7 +83,7 @@ impl ShmLink {
     pub fn recv_in_place(
         &mut self,
         n: u64,
-        f: &mut dyn FnMut(*const u8, usize),
+        f: &mut dyn FnMut(SharedBytes<'_>),
     ) -> Result<(), TransportError> {
         self.rx.read_in_place(n, f, &self.ctx())
     }

@@ -9,6 +9,7 @@
 //! The creator writes the header; the other side reads it once, validates every field against
 //! the size of its own mapping, and keeps its own copy of the layout.
 
+use crate::copy::zero_shared;
 use crate::rendezvous::{Rendezvous, RENDEZVOUS_OFFSET, STATE_INIT, STATE_READY};
 use crate::ring::{Ring, RingCtrl, CTRL_SIZE};
 use crate::TransportError;
@@ -16,6 +17,7 @@ use memmap2::MmapRaw;
 use std::fs::File;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"WHREGION");
 pub const REGION_VERSION: u32 = 1;
@@ -88,7 +90,7 @@ impl Default for Layout {
     }
 }
 
-/// A mapped region. Rings handed out by it borrow its mapping, which lives as long as it does.
+/// A mapped region. Rings handed out by it hold it (see [`Region::lane`]).
 #[derive(Debug)]
 pub struct Region {
     map: MmapRaw,
@@ -127,10 +129,11 @@ impl Region {
     fn init(file: File, layout: Layout) -> Result<Region, TransportError> {
         let map = MmapRaw::map_raw(&file)?;
         let region = Region { map, layout, file };
-        // SAFETY: the mapping is at least total_size bytes long and we are its only user yet.
+        // SAFETY: the mapping is at least total_size bytes long and page-aligned. Volatile:
+        // another process (QEMU, a guest) may map the file of `create_file` already.
         unsafe {
-            std::ptr::write_bytes(region.map.as_mut_ptr(), 0, layout.total_size() as usize);
-            std::ptr::write(
+            zero_shared(region.map.as_mut_ptr(), layout.total_size() as usize);
+            std::ptr::write_volatile(
                 region.map.as_mut_ptr() as *mut RegionHeader,
                 layout.header(),
             );
@@ -159,11 +162,12 @@ impl Region {
         let rv = region.rendezvous();
         rv.server_state.store(STATE_INIT, Ordering::SeqCst);
         let epoch = rv.server_epoch.load(Ordering::SeqCst);
-        // SAFETY: the mapping is at least total_size bytes long (checked above). A guest may
-        // map it concurrently, but sees STATE_INIT and waits until READY.
+        // SAFETY: the mapping is at least total_size bytes long (checked above) and
+        // page-aligned. A guest may map it concurrently (hence volatile stores), but sees
+        // STATE_INIT and waits until READY.
         unsafe {
-            std::ptr::write_bytes(region.map.as_mut_ptr(), 0, layout.total_size() as usize);
-            std::ptr::write(
+            zero_shared(region.map.as_mut_ptr(), layout.total_size() as usize);
+            std::ptr::write_volatile(
                 region.map.as_mut_ptr() as *mut RegionHeader,
                 layout.header(),
             );
@@ -303,15 +307,33 @@ impl Region {
         &self.file
     }
 
-    /// The (request, reply) rings of lane `i`.
-    pub fn lane(&self, i: u32) -> Option<(Ring, Ring)> {
+    /// The (request, reply) rings of lane `i`. Each ring holds the region, so the mapping
+    /// lives as long as any ring of it:
+    ///
+    /// ```
+    /// # use wormhole_transport::{Layout, Region};
+    /// # use std::sync::Arc;
+    /// let layout = Layout { lanes: 1, ring_capacity: 4096 };
+    /// let (req, _rep) = Arc::new(Region::create_memfd(layout).unwrap()).lane(0).unwrap();
+    /// assert_eq!(req.readable().unwrap(), 0);
+    /// ```
+    /// A region that nothing holds in an `Arc` hands out no rings, so none can outlive it:
+    ///
+    /// ```compile_fail,E0599
+    /// # use wormhole_transport::{Layout, Region};
+    /// let layout = Layout { lanes: 1, ring_capacity: 4096 };
+    /// let (req, _rep) = Region::create_memfd(layout).unwrap().lane(0).unwrap();
+    /// req.readable().unwrap();
+    /// ```
+    pub fn lane(self: &Arc<Self>, i: u32) -> Option<(Ring, Ring)> {
         if i >= self.layout.lanes {
             return None;
         }
         let base = PAGE + u64::from(i) * self.layout.lane_stride();
         let cap = self.layout.ring_capacity;
-        // SAFETY: `open_file`/`init` checked that every lane lies inside the mapping; the
-        // control blocks are 64-byte aligned (page-aligned lane + 256-byte blocks).
+        // SAFETY: `open_file`/`init` checked that every lane lies inside the mapping, which
+        // each ring keeps alive by its clone of `self`; the control blocks are 64-byte aligned
+        // (page-aligned lane + 256-byte blocks).
         unsafe {
             let p = self.map.as_mut_ptr().add(base as usize);
             let req_ctrl = p as *const RingCtrl;
@@ -319,8 +341,8 @@ impl Region {
             let req_data = p.add(PAGE as usize);
             let rep_data = req_data.add(cap as usize);
             Some((
-                Ring::new(req_ctrl, req_data, cap),
-                Ring::new(rep_ctrl, rep_data, cap),
+                Ring::in_region(self.clone(), req_ctrl, req_data, cap),
+                Ring::in_region(self.clone(), rep_ctrl, rep_data, cap),
             ))
         }
     }
@@ -343,9 +365,35 @@ mod tests {
             ring_capacity: 4096,
         };
         let a = Region::create_memfd(layout).unwrap();
-        let b = Region::open_file(a.file().try_clone().unwrap()).unwrap();
+        let b = Arc::new(Region::open_file(a.file().try_clone().unwrap()).unwrap());
         assert_eq!(b.layout(), layout);
         assert!(b.lane(2).is_none());
+    }
+
+    /// Rings taken from a region that is dropped at once (a temporary) keep its mapping: they
+    /// used to point into unmapped memory, and the first look at a counter crashed (SIGSEGV).
+    #[test]
+    fn rings_outlive_the_last_handle_on_their_region() {
+        use crate::ring::WaitCtx;
+        use crate::wait::{FutexWaiter, SpinPolicy};
+        let layout = Layout {
+            lanes: 1,
+            ring_capacity: 4096,
+        };
+        let (req, _rep) = Arc::new(Region::create_memfd(layout).unwrap())
+            .lane(0)
+            .unwrap();
+        assert_eq!(req.readable().unwrap(), 0);
+        let alive = || true;
+        let w = WaitCtx {
+            waiter: &FutexWaiter,
+            policy: SpinPolicy::default(),
+            peer_alive: &alive,
+        };
+        req.write_all(b"still mapped", &w).unwrap();
+        let mut back = [0u8; 12];
+        req.read_exact(&mut back, &w).unwrap();
+        assert_eq!(&back, b"still mapped");
     }
 
     #[test]

@@ -17,9 +17,12 @@
 //! The peer is not trusted: a `head`/`tail` pair claiming more than `capacity` bytes in flight is
 //! reported as corruption, never used to index memory.
 
+use crate::copy::{copy_bulk, SharedBytes};
+use crate::region::Region;
 use crate::wait::{SpinPolicy, Waiter};
 use crate::TransportError;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 #[repr(C, align(64))]
@@ -43,12 +46,16 @@ pub const CTRL_SIZE: usize = std::mem::size_of::<RingCtrl>();
 /// copies of a large transfer overlap on two cores instead of taking turns.
 pub const STREAM_PIECE: u64 = 32 * 1024;
 
-/// One ring as seen from one side. Cheap to copy; it does not own the memory.
-#[derive(Debug, Clone, Copy)]
+/// One ring as seen from one side. Neither `Copy` nor `Clone`: a ring of a region holds the
+/// region (and so its mapping) alive, and each side owns its view of a ring exactly once.
+#[derive(Debug)]
 pub struct Ring {
     ctrl: *const RingCtrl,
     data: *mut u8,
     cap: u64,
+    /// The mapping `ctrl` and `data` point into, kept alive as long as the ring (None for a
+    /// ring over memory whose lifetime the creator vouches for, see [`Ring::new`]).
+    _mapping: Option<Arc<Region>>,
 }
 
 // SAFETY: a Ring is only a view; all shared state is accessed through atomics or through byte
@@ -71,7 +78,30 @@ impl Ring {
     /// be a power of two.
     pub unsafe fn new(ctrl: *const RingCtrl, data: *mut u8, cap: u64) -> Ring {
         debug_assert!(cap.is_power_of_two());
-        Ring { ctrl, data, cap }
+        Ring {
+            ctrl,
+            data,
+            cap,
+            _mapping: None,
+        }
+    }
+
+    /// A ring inside `region`, which the ring keeps mapped.
+    ///
+    /// # Safety
+    /// As [`Ring::new`], except that the mapping is `region`'s (so it lives as long as the ring).
+    pub(crate) unsafe fn in_region(
+        region: Arc<Region>,
+        ctrl: *const RingCtrl,
+        data: *mut u8,
+        cap: u64,
+    ) -> Ring {
+        // SAFETY: forwarded from the caller.
+        let ring = unsafe { Ring::new(ctrl, data, cap) };
+        Ring {
+            _mapping: Some(region),
+            ..ring
+        }
     }
 
     fn ctrl(&self) -> &RingCtrl {
@@ -136,10 +166,12 @@ impl Ring {
             let off = (head & (self.cap - 1)) as usize;
             let first = n.min(self.cap as usize - off);
             // SAFETY: [off, off+first) and [0, n-first) lie inside the data area and are free
-            // space, which only the producer touches until `head` is published below.
+            // space, which only the producer touches until `head` is published below (a peer
+            // that writes there anyway gets its frame garbled, nothing more: `copy_bulk` makes
+            // no assumption about shared memory).
             unsafe {
-                std::ptr::copy_nonoverlapping(data.as_ptr(), self.data.add(off), first);
-                std::ptr::copy_nonoverlapping(data.as_ptr().add(first), self.data, n - first);
+                copy_bulk(self.data.add(off), data.as_ptr(), first);
+                copy_bulk(self.data, data.as_ptr().add(first), n - first);
             }
             c.head
                 .0
@@ -163,12 +195,14 @@ impl Ring {
             let tail = c.tail.0.load(Ordering::Relaxed);
             let off = (tail & (self.cap - 1)) as usize;
             let first = n.min(self.cap as usize - off);
-            // SAFETY: the bytes [tail, tail+n) were published by the producer's Release store of
+            // SAFETY: [off, off+first) and [0, n-first) lie inside the data area, and `buf` has
+            // room for n bytes. The bytes were published by the producer's Release store of
             // `head` (observed by the Acquire in `readable`) and stay untouched until we advance
-            // `tail`.
+            // `tail`; a peer that breaks that rule only garbles what we copy out (`copy_bulk`
+            // reads each shared byte once, volatile).
             unsafe {
-                std::ptr::copy_nonoverlapping(self.data.add(off), buf.as_mut_ptr(), first);
-                std::ptr::copy_nonoverlapping(self.data, buf.as_mut_ptr().add(first), n - first);
+                copy_bulk(buf.as_mut_ptr(), self.data.add(off), first);
+                copy_bulk(buf.as_mut_ptr().add(first), self.data, n - first);
             }
             c.tail
                 .0
@@ -180,13 +214,13 @@ impl Ring {
     }
 
     /// Consumer: hands the next `n` bytes to `f` where they lie in the ring, piece by piece as
-    /// they arrive (a pointer and a length; the producer does not touch a piece until `f`
-    /// returns), freeing each piece after `f`. Saves a copy when the bytes go somewhere else
-    /// anyway (bulk data into a mapped driver buffer).
+    /// they arrive (the producer does not touch a piece until `f` returns), freeing each piece
+    /// after `f`. Saves a copy when the bytes go somewhere else anyway (bulk data into a mapped
+    /// driver buffer).
     pub fn read_in_place(
         &self,
         mut n: u64,
-        f: &mut dyn FnMut(*const u8, usize),
+        f: &mut dyn FnMut(SharedBytes<'_>),
         w: &WaitCtx<'_>,
     ) -> Result<(), TransportError> {
         let c = self.ctrl();
@@ -200,8 +234,8 @@ impl Ring {
             let off = tail & (self.cap - 1);
             let take = avail.min(n).min(self.cap - off).min(STREAM_PIECE);
             // SAFETY: [off, off+take) lies inside the data area and holds published bytes that
-            // stay ours until `tail` moves past them below.
-            f(unsafe { self.data.add(off as usize) }, take as usize);
+            // stay ours until `tail` moves past them below, after `f` let go of the loan.
+            f(unsafe { SharedBytes::new(self.data.add(off as usize), take as usize) });
             c.tail.0.store(tail.wrapping_add(take), Ordering::Release);
             self.wake_producer(w)?;
             n -= take;

@@ -26,6 +26,19 @@ pub enum DecodeError {
     NotForwarded(u16),
 }
 
+/// A frame whose body (with its trailing bytes) would exceed [`MAX_BODY`]: every peer refuses
+/// such a frame, and its length may not even fit the header, so it is never sent. The sender
+/// reports the failure instead (the client as an API error, the server as an error reply).
+#[derive(Debug, thiserror::Error, PartialEq, Eq, Clone, Copy)]
+#[error("a frame body of {0} bytes exceeds the limit of {MAX_BODY} bytes")]
+pub struct FrameTooLarge(pub u64);
+
+impl From<FrameTooLarge> for std::io::Error {
+    fn from(e: FrameTooLarge) -> Self {
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, e)
+    }
+}
+
 /// Builds one frame: header space first, body after, header filled in by [`Writer::finish`].
 #[derive(Debug)]
 pub struct Writer {
@@ -66,15 +79,17 @@ impl Writer {
         self.buf.len() - HEADER_LEN
     }
 
-    /// Fills in the header and returns the whole frame.
-    pub fn finish(self, flags: u8, seq: u32) -> Vec<u8> {
+    /// Fills in the header and returns the whole frame, unless its body exceeds [`MAX_BODY`].
+    pub fn finish(self, flags: u8, seq: u32) -> Result<Vec<u8>, FrameTooLarge> {
         self.finish_on(0, flags, seq)
     }
 
     /// As [`Writer::finish`], for lane `lane` of a multiplexed stream.
-    pub fn finish_on(mut self, lane: u16, flags: u8, seq: u32) -> Vec<u8> {
-        let len = self.body_len() + self.trailer;
-        debug_assert!(len <= MAX_BODY as usize);
+    pub fn finish_on(mut self, lane: u16, flags: u8, seq: u32) -> Result<Vec<u8>, FrameTooLarge> {
+        let len = self.body_len() as u64 + self.trailer as u64;
+        if len > u64::from(MAX_BODY) {
+            return Err(FrameTooLarge(len));
+        }
         let h = FrameHeader {
             flags,
             opcode: self.opcode,
@@ -83,7 +98,7 @@ impl Writer {
             seq,
         };
         self.buf[..HEADER_LEN].copy_from_slice(&h.encode());
-        self.buf
+        Ok(self.buf)
     }
 
     /// Ends the body with a length-prefixed byte string of `len` bytes that the caller sends
@@ -341,7 +356,7 @@ mod tests {
         w.opt_bytes(None);
         w.opt_u64s(Some(&[1, 2, 3]));
         w.opt_bytes(Some(b"k\0".as_slice().split_last().unwrap().1));
-        let frame = w.finish(0, 9);
+        let frame = w.finish(0, 9).unwrap();
         let h = FrameHeader::decode(frame[..HEADER_LEN].try_into().unwrap()).unwrap();
         assert_eq!(h.len as usize, frame.len() - HEADER_LEN);
         let mut r = Reader::new(&frame[HEADER_LEN..]);
@@ -357,12 +372,33 @@ mod tests {
         r.finish().unwrap();
     }
 
+    /// An oversize frame is an error the sender gets back, in every build (it used to be a
+    /// debug assertion only: release builds sent a header the peer refuses, or whose length
+    /// had wrapped around). Bulk trailing bytes count, and need not be allocated to test it.
+    #[test]
+    fn oversize_frames_are_refused_to_the_sender() {
+        let max = MAX_BODY as usize;
+        let mut w = Writer::new(7);
+        w.trailing_bytes(max - 8);
+        let frame = w.finish(0, 1).unwrap();
+        let h = FrameHeader::decode(frame[..HEADER_LEN].try_into().unwrap()).unwrap();
+        assert_eq!(h.len, MAX_BODY);
+        let mut w = Writer::new(7);
+        w.u8(0);
+        w.trailing_bytes(max - 8);
+        assert_eq!(w.finish(0, 1), Err(FrameTooLarge(u64::from(MAX_BODY) + 1)));
+        // Lengths beyond 4 GiB do not wrap around into a small, plausible header.
+        let mut w = Writer::new(7);
+        w.trailing_bytes((4usize << 30) + 8);
+        assert_eq!(w.finish_on(3, 0, 1), Err(FrameTooLarge((4 << 30) + 16)));
+    }
+
     #[test]
     fn hostile_lengths_fail_without_allocating() {
         // A claimed length far beyond the message.
         let mut w = Writer::new(0);
         w.u64(u64::MAX);
-        let f = w.finish(0, 0);
+        let f = w.finish(0, 0).unwrap();
         assert!(matches!(
             Reader::new(&f[HEADER_LEN..]).bytes(),
             Err(DecodeError::Truncated { .. })
@@ -371,7 +407,7 @@ mod tests {
         let mut w = Writer::new(0);
         w.bool(true);
         w.u32(u32::MAX);
-        let f = w.finish(0, 0);
+        let f = w.finish(0, 0).unwrap();
         assert!(matches!(
             Reader::new(&f[HEADER_LEN..]).opt_u64s(),
             Err(DecodeError::Truncated { .. })
@@ -384,7 +420,7 @@ mod tests {
         );
         let mut w = Writer::new(0);
         w.bytes(b"a\0b");
-        let f = w.finish(0, 0);
+        let f = w.finish(0, 0).unwrap();
         assert!(Reader::new(&f[HEADER_LEN..]).cstring().is_err());
     }
 }

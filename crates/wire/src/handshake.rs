@@ -1,7 +1,9 @@
 //! The messages that open a session, one typed struct each, encoded and decoded here only:
 //! the client, the supervisor and every kind of worker (socket, TCP, guest region) use these.
 
-use crate::{control, DecodeError, FrameHeader, Reader, Writer, FLAG_REPLY, VERSION};
+use crate::{
+    control, DecodeError, FrameHeader, FrameTooLarge, Reader, Writer, FLAG_REPLY, VERSION,
+};
 
 /// Client → server: open a session of `api` (`"opencl"`, `"cuda"`). Remote tenants name
 /// themselves with a token; local ones are known by their socket's peer uid.
@@ -21,7 +23,8 @@ impl Hello {
         }
     }
 
-    pub fn encode(&self) -> Vec<u8> {
+    /// The HELLO frame (an error only for a token beyond a frame's size).
+    pub fn encode(&self) -> Result<Vec<u8>, FrameTooLarge> {
         let mut w = Writer::new(control::HELLO);
         w.u8(self.version);
         w.bytes(self.api.as_bytes());
@@ -93,7 +96,8 @@ impl Welcome {
         w.u64(self.session);
         w.u32(self.lanes);
         w.u64(self.ring_capacity);
-        w.finish(FLAG_REPLY, seq)
+        // 20 bytes of body: always within a frame.
+        w.finish(FLAG_REPLY, seq).unwrap_or_default()
     }
 
     pub fn decode(body: &[u8]) -> Result<Welcome, DecodeError> {
@@ -112,11 +116,19 @@ impl Welcome {
     }
 }
 
+/// Longest reason a REFUSED frame carries (longer ones are cut).
+const MAX_REASON: usize = 4096;
+
 /// Server → client: the session was refused, and why.
 pub fn refused(reason: &str) -> Vec<u8> {
+    let mut end = reason.len().min(MAX_REASON);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
     let mut w = Writer::new(control::REFUSED);
-    w.bytes(reason.as_bytes());
-    w.finish(FLAG_REPLY, 0)
+    w.bytes(&reason.as_bytes()[..end]);
+    // A bounded body: always within a frame.
+    w.finish(FLAG_REPLY, 0).unwrap_or_default()
 }
 
 /// The client's reading of the server's first answer: WELCOME, or the reason it was refused.
@@ -149,7 +161,7 @@ mod tests {
     #[test]
     fn hello_roundtrip_and_checks() {
         let hello = Hello::new("opencl", Some(b"secret"));
-        let frame = hello.encode();
+        let frame = hello.encode().unwrap();
         let (h, body) = split(&frame);
         assert_eq!(Hello::check(&h, body, &["opencl", "cuda"]), Ok(hello));
         assert!(Hello::check(&h, body, &["cuda"])
@@ -157,7 +169,7 @@ mod tests {
             .contains("does not serve"));
         let mut bad = Hello::new("opencl", None);
         bad.version = 99;
-        let frame = bad.encode();
+        let frame = bad.encode().unwrap();
         let (h, body) = split(&frame);
         assert!(Hello::check(&h, body, &["opencl"])
             .unwrap_err()

@@ -3,7 +3,7 @@
 
 use std::sync::OnceLock;
 use wormhole_opencl_proto::Op;
-pub use wormhole_session::{log, Connection};
+pub use wormhole_session::{log, CallError, Connection};
 
 /// What the session needs to know of OpenCL.
 const OPENCL: wormhole_session::ApiHooks = wormhole_session::ApiHooks {

@@ -22,7 +22,13 @@ struct Ctx {
 }
 
 fn send(w: Writer) {
-    let frame = w.finish(0, 0);
+    let frame = match w.finish(0, 0) {
+        Ok(frame) => frame,
+        Err(e) => {
+            tracing::warn!("callback not delivered: {e}");
+            return;
+        }
+    };
     if let Some(s) = SINK.get() {
         let mut s = s.lock().unwrap_or_else(|p| p.into_inner());
         if let Err(e) = s.write_all(&frame) {

@@ -93,9 +93,6 @@ fn binaries(program: Handle) -> Result<(Vec<u8>, usize), i32> {
     for b in &bins {
         packed.bytes(b);
     }
-    let frame = packed.finish(0, 0);
-    Ok((
-        frame[wormhole_opencl_proto::HEADER_LEN..].to_vec(),
-        bins.len() * 8,
-    ))
+    // Only the body travels, inside the reply (whose size the reply's own frame checks).
+    Ok((packed.body().to_vec(), bins.len() * 8))
 }

@@ -106,6 +106,10 @@ impl wormhole_server::Backend for OpenCl {
         wormhole_opencl_proto::API
     }
 
+    fn out_of_memory(&self) -> i32 {
+        wormhole_opencl_proto::cl::CL_OUT_OF_HOST_MEMORY
+    }
+
     fn worker_env(
         &self,
         runtime_dir: &std::path::Path,

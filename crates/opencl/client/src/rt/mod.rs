@@ -75,7 +75,7 @@ pub fn call(w: Writer) -> Result<Vec<u8>, ClErr> {
     }
     crate::custom::push_fine();
     let conn = connection::get().ok_or(ClErr(CL_OUT_OF_RESOURCES))?;
-    conn.call(w).map_err(|_| ClErr(CL_OUT_OF_RESOURCES))
+    conn.call(w).map_err(call_failed)
 }
 
 /// A call with bulk data (see `Connection::call_bulk`).
@@ -86,8 +86,7 @@ pub fn call_bulk(
 ) -> Result<(Vec<u8>, bool), ClErr> {
     crate::custom::push_fine();
     let conn = connection::get().ok_or(ClErr(CL_OUT_OF_RESOURCES))?;
-    conn.call_bulk(w, payload, sink)
-        .map_err(|_| ClErr(CL_OUT_OF_RESOURCES))
+    conn.call_bulk(w, payload, sink).map_err(call_failed)
 }
 
 /// Sends a request whose every error the client has already ruled out, without waiting: the
@@ -96,7 +95,7 @@ pub fn call_bulk(
 pub fn call_async(w: Writer) -> Result<Vec<u8>, ClErr> {
     crate::custom::push_fine();
     let conn = connection::get().ok_or(ClErr(CL_OUT_OF_RESOURCES))?;
-    conn.send_async(w).map_err(|_| ClErr(CL_OUT_OF_RESOURCES))?;
+    conn.send_async(w).map_err(call_failed)?;
     Ok(CL_SUCCESS.to_le_bytes().to_vec())
 }
 
@@ -276,4 +275,14 @@ pub unsafe fn release_end(h: *mut c_void, kind: HandleKind, last: bool, status: 
 pub fn after_sync() {
     pending::collect();
     crate::custom::pull_fine();
+}
+
+/// The status an OpenCL call returns when its request could not be carried.
+fn call_failed(e: crate::connection::CallError) -> ClErr {
+    use crate::connection::CallError;
+    ClErr(match e {
+        // Not sent; the session goes on, as after any allocation failure.
+        CallError::TooLarge => CL_OUT_OF_HOST_MEMORY,
+        CallError::Unavailable | CallError::Broken => CL_OUT_OF_RESOURCES,
+    })
 }

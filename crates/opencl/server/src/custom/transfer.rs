@@ -936,10 +936,10 @@ pub fn stream_write(
         return Ok(Streamed::Body);
     };
     let mut at = 0usize;
-    link.recv_in_place(rest, &mut |src, n| {
-        // SAFETY: the mapping holds `size` (= rest) bytes and `at + n <= rest`; `src` holds
-        // `n` readable bytes of the ring.
-        unsafe { std::ptr::copy_nonoverlapping(src, (range.ptr as *mut u8).add(at), n) };
+    link.recv_in_place(rest, &mut |src| {
+        let n = src.len();
+        // SAFETY: the mapping holds `size` (= rest) bytes and `at + n <= rest`.
+        unsafe { src.copy_to((range.ptr as *mut u8).add(at)) };
         at += n;
     })?;
     // The write is done once the unmap is: wait for it, as a blocking write returns only then.

@@ -200,7 +200,8 @@ impl wormhole_server::Backend for OpenCl {
 
 /// Runs one request made of untrusted bytes (`opcode u16 LE` + body) against a fresh session,
 /// through the same path a worker's lanes take; the fuzzing entry point (`fuzz/`). Must return
-/// normally for any input.
+/// normally for any input. A `clEnqueueWriteBuffer` request also goes through a real lane of
+/// shared memory to the streamed-write path, as large writes do.
 #[doc(hidden)]
 pub fn fuzz_request(data: &[u8]) {
     let Some((op, body)) = data.split_first_chunk::<2>() else {
@@ -208,6 +209,80 @@ pub fn fuzz_request(data: &[u8]) {
     };
     let op = u16::from_le_bytes(*op);
     let s = session::Session::default();
+    if op == Op::clEnqueueWriteBuffer as u16 {
+        fuzz_stream(&s, op, body);
+    }
     let mut w = Writer::new(op);
     let _ = OpenCl::run(&s, op, false, &mut Reader::new(body), &mut w);
+}
+
+/// Offers `body` to the streamed-write path from the request ring of a real lane.
+fn fuzz_stream(s: &session::Session, op: u16, body: &[u8]) {
+    use std::sync::Arc;
+    use wormhole_transport::{FutexWaiter, Layout, Region, ShmLink, SpinPolicy};
+    const RING: u64 = 1 << 20;
+    if body.len() as u64 + 64 > RING {
+        return;
+    }
+    let Ok(region) = Region::create_memfd(Layout {
+        lanes: 1,
+        ring_capacity: RING,
+    }) else {
+        return;
+    };
+    let region = Arc::new(region);
+    let link = |(tx, rx)| {
+        ShmLink::new(
+            tx,
+            rx,
+            Arc::new(FutexWaiter),
+            SpinPolicy::default(),
+            Arc::new(|| true),
+        )
+    };
+    let (Some((req, rep)), Some((req2, rep2))) = (region.lane(0), region.lane(0)) else {
+        return;
+    };
+    let mut client = link((req, rep));
+    let mut server = link((rep2, req2));
+    let header = FrameHeader {
+        flags: 0,
+        opcode: op,
+        lane: 0,
+        len: body.len() as u32,
+        seq: 1,
+    };
+    // The whole frame fits the ring, so the server side never waits for bytes that do not come.
+    if client.send_parts(&[&header.encode(), body]).is_err() {
+        return;
+    }
+    let Ok(h) = server.recv_header() else { return };
+    let mut buf = Vec::new();
+    let mut w = Writer::new(op);
+    let _ = custom::stream_write(s, &mut server, &h, &mut buf, &mut w);
+}
+
+#[cfg(test)]
+mod tests {
+    /// The fuzz entry point survives what the fuzzer starts from: empty and short inputs,
+    /// every control op, and write requests through the streamed path.
+    #[test]
+    fn hostile_requests_end_in_errors_not_crashes() {
+        let write = (wormhole_opencl_proto::Op::clEnqueueWriteBuffer as u16).to_le_bytes();
+        let mut inputs: Vec<Vec<u8>> = vec![vec![], vec![1], write.to_vec()];
+        for op in 0xF000u16..0xF010 {
+            inputs.push(op.to_le_bytes().to_vec());
+        }
+        let mut long = write.to_vec();
+        long.extend((0..200u8).map(|i| i.wrapping_mul(37)));
+        inputs.push(long);
+        let mut claims = write.to_vec();
+        claims.extend([0u8; 36]);
+        claims.push(1); // a wait list follows...
+        claims.extend(u32::MAX.to_le_bytes()); // ...of 4 billion events
+        inputs.push(claims);
+        for i in inputs {
+            super::fuzz_request(&i);
+        }
+    }
 }

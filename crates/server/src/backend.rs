@@ -16,6 +16,8 @@ pub type CallbackSink = Arc<Mutex<dyn Write + Send>>;
 
 /// What a worker hands its backend when a session starts.
 pub struct SessionSetup {
+    /// What the session's tenant may use (quota, objects, devices).
+    pub limits: Arc<crate::worker::Limits>,
     /// Where callbacks to the client go.
     pub callbacks: CallbackSink,
     /// Local sessions: memory the client maps too, for buffers it copies itself.

@@ -23,7 +23,7 @@ use wormhole_wire::{
     control, DecodeError, FrameHeader, FrameTooLarge, Reader, Writer, FLAG_ASYNC, FLAG_REPLY,
 };
 
-static LIMITS: OnceLock<Limits> = OnceLock::new();
+static LIMITS: OnceLock<Arc<Limits>> = OnceLock::new();
 
 /// Requests the session made, and requests sent without waiting that failed anyway.
 static CALLS: AtomicU64 = AtomicU64::new(0);
@@ -79,13 +79,14 @@ impl Limits {
     }
 }
 
-pub fn limits() -> &'static Limits {
-    LIMITS.get_or_init(Limits::default)
+/// The worker's limits (its backend gets them explicitly, in [`SessionSetup`]).
+fn limits() -> &'static Arc<Limits> {
+    LIMITS.get_or_init(Default::default)
 }
 
 /// Sets the session's limits; call once, before serving.
-pub fn set_limits(l: Limits) {
-    let _ = LIMITS.set(l);
+fn set_limits(l: Limits) {
+    let _ = LIMITS.set(Arc::new(l));
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -174,6 +175,7 @@ pub fn run(
     fds.extend(arena.as_ref().map(|a| a.file().as_raw_fd()));
     send_frame_with_fds(&sock, &welcome.encode(0), &fds)?;
     backend.begin(SessionSetup {
+        limits: limits().clone(),
         callbacks: Arc::new(Mutex::new(sock.try_clone()?)),
         arena,
         build_cache,
@@ -324,6 +326,7 @@ pub fn run_guest(
     let (ev_req, ev_rep) = region.lane(call_lanes).expect("event lane");
     let events = ShmLink::new(ev_rep, ev_req, waiter.clone(), policy, alive.clone());
     backend.begin(SessionSetup {
+        limits: limits().clone(),
         callbacks: Arc::new(Mutex::new(LinkWriter(events))),
         arena: None,
         build_cache,
@@ -564,6 +567,7 @@ pub fn run_tcp<S: Duplex>(
         .unwrap_or_else(|p| p.into_inner())
         .write_all(&welcome.encode(0))?;
     backend.begin(SessionSetup {
+        limits: limits().clone(),
         callbacks: writer.clone(),
         arena: None,
         build_cache,

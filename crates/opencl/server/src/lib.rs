@@ -130,6 +130,7 @@ impl wormhole_server::Backend for OpenCl {
     }
 
     fn begin(&self, setup: SessionSetup) {
+        session().set_limits(setup.limits);
         if let Some(arena) = setup.arena {
             arena::enable(arena);
         }

@@ -196,15 +196,16 @@ fn track_memory(s: &Session, mem: Handle) -> Result<(), i32> {
             return Ok(());
         }
     }
-    if !wormhole_server::worker::limits().reserve(size as u64) {
+    if !s.limits().reserve(size as u64) {
         return Err(CL_MEM_OBJECT_ALLOCATION_FAILURE);
     }
     s.mem_bytes.fetch_add(size as i64, Ordering::Relaxed);
+    let limits = s.limits_handle();
     crate::callbacks::on_mem_destroyed(mem, move || {
         crate::session()
             .mem_bytes
             .fetch_sub(size as i64, Ordering::Relaxed);
-        wormhole_server::worker::limits().release(size as u64);
+        limits.release(size as u64);
     });
     Ok(())
 }

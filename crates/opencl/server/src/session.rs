@@ -3,9 +3,11 @@
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 use std::sync::Mutex;
 use wormhole_opencl_proto::{cl::*, HandleKind, Writer};
 use wormhole_server::handles::{HandleTable, NewIdError};
+use wormhole_server::worker::Limits;
 
 pub type Handle = *mut c_void;
 
@@ -34,6 +36,8 @@ pub struct Session {
     /// Programs whose build came from the program cache, by the real object the id names now
     /// (see custom/program.rs).
     pub cached_programs: Mutex<HashMap<usize, CachedProgram>>,
+    /// What the session's tenant may use (from the worker; unlimited until then, as in tests).
+    limits: std::sync::OnceLock<Arc<Limits>>,
     /// Failures of pipelined calls, until a synchronisation point reports them (by queue id).
     pub deferred: wormhole_server::deferred::DeferredErrors,
     /// Builds that may swap the object behind a program id take turns.
@@ -58,6 +62,22 @@ unsafe impl Send for Session {}
 unsafe impl Sync for Session {}
 
 impl Session {
+    /// Sets the tenant's limits (once, when the session begins).
+    pub fn set_limits(&self, limits: Arc<Limits>) {
+        let _ = self.limits.set(limits);
+    }
+
+    pub fn limits(&self) -> &Limits {
+        self.limits.get_or_init(|| Arc::new(Limits::default()))
+    }
+
+    /// The limits, to keep in a callback that outlives the call.
+    pub fn limits_handle(&self) -> Arc<Limits> {
+        self.limits
+            .get_or_init(|| Arc::new(Limits::default()))
+            .clone()
+    }
+
     /// The real object behind `id`, if it is of `kind`. NULL (id 0) passes through so the real
     /// call reports exactly what native OpenCL reports for NULL.
     pub fn resolve(&self, id: u64, kind: HandleKind, _nullable: bool) -> Result<Handle, i32> {
@@ -88,7 +108,7 @@ impl Session {
         }
     }
 
-    fn new_id_error(e: NewIdError) -> i32 {
+    fn new_id_error(&self, e: NewIdError) -> i32 {
         match e {
             NewIdError::Invalid => {
                 tracing::warn!("client offered an invalid id for a new object");
@@ -96,7 +116,7 @@ impl Session {
             }
             NewIdError::TooMany => {
                 tracing::warn!(
-                    max = wormhole_server::worker::limits().max_objects,
+                    max = self.limits().max_objects,
                     "object refused: the session holds its limit of objects"
                 );
                 CL_OUT_OF_HOST_MEMORY
@@ -108,21 +128,16 @@ impl Session {
     /// (checked before the driver creates the object; [`Session::bind`] settles it).
     pub fn check_new_id(&self, id: u64) -> Result<(), i32> {
         self.handles
-            .check_new(id, wormhole_server::worker::limits().max_objects)
-            .map_err(Self::new_id_error)
+            .check_new(id, self.limits().max_objects)
+            .map_err(|e| self.new_id_error(e))
     }
 
     /// Binds a new object under the id the client chose; the id is checked again under the
     /// table's lock, so two lanes offering the same id cannot both bind it.
     pub fn bind(&self, id: u64, kind: HandleKind, ptr: Handle) -> Result<(), i32> {
         self.handles
-            .bind_new(
-                id,
-                kind,
-                ptr as usize,
-                wormhole_server::worker::limits().max_objects,
-            )
-            .map_err(Self::new_id_error)
+            .bind_new(id, kind, ptr as usize, self.limits().max_objects)
+            .map_err(|e| self.new_id_error(e))
     }
 
     /// Points an existing id at another real object of its kind.

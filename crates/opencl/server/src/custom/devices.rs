@@ -14,7 +14,7 @@ fn device_name(d: Handle) -> String {
 }
 
 /// The devices of `platform` of `device_type` that this tenant may use.
-fn allowed_devices(platform: Handle, device_type: u64) -> Result<Vec<Handle>, i32> {
+fn allowed_devices(s: &Session, platform: Handle, device_type: u64) -> Result<Vec<Handle>, i32> {
     let mut n = 0u32;
     // SAFETY: count query; the output is a local.
     let st = unsafe { ffi::clGetDeviceIDs(platform, device_type, 0, std::ptr::null_mut(), &mut n) };
@@ -35,7 +35,7 @@ fn allowed_devices(platform: Handle, device_type: u64) -> Result<Vec<Handle>, i3
     if st != CL_SUCCESS {
         return Err(st);
     }
-    let patterns = &wormhole_server::worker::limits().devices;
+    let patterns = &s.limits().devices;
     if !patterns.is_empty() {
         all.retain(|d| {
             let name = device_name(*d);
@@ -57,7 +57,7 @@ pub fn clGetDeviceIDs(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result
         if (devices_present && num_entries == 0) || (!devices_present && !num_present) {
             return Err(CL_INVALID_VALUE);
         }
-        let devices = allowed_devices(platform, device_type)?;
+        let devices = allowed_devices(s, platform, device_type)?;
         w.i32(CL_SUCCESS);
         if devices_present {
             let n = devices.len().min(num_entries as usize);
@@ -90,7 +90,7 @@ pub fn clCreateContextFromType(
         let (notify, ud) = crate::callbacks::make(CallbackKind::ContextNotify, cb, 0);
         let props_ptr = props.as_ref().map_or(std::ptr::null(), |v| v.as_ptr());
         let mut err = CL_SUCCESS;
-        if wormhole_server::worker::limits().devices.is_empty() {
+        if s.limits().devices.is_empty() {
             // SAFETY: a zero-terminated property list (or NULL) and a trampoline for `cb`.
             let ctx = unsafe {
                 ffi::clCreateContextFromType(props_ptr, device_type, notify, ud, &mut err)
@@ -117,7 +117,7 @@ pub fn clCreateContextFromType(
                 p
             }
         };
-        let devices = allowed_devices(platform, device_type)?;
+        let devices = allowed_devices(s, platform, device_type)?;
         // SAFETY: as above, with a device list of devices.len() entries.
         let ctx = unsafe {
             ffi::clCreateContext(

@@ -93,7 +93,7 @@ fn create_buffer(
             }
         }
         // Refuse what cannot fit the quota before the driver allocates it.
-        wormhole_server::worker::limits()
+        s.limits()
             .precheck(size as u64)
             .map_err(|()| CL_MEM_OBJECT_ALLOCATION_FAILURE)?;
         let placement = if svm_ptr == 0 {

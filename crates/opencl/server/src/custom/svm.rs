@@ -34,7 +34,7 @@ pub fn clSVMAlloc(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(),
             return None;
         }
         let len = size;
-        if !wormhole_server::worker::limits().reserve(len as u64) {
+        if !s.limits().reserve(len as u64) {
             // SAFETY: just allocated, unknown to anyone else.
             unsafe { ffi::clSVMFree(ctx, p as *mut c_void) };
             return None;
@@ -60,7 +60,7 @@ pub fn clSVMFree(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), 
         if let Some(len) = freed {
             // SAFETY: `p` is an allocation of this session, freed once.
             unsafe { ffi::clSVMFree(ctx, p as *mut c_void) };
-            wormhole_server::worker::limits().release(len as u64);
+            s.limits().release(len as u64);
         }
     }
     w.i32(CL_SUCCESS);
@@ -106,7 +106,7 @@ pub fn clEnqueueSVMFree(
         if st == CL_SUCCESS {
             for p in &raw {
                 if let Some(len) = svm.remove(&(*p as usize)) {
-                    wormhole_server::worker::limits().release(len as u64);
+                    s.limits().release(len as u64);
                 }
             }
             release_own(event_id, ev.finish(s));

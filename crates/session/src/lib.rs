@@ -689,7 +689,7 @@ impl Connection {
         if let TransportError::TooLarge(e) = e {
             // Nothing was sent: only this call fails.
             log(&format!(
-                "{e}: the call is not forwarded and fails with CL_OUT_OF_HOST_MEMORY"
+                "{e}: the call is not forwarded and fails as out of host memory"
             ));
             return CallError::TooLarge;
         }

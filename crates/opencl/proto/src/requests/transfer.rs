@@ -104,6 +104,10 @@ pub struct WriteBuffer {
 }
 
 impl WriteBuffer {
+    /// Bytes of the shortest header (no wait list, no data): every header is at least this
+    /// long, so a receiver may take this many before it decodes one.
+    pub const MIN_LEN: usize = 8 + 8 + 4 + 8 + 8 + 1 + 8 + 1;
+
     /// The data that follows the header just decoded from `r`.
     pub fn data<'a>(&self, r: &mut Reader<'a>) -> Result<Option<&'a [u8]>, DecodeError> {
         self.data_len.map(|n| r.raw(n)).transpose()
@@ -587,11 +591,22 @@ mod tests {
             data_len: Some(4),
         };
         roundtrip(&head);
-        roundtrip(&WriteBuffer {
+        let shortest = WriteBuffer {
             data_len: None,
             wait: None,
             ..head.clone()
-        });
+        };
+        assert_eq!(roundtrip(&shortest).len(), WriteBuffer::MIN_LEN);
+        for wait in [None, Some(vec![]), Some(vec![1, 2])] {
+            for data_len in [None, Some(0), Some(9)] {
+                let h = WriteBuffer {
+                    wait: wait.clone(),
+                    data_len,
+                    ..head.clone()
+                };
+                assert!(roundtrip(&h).len() >= WriteBuffer::MIN_LEN);
+            }
+        }
         // The data follows the header: taken whole, or not at all.
         let mut w = Writer::new(0);
         head.encode(&mut w);

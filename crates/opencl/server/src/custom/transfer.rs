@@ -8,15 +8,12 @@ use crate::generated::ffi;
 use crate::session::{Mapping, PendingRead};
 use std::ffi::c_void;
 use wormhole_opencl_proto::geometry::{image_span, rect_span};
+use wormhole_opencl_proto::requests::{self as req, Message, Reply};
 use wormhole_opencl_proto::{cl::*, Writer};
 use wormhole_server::backend::{StreamError, Streamed};
 
 /// Largest single transfer (it must fit one frame).
 const MAX_TRANSFER: usize = (wormhole_opencl_proto::MAX_BODY as usize) - 4096;
-
-/// Reply mode of a read: the data follows, or it will be collected later.
-pub const READ_INLINE: u8 = 0;
-pub const READ_DEFERRED: u8 = 1;
 
 /// Blocking reads at least this large leave from a mapping of the driver's buffer straight
 /// into the reply ring: one copy, overlapped with the client's copy out of the ring, instead of
@@ -144,9 +141,8 @@ fn mapped_read(
     let Some(range) = MappedRange::map(s, t, wl, CL_MAP_READ, offset, size) else {
         return false;
     };
-    w.i32(CL_SUCCESS);
-    w.u8(READ_INLINE);
-    w.trailing_bytes(size);
+    Reply::Ok(req::ReadReply::Inline { len: size as u64 }).encode(w);
+    w.trailer(size);
     let trailer = Trailer { range, len: size };
     TRAILER.with(|t| *t.borrow_mut() = Some(trailer));
     true
@@ -174,11 +170,10 @@ fn read_common(
     let mut ev = EventOut::new(s, event_id)?;
     if blocking != 0 {
         let mark = w.mark();
-        w.i32(CL_SUCCESS);
-        w.u8(READ_INLINE);
+        Reply::Ok(req::ReadReply::Inline { len: len as u64 }).encode(w);
         let evp = ev.ptr(false);
         // The driver reads straight into the reply (no zeroing, no second buffer).
-        let filled = w.bytes_filled_by(len, |dst| {
+        let filled = w.filled_by(len, |dst| {
             match call(CL_TRUE, dst as *mut c_void, n, list_ptr(&list), evp) {
                 CL_SUCCESS => Ok(()),
                 st => Err(st),
@@ -208,8 +203,7 @@ fn read_common(
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .insert(read_id, PendingRead { data, event });
-    w.i32(CL_SUCCESS);
-    w.u8(READ_DEFERRED);
+    Reply::Ok(req::ReadReply::Deferred).encode(w);
     Ok(())
 }
 
@@ -261,11 +255,18 @@ pub fn clEnqueueReadBuffer(
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let (queue, mem, blocking, offset, size) =
-        (r.u64()?, r.u64()?, r.u32()?, r.usize()?, r.usize()?);
-    let wl = WaitList::decode(r)?;
-    let (event_id, read_id) = (r.u64()?, r.u64()?);
+    let req::ReadBuffer {
+        queue,
+        mem,
+        blocking,
+        offset,
+        size,
+        wait,
+        event: event_id,
+        read_id,
+    } = req::ReadBuffer::decode(r)?;
     r.finish()?;
+    let wl = WaitList(wait);
     let run = |w: &mut Writer| -> Result<(), i32> {
         let t = target(s, queue, mem)?;
         if blocking != 0
@@ -312,13 +313,21 @@ pub fn clEnqueueWriteBuffer(
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let (queue, mem, blocking, offset, size) =
-        (r.u64()?, r.u64()?, r.u32()?, r.usize()?, r.usize()?);
-    let wl = WaitList::decode(r)?;
-    let event_id = r.u64()?;
-    // The data comes last: the client sends it straight from the application's memory.
-    let data = r.opt_bytes_ref()?;
+    let head = req::WriteBuffer::decode(r)?;
+    // The data follows the header: the client sends it straight from the application's memory.
+    let data = head.data(r)?;
     r.finish()?;
+    let req::WriteBuffer {
+        queue,
+        mem,
+        blocking,
+        offset,
+        size,
+        wait,
+        event: event_id,
+        data_len: _,
+    } = head;
+    let wl = WaitList(wait);
     let run = || -> Result<i32, i32> {
         let t = target(s, queue, mem)?;
         let data = match data {
@@ -365,40 +374,25 @@ pub fn clEnqueueWriteBuffer(
     Ok(())
 }
 
-struct RectArgs {
-    buffer_origin: [usize; 3],
-    region: [usize; 3],
-    pitches: [usize; 4],
-}
-
-fn rect_args(r: &mut Reader<'_>) -> Result<(RectArgs, [usize; 3]), DecodeError> {
-    let buffer_origin = triple(r)?;
-    let host_origin = triple(r)?;
-    let region = triple(r)?;
-    let pitches = [r.usize()?, r.usize()?, r.usize()?, r.usize()?];
-    Ok((
-        RectArgs {
-            buffer_origin,
-            region,
-            pitches,
-        },
-        host_origin,
-    ))
-}
-
 pub fn clEnqueueReadBufferRect(
     s: &Session,
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let (queue, mem, blocking) = (r.u64()?, r.u64()?, r.u32()?);
-    let (a, host_origin) = rect_args(r)?;
-    let wl = WaitList::decode(r)?;
-    let (event_id, read_id) = (r.u64()?, r.u64()?);
+    let req::ReadBufferRect {
+        queue,
+        mem,
+        blocking,
+        rect: a,
+        wait,
+        event: event_id,
+        read_id,
+    } = req::ReadBufferRect::decode(r)?;
     r.finish()?;
+    let wl = WaitList(wait);
     let run = |w: &mut Writer| -> Result<(), i32> {
         let t = target(s, queue, mem)?;
-        let span = rect_span(host_origin, a.region, a.pitches[2], a.pitches[3], 1)
+        let span = rect_span(a.host_origin, a.region, a.pitches[2], a.pitches[3], 1)
             .ok_or(CL_INVALID_VALUE)?;
         read_common(
             s,
@@ -444,15 +438,20 @@ pub fn clEnqueueWriteBufferRect(
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let (queue, mem, blocking) = (r.u64()?, r.u64()?, r.u32()?);
-    let (a, host_origin) = rect_args(r)?;
-    let data = r.bytes()?;
-    let wl = WaitList::decode(r)?;
-    let event_id = r.u64()?;
+    let req::WriteBufferRect {
+        queue,
+        mem,
+        blocking,
+        rect: a,
+        data,
+        wait,
+        event: event_id,
+    } = req::WriteBufferRect::decode(r)?;
     r.finish()?;
+    let wl = WaitList(wait);
     let run = || -> Result<i32, i32> {
         let t = target(s, queue, mem)?;
-        let span = rect_span(host_origin, a.region, a.pitches[2], a.pitches[3], 1)
+        let span = rect_span(a.host_origin, a.region, a.pitches[2], a.pitches[3], 1)
             .ok_or(CL_INVALID_VALUE)?;
         if data.len() != span.len {
             return Err(CL_INVALID_VALUE);
@@ -520,12 +519,23 @@ pub fn clEnqueueReadImage(
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let (queue, mem, blocking) = (r.u64()?, r.u64()?, r.u32()?);
-    let (origin, region) = (triple(r)?, triple(r)?);
-    let (row_pitch, slice_pitch) = (r.usize()?, r.usize()?);
-    let wl = WaitList::decode(r)?;
-    let (event_id, read_id) = (r.u64()?, r.u64()?);
+    let req::ReadImage {
+        queue,
+        mem,
+        blocking,
+        image:
+            req::ImageRegion {
+                origin,
+                region,
+                row_pitch,
+                slice_pitch,
+            },
+        wait,
+        event: event_id,
+        read_id,
+    } = req::ReadImage::decode(r)?;
     r.finish()?;
+    let wl = WaitList(wait);
     let run = |w: &mut Writer| -> Result<(), i32> {
         let t = target(s, queue, mem)?;
         let (elem, ty) = image_info(t.mem)?;
@@ -570,13 +580,23 @@ pub fn clEnqueueWriteImage(
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let (queue, mem, blocking) = (r.u64()?, r.u64()?, r.u32()?);
-    let (origin, region) = (triple(r)?, triple(r)?);
-    let (row_pitch, slice_pitch) = (r.usize()?, r.usize()?);
-    let data = r.bytes()?;
-    let wl = WaitList::decode(r)?;
-    let event_id = r.u64()?;
+    let req::WriteImage {
+        queue,
+        mem,
+        blocking,
+        image:
+            req::ImageRegion {
+                origin,
+                region,
+                row_pitch,
+                slice_pitch,
+            },
+        data,
+        wait,
+        event: event_id,
+    } = req::WriteImage::decode(r)?;
     r.finish()?;
+    let wl = WaitList(wait);
     let run = || -> Result<i32, i32> {
         let t = target(s, queue, mem)?;
         let (elem, ty) = image_info(t.mem)?;
@@ -642,19 +662,21 @@ fn map_common(
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .insert(token, Mapping { mem, ptr, len });
-    w.i32(CL_SUCCESS);
-    w.u64(pitches[0] as u64);
-    w.u64(pitches[1] as u64);
     let in_place = crate::arena::offset_of(ptr, len).filter(|_| in_place_ok);
-    w.u64(in_place.unwrap_or(crate::arena::NO_WINDOW));
-    // The mapping's length: the bytes below are absent for an invalidating map.
-    w.u64(len as u64);
-    if in_place.is_some() || flags & CL_MAP_WRITE_INVALIDATE_REGION != 0 || len == 0 {
-        w.bytes(&[]);
+    // The mapping's bytes are absent when in place, for an invalidating map, or empty.
+    let data = if in_place.is_some() || flags & CL_MAP_WRITE_INVALIDATE_REGION != 0 || len == 0 {
+        &[][..]
     } else {
         // SAFETY: the driver mapped `len` readable bytes at `ptr`.
-        w.bytes(unsafe { std::slice::from_raw_parts(ptr as *const u8, len) });
-    }
+        unsafe { std::slice::from_raw_parts(ptr as *const u8, len) }
+    };
+    Reply::Ok(req::Mapped {
+        pitches,
+        in_place,
+        len: len as u64,
+        data,
+    })
+    .encode(w);
     Ok(())
 }
 
@@ -663,17 +685,20 @@ pub fn clEnqueueMapBuffer(
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let (queue, mem, _blocking, flags, offset, size) = (
-        r.u64()?,
-        r.u64()?,
-        r.u32()?,
-        r.u64()?,
-        r.usize()?,
-        r.usize()?,
-    );
-    let wl = WaitList::decode(r)?;
-    let (event_id, token, in_place_ok) = (r.u64()?, r.u64()?, r.bool()?);
+    let req::MapBuffer {
+        queue,
+        mem,
+        blocking: _,
+        flags,
+        offset,
+        size,
+        wait,
+        event: event_id,
+        token,
+        in_place_ok,
+    } = req::MapBuffer::decode(r)?;
     r.finish()?;
+    let wl = WaitList(wait);
     let run = |w: &mut Writer| -> Result<(), i32> {
         let t = target(s, queue, mem)?;
         if size > MAX_TRANSFER {
@@ -717,11 +742,20 @@ pub fn clEnqueueMapImage(
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let (queue, mem, _blocking, flags) = (r.u64()?, r.u64()?, r.u32()?, r.u64()?);
-    let (origin, region) = (triple(r)?, triple(r)?);
-    let wl = WaitList::decode(r)?;
-    let (event_id, token, in_place_ok) = (r.u64()?, r.u64()?, r.bool()?);
+    let req::MapImage {
+        queue,
+        mem,
+        blocking: _,
+        flags,
+        origin,
+        region,
+        wait,
+        event: event_id,
+        token,
+        in_place_ok,
+    } = req::MapImage::decode(r)?;
     r.finish()?;
+    let wl = WaitList(wait);
     let run = |w: &mut Writer| -> Result<(), i32> {
         let t = target(s, queue, mem)?;
         let (elem, ty) = image_info(t.mem)?;
@@ -768,11 +802,16 @@ pub fn clEnqueueUnmapMemObject(
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let (queue, mem, token) = (r.u64()?, r.u64()?, r.u64()?);
-    let data = r.opt_bytes_ref()?;
-    let wl = WaitList::decode(r)?;
-    let event_id = r.u64()?;
+    let req::UnmapMemObject {
+        queue,
+        mem,
+        token,
+        data,
+        wait,
+        event: event_id,
+    } = req::UnmapMemObject::decode(r)?;
     r.finish()?;
+    let wl = WaitList(wait);
     let run = || -> Result<i32, i32> {
         let t = target(s, queue, mem)?;
         let (n, list) = wl.resolve(s)?;
@@ -817,19 +856,19 @@ pub fn clEnqueueUnmapMemObject(
     Ok(())
 }
 
-/// Collect states.
-pub const COLLECT_PENDING: u8 = 0;
-pub const COLLECT_DONE: u8 = 1;
-pub const COLLECT_FAILED: u8 = 2;
-
 /// Sends the data of every listed non-blocking read whose event has completed.
 pub fn collect(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
-    let ids = r.opt_u64s()?.unwrap_or_default();
+    let ids = req::Collect::decode(r)?.reads;
     r.finish()?;
+    /// Where a read stands; a finished one's data, out of the table, lives until the reply.
+    enum Outcome {
+        Pending,
+        Done(Vec<u8>),
+        Failed,
+    }
+    let mut outcomes = Vec::with_capacity(ids.len());
     let mut pending = s.pending_reads.lock().unwrap_or_else(|p| p.into_inner());
-    w.u32(ids.len() as u32);
     for id in ids {
-        w.u64(id);
         let status = pending.get(&id).map(|p| {
             let mut st: i32 = 1;
             // SAFETY: a live event we hold a reference to; the output is a local i32.
@@ -844,21 +883,36 @@ pub fn collect(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), De
             };
             st
         });
-        match status {
+        let outcome = match status {
             Some(st) if st == CL_COMPLETE || st < 0 => {
                 let p = pending.remove(&id).expect("present");
                 release_own(0, p.event);
                 if st == CL_COMPLETE {
-                    w.u8(COLLECT_DONE);
-                    w.bytes(&p.data);
+                    Outcome::Done(p.data)
                 } else {
-                    w.u8(COLLECT_FAILED);
+                    Outcome::Failed
                 }
             }
-            Some(_) => w.u8(COLLECT_PENDING),
-            None => w.u8(COLLECT_FAILED),
-        }
+            Some(_) => Outcome::Pending,
+            None => Outcome::Failed,
+        };
+        outcomes.push((id, outcome));
     }
+    drop(pending);
+    req::CollectReply {
+        reads: outcomes
+            .iter()
+            .map(|(id, o)| {
+                let state = match o {
+                    Outcome::Pending => req::Collected::Pending,
+                    Outcome::Done(data) => req::Collected::Done(data),
+                    Outcome::Failed => req::Collected::Failed,
+                };
+                (*id, state)
+            })
+            .collect(),
+    }
+    .encode(w);
     Ok(())
 }
 
@@ -911,7 +965,7 @@ pub fn stream_write(
     let mut r = Reader::new(&body[..head_len]);
     let (queue, mem, blocking, offset, size) =
         (r.u64()?, r.u64()?, r.u32()?, r.usize()?, r.usize()?);
-    let wl = WaitList::decode(&mut r)?;
+    let wl = WaitList(r.opt_u64s()?);
     let event_id = r.u64()?;
     let data_len = if r.bool()? { Some(r.u64()?) } else { None };
     let rest = total - head_len as u64;

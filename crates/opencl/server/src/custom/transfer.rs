@@ -922,7 +922,46 @@ pub fn collect(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), De
 /// then copied again by the driver.
 pub const STREAMED_WRITE_MIN: u64 = 64 * 1024;
 
-/// Receives a `clEnqueueWriteBuffer` request whose header `h` was just read from `link`,
+/// Receives the header of a request of `total` body bytes through `recv` into `body`, just as
+/// far as its own decoder reads: `min` bytes (no header is shorter) first, then, while the
+/// decoder finds a variable part (a list, a length) longer than what arrived, the bytes it says
+/// are missing. So nothing after the header is received before the header says where it goes.
+/// Returns the header, the bytes received (`body[..n]`) and how many of them lie beyond the
+/// header (none, if `min` is right). `body` only grows (no zeroing of a lane's reused buffer
+/// per request).
+fn recv_header<M: for<'a> Message<'a>>(
+    recv: &mut dyn FnMut(&mut [u8]) -> Result<(), StreamError>,
+    min: usize,
+    total: u64,
+    body: &mut Vec<u8>,
+) -> Result<(M, usize, usize), StreamError> {
+    let mut filled = 0usize;
+    let mut more = min as u64;
+    loop {
+        if filled as u64 + more > total {
+            return Err(StreamError::Malformed(DecodeError::Truncated {
+                need: filled as u64 + more,
+                have: total as usize,
+            }));
+        }
+        let end = filled + more as usize;
+        if body.len() < end {
+            body.resize(end, 0);
+        }
+        recv(&mut body[filled..end])?;
+        filled = end;
+        let mut r = Reader::new(&body[..filled]);
+        match M::decode(&mut r) {
+            Ok(head) => return Ok((head, filled, r.remaining())),
+            Err(DecodeError::Truncated { need, have }) => {
+                more = need.saturating_sub(have as u64).max(1)
+            }
+            Err(e) => return Err(StreamError::Malformed(e)),
+        }
+    }
+}
+
+/// Receives a `clEnqueueWriteBuffer` request whose frame header `h` was just read from `link`,
 /// streaming its data into the driver's buffer when it can (blocking, no event asked for, the
 /// driver maps the range); otherwise reads the rest of the body into `body`.
 pub fn stream_write(
@@ -933,54 +972,30 @@ pub fn stream_write(
     w: &mut Writer,
 ) -> Result<Streamed, StreamError> {
     let total = u64::from(h.len);
-    // The arguments before the data: queue, mem, blocking, offset, size (36 bytes), the wait
-    // list (flag, count, events), the event id, the data's flag and length. `body` only grows
-    // (no zeroing of a lane's reused buffer per request).
-    let mut filled = 0usize;
-    let mut need = |body: &mut Vec<u8>, n: usize| -> Result<usize, StreamError> {
-        if (filled + n) as u64 > total {
-            return Err(StreamError::Malformed(DecodeError::Truncated {
-                need: (filled + n) as u64,
-                have: total as usize,
-            }));
-        }
-        if body.len() < filled + n {
-            body.resize(filled + n, 0);
-        }
-        link.recv_exact(&mut body[filled..filled + n])?;
-        filled += n;
-        Ok(filled - n)
-    };
-    need(body, 37)?;
-    if body[36] == 1 {
-        need(body, 4)?;
-        let count = u32::from_le_bytes([body[37], body[38], body[39], body[40]]) as usize;
-        need(body, count.saturating_mul(8).min(total as usize))?;
-    }
-    let at = need(body, 9)?;
-    if body[at + 8] == 1 {
-        need(body, 8)?;
-    }
-    let head_len = filled;
-    let mut r = Reader::new(&body[..head_len]);
-    let (queue, mem, blocking, offset, size) =
-        (r.u64()?, r.u64()?, r.u32()?, r.usize()?, r.usize()?);
-    let wl = WaitList(r.opt_u64s()?);
-    let event_id = r.u64()?;
-    let data_len = if r.bool()? { Some(r.u64()?) } else { None };
-    let rest = total - head_len as u64;
-    let streamable = blocking != 0
-        && event_id == 0
-        && data_len == Some(rest)
-        && rest == size as u64
+    let (head, filled, leftover) = recv_header::<req::WriteBuffer>(
+        &mut |b| Ok(link.recv_exact(b)?),
+        req::WriteBuffer::MIN_LEN,
+        total,
+        body,
+    )?;
+    let rest = total - filled as u64;
+    // Bytes beyond the header would be data already received: the ordinary path takes those.
+    let streamable = leftover == 0
+        && head.blocking != 0
+        && head.event == 0
+        && head.data_len == Some(rest)
+        && rest == head.size as u64
         && rest >= STREAMED_WRITE_MIN;
+    let (offset, size) = (head.offset, head.size);
+    let wl = WaitList(head.wait);
     let mapped = if streamable {
-        target(s, queue, mem).ok().and_then(|t| {
+        target(s, head.queue, head.mem).ok().and_then(|t| {
             MappedRange::map(s, &t, &wl, CL_MAP_WRITE_INVALIDATE_REGION, offset, size)
         })
     } else {
         None
     };
+    let head_len = filled;
     let Some(range) = mapped else {
         // The ordinary path decodes the whole request and answers as the driver does.
         if body.len() < total as usize {
@@ -1008,4 +1023,99 @@ pub fn stream_write(
     }
     w.i32(st);
     Ok(Streamed::Done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stream over `bytes` that records how far it was read.
+    fn receive(
+        bytes: &[u8],
+        total: u64,
+        min: usize,
+    ) -> (Result<(req::WriteBuffer, usize, usize), StreamError>, usize) {
+        let mut at = 0;
+        let mut body = vec![0xAA; 3]; // a lane's reused buffer
+        let got = recv_header::<req::WriteBuffer>(
+            &mut |b| {
+                let src = bytes
+                    .get(at..at + b.len())
+                    .ok_or(StreamError::Malformed(DecodeError::BadValue("read past")))?;
+                b.copy_from_slice(src);
+                at += b.len();
+                Ok(())
+            },
+            min,
+            total,
+            &mut body,
+        );
+        (got, at)
+    }
+
+    fn write(wait: Option<Vec<u64>>, data_len: Option<u64>) -> req::WriteBuffer {
+        req::WriteBuffer {
+            queue: 1,
+            mem: 2,
+            blocking: 1,
+            offset: 0,
+            size: data_len.unwrap_or(0) as usize,
+            wait,
+            event: 0,
+            data_len,
+        }
+    }
+
+    #[test]
+    fn write_headers_are_received_without_their_data() {
+        for wait in [None, Some(vec![]), Some(vec![7, 8, 9])] {
+            for data_len in [None, Some(0), Some(100)] {
+                let head = write(wait.clone(), data_len);
+                let mut w = Writer::new(0);
+                head.encode(&mut w);
+                let head_len = w.body_len();
+                let mut bytes = w.body().to_vec();
+                bytes.resize(head_len + data_len.unwrap_or(0) as usize, 0x55);
+                let (got, read) = receive(&bytes, bytes.len() as u64, req::WriteBuffer::MIN_LEN);
+                let (decoded, filled, leftover) = got.unwrap();
+                assert_eq!((decoded, filled, leftover), (head, head_len, 0));
+                assert_eq!(read, head_len, "only the header was taken from the stream");
+            }
+        }
+    }
+
+    #[test]
+    fn bad_write_headers_are_malformed_requests() {
+        let head = write(Some(vec![7, 8, 9]), Some(100));
+        let mut w = Writer::new(0);
+        head.encode(&mut w);
+        let bytes = w.body().to_vec();
+        // The frame ends inside the header (the wait list says more events than it holds).
+        for total in [
+            0,
+            10,
+            req::WriteBuffer::MIN_LEN as u64,
+            bytes.len() as u64 - 1,
+        ] {
+            let (got, read) = receive(&bytes, total, req::WriteBuffer::MIN_LEN);
+            assert!(matches!(got, Err(StreamError::Malformed(_))), "{total}");
+            assert!(read as u64 <= total);
+        }
+        // A presence flag that is neither 0 nor 1.
+        let mut bad = bytes.clone();
+        bad[36] = 7;
+        let (got, _) = receive(&bad, bad.len() as u64, req::WriteBuffer::MIN_LEN);
+        assert!(matches!(got, Err(StreamError::Malformed(_))));
+        // A wait list that claims more events than any frame holds.
+        let mut huge = bytes.clone();
+        huge[37..41].copy_from_slice(&u32::MAX.to_le_bytes());
+        let (got, read) = receive(&huge, huge.len() as u64, req::WriteBuffer::MIN_LEN);
+        assert!(matches!(got, Err(StreamError::Malformed(_))));
+        assert!(read <= huge.len());
+        // A receiver that starts with too long a prefix takes data bytes too, and says so.
+        let mut full = bytes.clone();
+        full.resize(bytes.len() + 100, 0x55);
+        let (got, _) = receive(&full, full.len() as u64, bytes.len() + 5);
+        assert_eq!(got.unwrap().2, 5);
+    }
 }

@@ -115,13 +115,18 @@ pub fn clCreateProgramWithBinary(
 }
 
 /// clBuildProgram, through the program cache (`program_cache`) when the server has one.
-pub fn clBuildProgram(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
-    let program_id = r.u64()?;
-    let num_devices = r.u32()?;
-    let device_ids = r.opt_u64s()?;
-    let options = r.opt_cstring()?;
-    let notify_cb = r.u64()?;
-    r.finish()?;
+pub fn clBuildProgram(
+    s: &Session,
+    a: crate::generated::args::clBuildProgram,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let crate::generated::args::clBuildProgram {
+        program_id,
+        num_devices,
+        device_list_ids: device_ids,
+        options_str: options,
+        pfn_notify_cb: notify_cb,
+    } = a;
     let run = || -> Result<i32, i32> {
         let program = s.resolve(program_id, HandleKind::Program, false)?;
         let devices = s.resolve_list(

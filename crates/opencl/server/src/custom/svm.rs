@@ -230,7 +230,7 @@ pub fn clEnqueueSVMMemcpy(
         Ok(())
     };
     if let Err(e) = run(w) {
-        w.i32(e);
+        Reply::<req::SvmCopied>::Err(e).encode(w);
     }
     Ok(())
 }
@@ -322,7 +322,7 @@ pub fn clEnqueueSVMMap(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Resul
         Ok(())
     };
     if let Err(e) = run(w) {
-        w.i32(e);
+        Reply::<req::SvmMapped>::Err(e).encode(w);
     }
     Ok(())
 }

@@ -303,7 +303,7 @@ pub fn clEnqueueReadBuffer(
         )
     };
     if let Err(e) = run(w) {
-        w.i32(e);
+        Reply::<req::ReadReply>::Err(e).encode(w);
     }
     Ok(())
 }
@@ -428,7 +428,7 @@ pub fn clEnqueueReadBufferRect(
         )
     };
     if let Err(e) = run(w) {
-        w.i32(e);
+        Reply::<req::ReadReply>::Err(e).encode(w);
     }
     Ok(())
 }
@@ -570,7 +570,7 @@ pub fn clEnqueueReadImage(
         )
     };
     if let Err(e) = run(w) {
-        w.i32(e);
+        Reply::<req::ReadReply>::Err(e).encode(w);
     }
     Ok(())
 }
@@ -732,7 +732,7 @@ pub fn clEnqueueMapBuffer(
         )
     };
     if let Err(e) = run(w) {
-        w.i32(e);
+        Reply::<req::Mapped>::Err(e).encode(w);
     }
     Ok(())
 }
@@ -792,7 +792,7 @@ pub fn clEnqueueMapImage(
         )
     };
     if let Err(e) = run(w) {
-        w.i32(e);
+        Reply::<req::Mapped>::Err(e).encode(w);
     }
     Ok(())
 }

@@ -9,11 +9,12 @@ import subprocess
 import time
 
 import pytest
+import wire
 from conftest import Server
 
-CL_SUCCESS = 0
-CL_INVALID_MEM_OBJECT = -38
-CL_MEM_OBJECT_ALLOCATION_FAILURE = -4
+CL_SUCCESS = wire.CL["CL_SUCCESS"]
+CL_INVALID_MEM_OBJECT = wire.CL["CL_INVALID_MEM_OBJECT"]
+CL_MEM_OBJECT_ALLOCATION_FAILURE = wire.CL["CL_MEM_OBJECT_ALLOCATION_FAILURE"]
 
 
 def config(tmp_path, body):
@@ -93,13 +94,13 @@ def test_unknown_uid_and_bad_tokens_are_refused(tmp_path, c_programs):
         s.stop()
 
 
-# {{{ raw protocol over TCP: what a hostile client can send
+# {{{ raw protocol over TCP: what a hostile client can send (the vocabulary from tests/wire.py,
+# which reads it from the Rust sources)
 
-HEADER = struct.Struct("<HBBHHII")
-MAGIC, VERSION, FLAG_REPLY = 0x4857, 1, 1
-HELLO, WELCOME = 0xF000, 0xF001
-OP_GET_MEM_OBJECT_INFO = 20
-CL_MEM_SIZE = 0x1102
+HEADER = wire.HEADER
+HELLO, WELCOME = wire.HELLO, wire.WELCOME
+OP_GET_MEM_OBJECT_INFO = wire.OP["clGetMemObjectInfo"]
+CL_MEM_SIZE = wire.CL["CL_MEM_SIZE"]
 
 
 class Raw:
@@ -108,17 +109,12 @@ class Raw:
     def __init__(self, addr, token=None):
         host, port = addr.split(":")
         self.s = socket.create_connection((host, int(port)), timeout=10)
-        body = struct.pack("<B", VERSION) + struct.pack("<Q", 6) + b"opencl"
-        if token is not None:
-            body += b"\x01" + struct.pack("<Q", len(token)) + token
-        else:
-            body += b"\x00"
-        self.send(HELLO, body)
+        self.send(HELLO, wire.hello_body(token))
         op, _ = self.recv()
         assert op == WELCOME
 
     def send(self, op, body, lane=0, seq=1, raw_header=None):
-        self.s.sendall((raw_header or HEADER.pack(MAGIC, VERSION, 0, op, lane, len(body), seq)) + body)
+        self.s.sendall((raw_header or wire.header(op, len(body), lane=lane, seq=seq)) + body)
 
     def recv(self):
         h = b""
@@ -154,10 +150,11 @@ def test_malformed_messages_end_only_their_session(quota_server, c_programs, gar
     if garbage == "bad magic":
         bad.send(0, b"", raw_header=b"XX" + bytes(14))
     elif garbage == "huge length":
-        bad.send(0, b"", raw_header=HEADER.pack(MAGIC, VERSION, 0, 20, 0, 0xFFFFFFFF, 1))
+        bad.send(0, b"", raw_header=wire.header(OP_GET_MEM_OBJECT_INFO, 0xFFFFFFFF))
     elif garbage == "truncated body":
         bad.send(OP_GET_MEM_OBJECT_INFO, b"\x01\x02")
     elif garbage == "unknown opcode":
+        assert 0x7777 not in wire.OP.values() and 0x7777 not in wire.CONTROL.values()
         bad.send(0x7777, b"")
     elif garbage == "trailing bytes":
         bad.send(OP_GET_MEM_OBJECT_INFO, struct.pack("<QI", 1, CL_MEM_SIZE) + b"extra")

@@ -23,11 +23,16 @@ pub fn emit_server(api: &Api) -> String {
     {
         emit_handler(&mut s, api, f);
     }
+    emit_server_entry_args(&mut s, api);
     s.push_str("/// Decodes and runs one request. A decode error means a malformed message.\npub fn dispatch(s: &Session, op: Op, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {\n    match op {\n");
     for f in &api.funcs {
         match f.mode {
             Mode::Gen if f.server_entry => {
-                let _ = writeln!(s, "        Op::{0} => crate::custom::{0}(s, r, w),", f.name);
+                let _ = writeln!(
+                    s,
+                    "        Op::{0} => crate::custom::{0}(s, args::{0}::decode(r)?, w),",
+                    f.name
+                );
             }
             Mode::Gen => {
                 let _ = writeln!(s, "        Op::{0} => op_{0}(s, r, w),", f.name);
@@ -109,15 +114,13 @@ fn emit_ffi(s: &mut String, api: &Api) {
     s.push_str("}\n\n");
 }
 
-fn emit_handler(s: &mut String, api: &Api, f: &Func) {
-    let _ = writeln!(
-        s,
-        "fn op_{}(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {{",
-        f.name
-    );
-    // 1. Decode, in the order the client encodes.
+/// The request's fields in the order the client's generated stub encodes them: (local name,
+/// Rust type, decoding expression). The generated handlers decode into these locals, and the
+/// hand-written `@server_entry` handlers receive them as a struct (`args`).
+fn request_fields(f: &Func) -> Vec<(String, &'static str, String)> {
+    let mut v = Vec::new();
     if matches!(f.ret, Ret::Handle(_)) {
-        s.push_str("    let new_id = r.u64()?;\n");
+        v.push(("new_id".to_string(), "u64", "r.u64()?".to_string()));
     }
     let info_skip = f.info.then(|| info_params(f));
     for p in &f.params {
@@ -127,30 +130,118 @@ fn emit_handler(s: &mut String, api: &Api, f: &Func) {
                 continue;
             }
         }
-        let line = match &p.kind {
-            Kind::Scalar(Scalar::U32) => format!("let {n} = r.u32()?;"),
-            Kind::Scalar(Scalar::I32) => format!("let {n} = r.i32()?;"),
-            Kind::Scalar(Scalar::U64) => format!("let {n} = r.u64()?;"),
-            Kind::Scalar(Scalar::Usize) => format!("let {n} = r.usize()?;"),
-            Kind::Handle { .. } | Kind::NewHandle { .. } => format!("let {n}_id = r.u64()?;"),
-            Kind::Handles { .. } => format!("let {n}_ids = r.opt_u64s()?;"),
-            Kind::In { .. } => format!("let {n}_bytes = r.opt_bytes()?;"),
-            Kind::InUsize { .. } => format!("let {n}_vals = r.opt_usizes()?;"),
-            Kind::Str => format!("let {n}_str = r.opt_cstring()?;"),
-            Kind::Strs { .. } => format!("let {n}_strs = r.opt_cstrings()?;"),
-            Kind::Props(pk) => format!("let {n}_props = crate::props::decode(r, Props::{pk:?})?;"),
+        let (name, ty, expr) = match &p.kind {
+            Kind::Scalar(Scalar::U32) => (n.clone(), "u32", "r.u32()?".to_string()),
+            Kind::Scalar(Scalar::I32) => (n.clone(), "i32", "r.i32()?".to_string()),
+            Kind::Scalar(Scalar::U64) => (n.clone(), "u64", "r.u64()?".to_string()),
+            Kind::Scalar(Scalar::Usize) => (n.clone(), "usize", "r.usize()?".to_string()),
+            Kind::Handle { .. } | Kind::NewHandle { .. } => {
+                (format!("{n}_id"), "u64", "r.u64()?".to_string())
+            }
+            Kind::Handles { .. } => (
+                format!("{n}_ids"),
+                "Option<Vec<u64>>",
+                "r.opt_u64s()?".to_string(),
+            ),
+            Kind::In { .. } => (
+                format!("{n}_bytes"),
+                "Option<Vec<u8>>",
+                "r.opt_bytes()?".to_string(),
+            ),
+            Kind::InUsize { .. } => (
+                format!("{n}_vals"),
+                "Option<Vec<usize>>",
+                "r.opt_usizes()?".to_string(),
+            ),
+            Kind::Str => (
+                format!("{n}_str"),
+                "Option<std::ffi::CString>",
+                "r.opt_cstring()?".to_string(),
+            ),
+            Kind::Strs { .. } => (
+                format!("{n}_strs"),
+                "Option<Vec<std::ffi::CString>>",
+                "r.opt_cstrings()?".to_string(),
+            ),
+            Kind::Props(pk) => (
+                format!("{n}_props"),
+                "Option<Vec<u64>>",
+                format!("crate::props::decode(r, Props::{pk:?})?"),
+            ),
             Kind::Out { .. }
             | Kind::OutSize
             | Kind::OutU32
             | Kind::OutU64
-            | Kind::OutHandles { .. } => format!("let {n}_present = r.bool()?;"),
-            Kind::Callback { .. } => format!("let {n}_cb = r.u64()?;"),
+            | Kind::OutHandles { .. } => (format!("{n}_present"), "bool", "r.bool()?".to_string()),
+            Kind::Callback { .. } => (format!("{n}_cb"), "u64", "r.u64()?".to_string()),
             Kind::UserData | Kind::Err => continue,
         };
-        let _ = writeln!(s, "    {line}");
+        v.push((name, ty, expr));
     }
     if f.release.is_some() {
-        s.push_str("    let last = r.bool()?;\n");
+        v.push(("last".to_string(), "bool", "r.bool()?".to_string()));
+    }
+    v
+}
+
+/// For each `@server_entry` function, a struct of its request's fields with the one decoder
+/// (the client's stub is generated from the same description): the hand-written handler gets
+/// the decoded request, never the bytes.
+fn emit_server_entry_args(s: &mut String, api: &Api) {
+    s.push_str("/// The requests of the entry points whose handlers are hand-written (`@server_entry`), decoded
+/// as the client's generated stubs encode them.
+pub mod args {
+    use super::*;
+
+");
+    for f in api
+        .funcs
+        .iter()
+        .filter(|f| f.is_generated() && f.server_entry)
+    {
+        let fields = request_fields(f);
+        let _ = writeln!(
+            s,
+            "    /// The request of `{0}`.
+    #[allow(non_camel_case_types)]
+    #[derive(Debug)]
+    pub struct {0} {{",
+            f.name
+        );
+        for (name, ty, _) in &fields {
+            let _ = writeln!(s, "        pub {name}: {ty},");
+        }
+        let _ = writeln!(
+            s,
+            "    }}
+
+    impl {} {{
+        /// Decodes the whole body.
+        pub fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {{",
+            f.name
+        );
+        for (name, _, expr) in &fields {
+            let _ = writeln!(s, "            let {name} = {expr};");
+        }
+        let names: Vec<&str> = fields.iter().map(|(n, _, _)| n.as_str()).collect();
+        let _ = writeln!(
+            s,
+            "            r.finish()?;\n            Ok(Self {{ {} }})\n        }}\n    }}\n",
+            names.join(", ")
+        );
+    }
+    s.push_str("}\n\n");
+}
+
+fn emit_handler(s: &mut String, api: &Api, f: &Func) {
+    let _ = writeln!(
+        s,
+        "fn op_{}(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {{",
+        f.name
+    );
+    // 1. Decode, in the order the client encodes.
+    for (name, _, expr) in request_fields(f) {
+        let _ = writeln!(s, "    let {name} = {expr};");
     }
     s.push_str("    r.finish()?;\n");
     // 2. Validate and resolve, then call. Any Err(code) becomes the reply status.
@@ -380,4 +471,56 @@ fn emit_handler(s: &mut String, api: &Api, f: &Func) {
         }
     }
     s.push_str("        Ok(())\n    })();\n    if let Err(code) = result {\n        w.i32(code);\n    }\n    Ok(())\n}\n\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A hand-written handler gets its request decoded by the generator, in the order the
+    /// generated stub encodes the parameters, exactly as a generated handler decodes it.
+    #[test]
+    fn server_entry_requests_are_decoded_by_the_generator() {
+        let api = Api::parse(
+            "@api opencl\n@proto wormhole_opencl_proto\n@abi icd\n\
+             @status i32 success=CL_SUCCESS unsupported=CL_INVALID_OPERATION\n\
+             @handle program Program CL_INVALID_PROGRAM\n@handle device Device CL_INVALID_DEVICE\n\
+             @handle queue Queue CL_INVALID_COMMAND_QUEUE\n@callback program_notify ProgramNotify\n\
+             0 clBuildProgram gen @server_entry (h<program> program, u32 num_devices, hs<device>[num_devices] device_list, str options, cb<program_notify:program> pfn_notify, ud user_data)\n\
+             1 clFlush gen (h<queue> command_queue)\n",
+        )
+        .unwrap();
+        let f = &api.funcs[0];
+        let names: Vec<String> = request_fields(f).into_iter().map(|(n, _, _)| n).collect();
+        assert_eq!(
+            names,
+            [
+                "program_id",
+                "num_devices",
+                "device_list_ids",
+                "options_str",
+                "pfn_notify_cb"
+            ]
+        );
+        let out = emit_server(&api);
+        assert!(out.contains("pub struct clBuildProgram {"));
+        assert!(out.contains("Op::clBuildProgram => crate::custom::clBuildProgram(s, args::clBuildProgram::decode(r)?, w),"));
+        // The body is decoded whole: nothing may follow the last field.
+        let decode = &out[out.find("impl clBuildProgram").unwrap()..];
+        let order: Vec<usize> = [
+            "program_id =",
+            "num_devices =",
+            "device_list_ids =",
+            "options_str =",
+            "pfn_notify_cb =",
+            "r.finish()?",
+        ]
+        .iter()
+        .map(|n| decode.find(n).unwrap())
+        .collect();
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "{order:?}");
+        // Generated entry points keep their own handler.
+        assert!(out.contains("Op::clFlush => op_clFlush(s, r, w),"));
+        assert!(!out.contains("pub struct clFlush"));
+    }
 }

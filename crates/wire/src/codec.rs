@@ -105,6 +105,13 @@ impl Writer {
     /// right after the frame from its own memory (no copy into the frame). Must come last.
     pub fn trailing_bytes(&mut self, len: usize) {
         self.u64(len as u64);
+        self.trailer(len);
+    }
+
+    /// `len` bytes that the caller sends right after the frame from its own memory, whose
+    /// length the body already announced (a message header that says how much bulk data
+    /// follows). Must come last.
+    pub fn trailer(&mut self, len: usize) {
         self.trailer = len;
     }
 
@@ -161,21 +168,28 @@ impl Writer {
     ) -> Result<(), E> {
         let mark = self.buf.len();
         self.u64(len as u64);
+        let filled = self.filled_by(len, fill);
+        if filled.is_err() {
+            self.buf.truncate(mark);
+        }
+        filled
+    }
+
+    /// Appends `len` bytes (no length prefix: a header before them announced it) that `fill`
+    /// writes in place, as [`Writer::bytes_filled_by`] does. On Err nothing is appended.
+    pub fn filled_by<E>(
+        &mut self,
+        len: usize,
+        fill: impl FnOnce(*mut u8) -> Result<(), E>,
+    ) -> Result<(), E> {
         self.buf.reserve(len);
         let start = self.buf.len();
         // SAFETY: `reserve` made room for `len` bytes after `start`.
         let dst = unsafe { self.buf.as_mut_ptr().add(start) };
-        match fill(dst) {
-            Ok(()) => {
-                // SAFETY: `fill` initialised all `len` bytes (its contract) within capacity.
-                unsafe { self.buf.set_len(start + len) };
-                Ok(())
-            }
-            Err(e) => {
-                self.buf.truncate(mark);
-                Err(e)
-            }
-        }
+        fill(dst)?;
+        // SAFETY: `fill` initialised all `len` bytes (its contract) within capacity.
+        unsafe { self.buf.set_len(start + len) };
+        Ok(())
     }
 
     /// Room for `len` bytes of a length-prefixed string, for callers that fill it in place.
@@ -263,6 +277,11 @@ impl<'a> Reader<'a> {
     /// A length-prefixed byte string, borrowed from the message.
     pub fn bytes(&mut self) -> Result<&'a [u8], DecodeError> {
         let n = self.u64()?;
+        self.take(n)
+    }
+    /// `n` bytes without a length prefix (bulk data whose length a header announced),
+    /// borrowed from the message.
+    pub fn raw(&mut self, n: u64) -> Result<&'a [u8], DecodeError> {
         self.take(n)
     }
     pub fn opt_bytes(&mut self) -> Result<Option<Vec<u8>>, DecodeError> {

@@ -1,12 +1,14 @@
 //! OpenCL's vocabulary on Wormhole's wire, shared by the OpenCL client and backend: the opcode
 //! table generated from the API description (`api/opencl.api`), handle and callback kinds, the
-//! OpenCL constants Wormhole's own code needs, and which info values carry handles. Frames and
-//! the body codec are the common `wormhole-wire`, re-exported so OpenCL code names one crate.
+//! OpenCL constants Wormhole's own code needs, which info values carry handles, and the one
+//! encoding of each hand-written request (`requests`). Frames and the body codec are the common
+//! `wormhole-wire`, re-exported so OpenCL code names one crate.
 
 pub mod cl;
 pub mod geometry;
 pub mod info;
 mod kinds;
+pub mod requests;
 
 pub use kinds::*;
 pub use wormhole_wire::*;

@@ -15,18 +15,14 @@ use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
+use wormhole_opencl_proto::requests::{Direct, Message};
 use wormhole_opencl_proto::{cl::*, DecodeError, HandleKind, Reader, Writer};
 use wormhole_transport::Arena;
 
 /// Smaller buffers keep ordinary driver storage: arena space is handed out in whole pages.
 pub const WINDOW_MIN: usize = 4096;
 
-/// A `DIRECT` answer meaning "use the ordinary path" (which then reports any error exactly as
-/// the driver does).
-pub const DIRECT_DECLINED: i32 = 1;
-
-/// The offset a creation reply carries for a buffer that has no window.
-pub const NO_WINDOW: u64 = u64::MAX;
+pub use wormhole_opencl_proto::requests::{DIRECT_DECLINED, NO_WINDOW};
 
 /// Bytes of buffer storage in the arena now, and DIRECT requests granted so far (`wh status`).
 pub static SHARED_BYTES: AtomicU64 = AtomicU64::new(0);
@@ -338,7 +334,7 @@ pub fn visible_flags(mem: Handle, flags: u64) -> u64 {
 /// in-order queue: for every command before it), then answers CL_SUCCESS; anything unusual
 /// answers DIRECT_DECLINED and the client takes the ordinary path.
 pub fn direct(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
-    let (queue, mem) = (r.u64()?, r.u64()?);
+    let Direct { queue, mem } = Direct::decode(r)?;
     r.finish()?;
     let ready = (|| -> Option<()> {
         let shared = SHARED.get()?;

@@ -3,20 +3,10 @@
 use crate::session::Session;
 use wormhole_opencl_proto::{cl::*, DecodeError, HandleKind, Props, Reader};
 
-/// Largest property list accepted.
-const MAX_WORDS: usize = 1024;
-
+/// A property list as every request carries it (the one decoder the hand-written requests
+/// use too).
 pub fn decode(r: &mut Reader<'_>, _kind: Props) -> Result<Option<Vec<u64>>, DecodeError> {
-    let v = r.opt_u64s()?;
-    if let Some(v) = &v {
-        if v.len() > MAX_WORDS {
-            return Err(DecodeError::TooLarge(v.len() as u64));
-        }
-        if v.last() != Some(&0) {
-            return Err(DecodeError::BadValue("property list must end with 0"));
-        }
-    }
-    Ok(v)
+    wormhole_opencl_proto::requests::decode_props(r)
 }
 
 /// Replaces handle ids inside a property list by the real objects.

@@ -1,6 +1,8 @@
 use super::*;
 use crate::generated;
 
+/// How a setting is remembered (with its size) to tell settings the driver accepted before:
+/// NULL, plain bytes, or a handle of a kind.
 const ARG_NULL: u8 = 0;
 const ARG_BYTES: u8 = 1;
 const ARG_HANDLE: u8 = 2;
@@ -16,14 +18,8 @@ pub unsafe extern "C" fn clSetKernelArg(
     rt::entry_status(|| {
         // SAFETY: the application's handle.
         let k = unsafe { obj(kernel, HandleKind::Kernel) }?;
-        let mut w = rt::request(wormhole_opencl_proto::Op::clSetKernelArg);
-        w.u64(k.id);
-        w.u32(index);
-        w.usize(size);
-        let class: u8;
-        if value.is_null() {
-            w.u8(ARG_NULL);
-            class = ARG_NULL;
+        let (arg, class) = if value.is_null() {
+            (req::ArgValue::Null, ARG_NULL)
         } else {
             let handle = if size == std::mem::size_of::<Handle>() {
                 // SAFETY: `value` points to `size` (= pointer-size) readable bytes.
@@ -35,20 +31,23 @@ pub unsafe extern "C" fn clSetKernelArg(
                 None
             };
             match handle {
-                Some((kind, id)) => {
-                    w.u8(ARG_HANDLE);
-                    w.u8(kind as u8);
-                    w.u64(id);
-                    class = ARG_HANDLE + kind as u8;
-                }
+                Some((kind, id)) => (req::ArgValue::Handle(kind, id), ARG_HANDLE + kind as u8),
                 None => {
-                    class = ARG_BYTES;
-                    w.u8(ARG_BYTES);
                     // SAFETY: `value` points to `size` readable bytes.
-                    w.bytes(unsafe { std::slice::from_raw_parts(value as *const u8, size) });
+                    let bytes = unsafe { std::slice::from_raw_parts(value as *const u8, size) };
+                    (req::ArgValue::Bytes(bytes), ARG_BYTES)
                 }
             }
-        }
+        };
+        let w = encode(
+            Op::clSetKernelArg,
+            &req::SetKernelArg {
+                kernel: k.id,
+                index,
+                size,
+                value: arg,
+            },
+        );
         // The driver judges an argument by its index, size and kind of value; a setting it has
         // accepted for this kernel before is accepted again, so it need not be waited for.
         let sig = (size, class);

@@ -19,38 +19,43 @@ unsafe fn create_buffer(
     // SAFETY: the application's handle.
     let ctx = unsafe { obj(context, HandleKind::Context) }?;
     let new_id = rt::alloc_id();
-    let mut w = rt::request(if props.is_some() {
-        Op::clCreateBufferWithProperties
-    } else {
-        Op::clCreateBuffer
-    });
-    w.u64(new_id);
-    w.u64(ctx.id);
-    if let Some(p) = props {
+    let props = match props {
         // SAFETY: a zero-terminated list or NULL.
-        unsafe { rt::props::encode(&mut w, wormhole_opencl_proto::Props::Plain, p) }?;
-    }
-    w.u64(flags);
-    w.usize(size);
-    w.bool(!host_ptr.is_null());
+        Some(p) => Some(unsafe { rt::props::words(wormhole_opencl_proto::Props::Plain, p) }?),
+        None => None,
+    };
     // A buffer over shared virtual memory uses that memory (same address on the server).
     let svm = flags & CL_MEM_USE_HOST_PTR != 0
         && !host_ptr.is_null()
         && super::svm::is_svm(host_ptr as usize, size);
-    w.u64(if svm { host_ptr as u64 } else { 0 });
     let data = if !svm && wants_host_data(flags, host_ptr) && size > 0 {
         // SAFETY: with USE/COPY_HOST_PTR the application promises `size` readable bytes.
         Some(unsafe { std::slice::from_raw_parts(host_ptr as *const u8, size) })
     } else {
         None
     };
-    w.opt_bytes(data);
+    let buffer = req::CreateBuffer {
+        new_id,
+        context: ctx.id,
+        flags,
+        size,
+        host_ptr: !host_ptr.is_null(),
+        svm_ptr: if svm { host_ptr as u64 } else { 0 },
+        data,
+    };
+    let w = match props {
+        Some(props) => encode(
+            Op::clCreateBufferWithProperties,
+            &req::CreateBufferWithProperties { props, buffer },
+        ),
+        None => encode(Op::clCreateBuffer, &buffer),
+    };
     let reply = rt::call(w)?;
-    let mut r = Reader::new(&reply);
-    match r.i32()? {
+    let reply = req::CreateBufferReply::decode_all(&reply)?;
+    match reply.status {
         CL_SUCCESS => {
             // Where the server put the buffer's bytes in the shared arena, if it did.
-            let window = r.u64().ok().filter(|&o| o != u64::MAX).map(|o| (o, size));
+            let window = reply.window.map(|o| (o, size));
             Ok(objects::new_object(
                 HandleKind::Mem,
                 new_id,
@@ -148,45 +153,31 @@ unsafe fn create_image(
     // SAFETY: the application's handle.
     let ctx = unsafe { obj(context, HandleKind::Context) }?;
     let new_id = rt::alloc_id();
-    let mut w = rt::request(op);
-    w.u64(new_id);
-    w.u64(ctx.id);
-    match props {
+    let props = match props {
         // SAFETY: a zero-terminated list or NULL.
-        Some(p) => unsafe { rt::props::encode(&mut w, wormhole_opencl_proto::Props::Plain, p) }?,
-        None => w.opt_u64s(None),
-    }
-    w.u64(flags);
+        Some(p) => unsafe { rt::props::words(wormhole_opencl_proto::Props::Plain, p) }?,
+        None => None,
+    };
     // SAFETY: `format` points to a cl_image_format (two cl_uint) or is NULL.
     let fmt = (!format.is_null()).then(|| unsafe { [*format, *format.add(1)] });
-    w.bool(fmt.is_some());
-    if let Some(f) = fmt {
-        w.u32(f[0]);
-        w.u32(f[1]);
-    }
-    w.bool(desc.is_some());
-    if let Some(d) = &desc {
-        w.u32(d.image_type);
-        for v in [
-            d.width,
-            d.height,
-            d.depth,
-            d.array_size,
-            d.row_pitch,
-            d.slice_pitch,
-        ] {
-            w.usize(v);
-        }
-        w.u32(d.num_mip_levels);
-        w.u32(d.num_samples);
-        // SAFETY: the application's handle or NULL.
-        w.u64(
-            unsafe { rt::id_of(d.mem_object, HandleKind::Mem, true) }
+    let wire_desc = match &desc {
+        Some(d) => Some(req::ImageDesc {
+            image_type: d.image_type,
+            width: d.width,
+            height: d.height,
+            depth: d.depth,
+            array_size: d.array_size,
+            row_pitch: d.row_pitch,
+            slice_pitch: d.slice_pitch,
+            num_mip_levels: d.num_mip_levels,
+            num_samples: d.num_samples,
+            // SAFETY: the application's handle or NULL.
+            mem_object: unsafe { rt::id_of(d.mem_object, HandleKind::Mem, true) }
                 .map_err(|_| ClErr(CL_INVALID_IMAGE_DESCRIPTOR))?,
-        );
-    }
+        }),
+        None => None,
+    };
     let elem = fmt.and_then(|f| element_size(f[0], f[1]));
-    w.bool(!host_ptr.is_null());
     let data = match (wants_host_data(flags, host_ptr), &desc, elem) {
         (true, Some(d), Some(e)) => {
             let n = host_size(d, e).ok_or(ClErr(CL_INVALID_IMAGE_SIZE))?;
@@ -196,7 +187,19 @@ unsafe fn create_image(
         (true, _, None) if fmt.is_some() => return Err(ClErr(CL_IMAGE_FORMAT_NOT_SUPPORTED)),
         _ => None,
     };
-    w.opt_bytes(data);
+    let w = encode(
+        op,
+        &req::CreateImage {
+            new_id,
+            context: ctx.id,
+            props,
+            flags,
+            format: fmt,
+            desc: wire_desc,
+            host_ptr: !host_ptr.is_null(),
+            data,
+        },
+    );
     let reply = rt::call(w)?;
     match Reader::new(&reply).i32()? {
         CL_SUCCESS => {

@@ -1,5 +1,6 @@
-//! Hand-written entry points whose arguments need more than the generator knows (see the
-//! matching handlers in `crates/server/src/custom`, which read exactly what these write).
+//! Hand-written entry points whose arguments need more than the generator knows. Requests and
+//! replies are the structs of `wormhole_opencl_proto::requests`, which the matching handlers in
+//! `crates/opencl/server/src/custom` decode: the two sides share one encoding.
 #![allow(non_snake_case, clippy::missing_safety_doc, clippy::too_many_arguments)]
 
 mod kernel;
@@ -17,7 +18,8 @@ pub use transfer::*;
 use crate::objects;
 use crate::rt::{self, ClErr};
 use std::ffi::c_void;
-use wormhole_opencl_proto::{cl::*, HandleKind, Writer};
+use wormhole_opencl_proto::requests::{self as req, Message};
+use wormhole_opencl_proto::{cl::*, HandleKind, Op, Writer};
 
 pub type Handle = *mut c_void;
 
@@ -27,15 +29,14 @@ unsafe fn obj<'a>(h: Handle, kind: HandleKind) -> Result<&'a objects::ClObject, 
     unsafe { objects::get(h, kind) }.ok_or(ClErr(kind.invalid_code()))
 }
 
-/// Encodes an event wait list (CL_INVALID_EVENT_WAIT_LIST for a bad one, like native).
-unsafe fn wait_list(w: &mut Writer, n: u32, list: *const Handle) -> Result<(), ClErr> {
+/// The ids of an event wait list (CL_INVALID_EVENT_WAIT_LIST for a bad one, like native).
+unsafe fn wait_ids(n: u32, list: *const Handle) -> Result<Option<Vec<u64>>, ClErr> {
     if (n == 0) != list.is_null() {
         return Err(ClErr(CL_INVALID_EVENT_WAIT_LIST));
     }
     // SAFETY: `list` holds `n` events.
     unsafe {
-        rt::encode_handles(
-            w,
+        rt::handle_ids(
             list,
             n as usize,
             HandleKind::Event,
@@ -44,19 +45,16 @@ unsafe fn wait_list(w: &mut Writer, n: u32, list: *const Handle) -> Result<(), C
     }
 }
 
-/// Encodes the tail every enqueue shares: the wait list, then the id of the event it returns
-/// (0: the application wants none). Returns that id.
+/// The tail every enqueue shares: the wait list's ids, then the id of the event it returns
+/// (0: the application wants none).
 unsafe fn wait_and_event(
-    w: &mut Writer,
     n: u32,
     list: *const Handle,
     event: *mut Handle,
-) -> Result<u64, ClErr> {
+) -> Result<(Option<Vec<u64>>, u64), ClErr> {
     // SAFETY: the caller passes the application's wait list.
-    unsafe { wait_list(w, n, list) }?;
-    let id = event_id(event);
-    w.u64(id);
-    Ok(id)
+    let wait = unsafe { wait_ids(n, list) }?;
+    Ok((wait, event_id(event)))
 }
 
 /// Allocates the id of the event an enqueue returns (0: the application wants none).
@@ -84,8 +82,9 @@ unsafe fn triple(p: *const usize) -> Result<[usize; 3], ClErr> {
     Ok(unsafe { [*p, *p.add(1), *p.add(2)] })
 }
 
-fn put_triple(w: &mut Writer, t: [usize; 3]) {
-    for v in t {
-        w.usize(v);
-    }
+/// A request of `op` that holds `m`.
+fn encode<'a>(op: Op, m: &impl Message<'a>) -> Writer {
+    let mut w = rt::request(op);
+    m.encode(&mut w);
+    w
 }

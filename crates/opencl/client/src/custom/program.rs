@@ -16,10 +16,7 @@ pub unsafe extern "C" fn clCreateProgramWithSource(
             return Err(ClErr(CL_INVALID_VALUE));
         }
         let new_id = rt::alloc_id();
-        let mut w = rt::request(Op::clCreateProgramWithSource);
-        w.u64(new_id);
-        w.u64(ctx.id);
-        w.u32(count);
+        let mut sources = Vec::with_capacity(count as usize);
         for i in 0..count as usize {
             // SAFETY: `strings` (and `lengths` if given) hold `count` entries.
             let s = unsafe { *strings.add(i) };
@@ -40,8 +37,16 @@ pub unsafe extern "C" fn clCreateProgramWithSource(
                 // SAFETY: per the API, `len` bytes.
                 unsafe { std::slice::from_raw_parts(s as *const u8, len) }
             };
-            w.bytes(bytes);
+            sources.push(bytes);
         }
+        let w = encode(
+            Op::clCreateProgramWithSource,
+            &req::CreateProgramWithSource {
+                new_id,
+                context: ctx.id,
+                sources,
+            },
+        );
         let reply = rt::call(w)?;
         match Reader::new(&reply).i32()? {
             CL_SUCCESS => Ok(rt::new_object(HandleKind::Program, new_id)),
@@ -67,20 +72,10 @@ pub unsafe extern "C" fn clCreateProgramWithBinary(
         }
         let n = num_devices as usize;
         let new_id = rt::alloc_id();
-        let mut w = rt::request(Op::clCreateProgramWithBinary);
-        w.u64(new_id);
-        w.u64(ctx.id);
         // SAFETY: `device_list` holds `n` devices.
-        unsafe {
-            rt::encode_handles(
-                &mut w,
-                device_list,
-                n,
-                HandleKind::Device,
-                CL_INVALID_DEVICE,
-            )
-        }?;
-        w.u32(num_devices);
+        let devices =
+            unsafe { rt::handle_ids(device_list, n, HandleKind::Device, CL_INVALID_DEVICE) }?;
+        let mut bins = Vec::with_capacity(n);
         for i in 0..n {
             // SAFETY: `lengths` and `binaries` hold `n` entries.
             let (len, b) = unsafe { (*lengths.add(i), *binaries.add(i)) };
@@ -92,16 +87,30 @@ pub unsafe extern "C" fn clCreateProgramWithBinary(
                 return Err(ClErr(CL_INVALID_VALUE));
             }
             // SAFETY: binary `i` has `len` bytes.
-            w.bytes(unsafe { std::slice::from_raw_parts(b, len) });
+            bins.push(unsafe { std::slice::from_raw_parts(b, len) });
         }
-        w.bool(!binary_status.is_null());
+        let w = encode(
+            Op::clCreateProgramWithBinary,
+            &req::CreateProgramWithBinary {
+                new_id,
+                context: ctx.id,
+                devices,
+                binaries: bins,
+                want_status: !binary_status.is_null(),
+            },
+        );
         let reply = rt::call(w)?;
-        let mut r = Reader::new(&reply);
-        let status = r.i32()?;
-        if r.bool()? {
-            for i in 0..n {
-                let st = r.i32()?;
-                // SAFETY: `binary_status` holds `n` entries (the server echoes our request).
+        let req::CreateProgramWithBinaryReply {
+            status,
+            binary_status: statuses,
+        } = req::CreateProgramWithBinaryReply::decode_all(&reply)?;
+        if let Some(statuses) = statuses {
+            // The server answers one status per binary sent, and only when asked to.
+            if statuses.len() != n || binary_status.is_null() {
+                return Err(ClErr(CL_OUT_OF_RESOURCES));
+            }
+            for (i, st) in statuses.into_iter().enumerate() {
+                // SAFETY: `binary_status` holds `n` entries.
                 unsafe { *binary_status.add(i) = st };
             }
         }

@@ -9,9 +9,6 @@ use std::sync::Mutex;
 use wormhole_opencl_proto::{Op, Reader, Writer, SVM_SYNC_BATCH};
 
 const PAGE: usize = 4096;
-const COPY_SVM_TO_SVM: u8 = 0;
-const COPY_HOST_TO_SVM: u8 = 1;
-const COPY_SVM_TO_HOST: u8 = 2;
 
 /// SVM allocations of this session: start → length.
 static ALLOCS: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
@@ -56,12 +53,17 @@ pub fn push_fine() {
     }
     for batch in batches(&runs) {
         let mut w = Writer::new(wormhole_opencl_proto::control::SVM_PUSH);
-        w.u32(batch.len() as u32);
-        for (addr, n) in batch {
-            w.u64(*addr as u64);
-            // SAFETY: inside a mirror, as above.
-            w.bytes(unsafe { std::slice::from_raw_parts(*addr as *const u8, *n) });
+        req::SvmPush {
+            runs: batch
+                .iter()
+                .map(|(addr, n)| {
+                    // SAFETY: inside a mirror, as above.
+                    let bytes = unsafe { std::slice::from_raw_parts(*addr as *const u8, *n) };
+                    (*addr as u64, bytes)
+                })
+                .collect(),
         }
+        .encode(&mut w);
         match crate::connection::get().map(|c| c.call(w)) {
             Some(Ok(_)) => {}
             _ => return,
@@ -105,20 +107,20 @@ pub fn pull_fine() {
         let pieces: Vec<(usize, usize)> = pieces(f.ptr, f.len).collect();
         for batch in batches(&pieces) {
             let mut w = Writer::new(wormhole_opencl_proto::control::SVM_PULL);
-            w.u32(batch.len() as u32);
-            for (addr, n) in batch {
-                w.u64(*addr as u64);
-                w.usize(*n);
+            req::SvmPull {
+                ranges: batch.iter().map(|(addr, n)| (*addr as u64, *n)).collect(),
             }
+            .encode(&mut w);
             let Some(Ok(reply)) = crate::connection::get().map(|c| c.call(w)) else {
                 return;
             };
-            let mut r = Reader::new(&reply);
-            if r.i32() != Ok(CL_SUCCESS) {
+            let Ok(Ok(pulled)) = req::Reply::<req::SvmPulled>::decode_all(&reply) else {
+                return;
+            };
+            if pulled.ranges.len() != batch.len() {
                 return;
             }
-            for (addr, n) in batch {
-                let Ok(dev) = r.bytes() else { return };
+            for ((addr, n), dev) in batch.iter().zip(pulled.ranges) {
                 if dev.len() != *n {
                     return;
                 }
@@ -167,9 +169,13 @@ pub fn is_svm(p: usize, len: usize) -> bool {
 }
 
 fn server_free(ctx_id: u64, p: usize) {
-    let mut w = rt::request(Op::clSVMFree);
-    w.u64(ctx_id);
-    w.u64(p as u64);
+    let w = encode(
+        Op::clSVMFree,
+        &req::SvmFree {
+            context: ctx_id,
+            ptr: p as u64,
+        },
+    );
     let _ = rt::call(w);
 }
 
@@ -270,13 +276,17 @@ pub unsafe extern "C" fn clSVMAlloc(
     let mut refused = Vec::new();
     let mut result = std::ptr::null_mut();
     for _ in 0..8 {
-        let mut w = rt::request(Op::clSVMAlloc);
-        w.u64(ctx.id);
-        w.u64(flags);
-        w.usize(size);
-        w.u32(alignment);
+        let w = encode(
+            Op::clSVMAlloc,
+            &req::SvmAlloc {
+                context: ctx.id,
+                flags,
+                size,
+                alignment,
+            },
+        );
         let Ok(reply) = rt::call(w) else { break };
-        let p = Reader::new(&reply).u64().unwrap_or(0) as usize;
+        let p = req::SvmAllocReply::decode_all(&reply).map_or(0, |r| r.ptr) as usize;
         if p == 0 {
             break;
         }
@@ -352,11 +362,17 @@ pub unsafe extern "C" fn clEnqueueSVMFree(
         let list_ptrs: Vec<u64> = (0..count as usize)
             .map(|i| unsafe { *ptrs.add(i) } as u64)
             .collect();
-        let mut w = rt::request(Op::clEnqueueSVMFree);
-        w.u64(q.id);
-        w.opt_u64s(Some(&list_ptrs));
         // SAFETY: the application's wait list and event pointer.
-        let ev = unsafe { wait_and_event(&mut w, n, list, event) }?;
+        let (wait, ev) = unsafe { wait_and_event(n, list, event) }?;
+        let w = encode(
+            Op::clEnqueueSVMFree,
+            &req::EnqueueSvmFree {
+                queue: q.id,
+                ptrs: list_ptrs.clone(),
+                wait,
+                event: ev,
+            },
+        );
         let st = Reader::new(&rt::call(w)?).i32()?;
         if st == CL_SUCCESS {
             list_ptrs.iter().for_each(|p| unmirror(*p as usize));
@@ -383,10 +399,13 @@ pub unsafe extern "C" fn clEnqueueSVMMemcpy(
         if dst.is_null() || src.is_null() {
             return Err(ClErr(CL_INVALID_VALUE));
         }
-        let mode = match (is_svm(dst as usize, size), is_svm(src as usize, size)) {
-            (true, true) => COPY_SVM_TO_SVM,
-            (true, false) => COPY_HOST_TO_SVM,
-            (false, true) => COPY_SVM_TO_HOST,
+        let copy = match (is_svm(dst as usize, size), is_svm(src as usize, size)) {
+            (true, true) => req::SvmCopy::SvmToSvm,
+            // SAFETY: `src` holds `size` bytes.
+            (true, false) => req::SvmCopy::HostToSvm(unsafe {
+                std::slice::from_raw_parts(src as *const u8, size)
+            }),
+            (false, true) => req::SvmCopy::SvmToHost,
             (false, false) => {
                 // Host to host: nothing for the device to do but order the event.
                 // SAFETY: the application promises `size` bytes at both.
@@ -397,27 +416,31 @@ pub unsafe extern "C" fn clEnqueueSVMMemcpy(
                 });
             }
         };
-        let mut w = rt::request(Op::clEnqueueSVMMemcpy);
-        w.u64(q.id);
-        w.u32(blocking);
-        w.u8(mode);
-        w.u64(dst as u64);
-        w.u64(src as u64);
-        w.usize(size);
-        if mode == COPY_HOST_TO_SVM {
-            // SAFETY: `src` holds `size` bytes.
-            w.bytes(unsafe { std::slice::from_raw_parts(src as *const u8, size) });
-        }
         // SAFETY: the application's wait list and event pointer.
-        let ev = unsafe { wait_and_event(&mut w, n, list, event) }?;
+        let (wait, ev) = unsafe { wait_and_event(n, list, event) }?;
+        let w = encode(
+            Op::clEnqueueSVMMemcpy,
+            &req::SvmMemcpy {
+                queue: q.id,
+                blocking,
+                copy,
+                dst: dst as u64,
+                src: src as u64,
+                size,
+                wait,
+                event: ev,
+            },
+        );
         let reply = rt::call(w)?;
         let mut r = Reader::new(&reply);
-        let st = r.i32()?;
-        if st != CL_SUCCESS {
-            return Ok(st);
-        }
-        if mode == COPY_SVM_TO_HOST {
-            let data = r.bytes()?;
+        let copied = match req::Reply::<req::SvmCopied>::decode(&mut r)? {
+            Ok(c) => c,
+            Err(st) => return Ok(st),
+        };
+        let data = copied.data(&mut r)?;
+        r.finish()?;
+        if copy == req::SvmCopy::SvmToHost {
+            let data = data.ok_or(ClErr(CL_OUT_OF_RESOURCES))?;
             // SAFETY: `dst` holds `size` bytes; the server sent exactly `size`.
             unsafe {
                 std::ptr::copy_nonoverlapping(data.as_ptr(), dst as *mut u8, data.len().min(size))
@@ -445,14 +468,21 @@ pub unsafe extern "C" fn clEnqueueSVMMemFill(
         if ptr.is_null() || pattern.is_null() || pattern_size == 0 || pattern_size > 128 {
             return Err(ClErr(CL_INVALID_VALUE));
         }
-        let mut w = rt::request(Op::clEnqueueSVMMemFill);
-        w.u64(q.id);
-        w.u64(ptr as u64);
         // SAFETY: the pattern has `pattern_size` bytes.
-        w.bytes(unsafe { std::slice::from_raw_parts(pattern as *const u8, pattern_size) });
-        w.usize(size);
+        let pattern = unsafe { std::slice::from_raw_parts(pattern as *const u8, pattern_size) };
         // SAFETY: the application's wait list and event pointer.
-        let ev = unsafe { wait_and_event(&mut w, n, list, event) }?;
+        let (wait, ev) = unsafe { wait_and_event(n, list, event) }?;
+        let w = encode(
+            Op::clEnqueueSVMMemFill,
+            &req::SvmMemFill {
+                queue: q.id,
+                ptr: ptr as u64,
+                pattern,
+                size,
+                wait,
+                event: ev,
+            },
+        );
         let st = Reader::new(&rt::call(w)?).i32()?;
         if st == CL_SUCCESS {
             // SAFETY: as above.
@@ -478,21 +508,25 @@ pub unsafe extern "C" fn clEnqueueSVMMap(
         if ptr.is_null() || size == 0 || !is_svm(ptr as usize, size) {
             return Err(ClErr(CL_INVALID_VALUE));
         }
-        let mut w = rt::request(Op::clEnqueueSVMMap);
-        w.u64(q.id);
-        w.u32(blocking);
-        w.u64(flags);
-        w.u64(ptr as u64);
-        w.usize(size);
         // SAFETY: the application's wait list and event pointer.
-        let ev = unsafe { wait_and_event(&mut w, n, list, event) }?;
+        let (wait, ev) = unsafe { wait_and_event(n, list, event) }?;
+        let w = encode(
+            Op::clEnqueueSVMMap,
+            &req::SvmMap {
+                queue: q.id,
+                blocking,
+                flags,
+                ptr: ptr as u64,
+                size,
+                wait,
+                event: ev,
+            },
+        );
         let reply = rt::call(w)?;
-        let mut r = Reader::new(&reply);
-        let st = r.i32()?;
-        if st != CL_SUCCESS {
-            return Ok(st);
-        }
-        let data = r.bytes()?;
+        let data = match req::Reply::<req::SvmMapped>::decode_all(&reply)? {
+            Ok(m) => m.data,
+            Err(st) => return Ok(st),
+        };
         // SAFETY: the mirror covers [ptr, ptr+size) (checked above).
         unsafe {
             std::ptr::copy_nonoverlapping(data.as_ptr(), ptr as *mut u8, data.len().min(size))
@@ -525,13 +559,20 @@ pub unsafe extern "C" fn clEnqueueSVMUnmap(
                 .ok_or(ClErr(CL_INVALID_VALUE))?;
             maps.remove(i)
         };
-        let mut w = rt::request(Op::clEnqueueSVMUnmap);
-        w.u64(q.id);
-        w.u64(addr as u64);
         // SAFETY: the mirror covers the mapped range.
-        w.opt_bytes(writes.then(|| unsafe { std::slice::from_raw_parts(addr as *const u8, size) }));
+        let data = writes.then(|| unsafe { std::slice::from_raw_parts(addr as *const u8, size) });
         // SAFETY: the application's wait list and event pointer.
-        let ev = unsafe { wait_and_event(&mut w, n, list, event) }?;
+        let (wait, ev) = unsafe { wait_and_event(n, list, event) }?;
+        let w = encode(
+            Op::clEnqueueSVMUnmap,
+            &req::SvmUnmap {
+                queue: q.id,
+                ptr: addr as u64,
+                data,
+                wait,
+                event: ev,
+            },
+        );
         let st = Reader::new(&rt::call(w)?).i32()?;
         if st == CL_SUCCESS {
             // SAFETY: as above.
@@ -553,10 +594,14 @@ pub unsafe extern "C" fn clSetKernelArgSVMPointer(
     rt::entry_status(|| {
         // SAFETY: the application's handle.
         let k = unsafe { obj(kernel, HandleKind::Kernel) }?;
-        let mut w = rt::request(Op::clSetKernelArgSVMPointer);
-        w.u64(k.id);
-        w.u32(index);
-        w.u64(value as u64);
+        let w = encode(
+            Op::clSetKernelArgSVMPointer,
+            &req::SetKernelArgSvmPointer {
+                kernel: k.id,
+                index,
+                ptr: value as u64,
+            },
+        );
         Ok(Reader::new(&rt::call(w)?).i32()?)
     })
 }
@@ -573,11 +618,15 @@ pub unsafe extern "C" fn clSetKernelExecInfo(
         if value.is_null() || size > 1 << 20 {
             return Err(ClErr(CL_INVALID_VALUE));
         }
-        let mut w = rt::request(Op::clSetKernelExecInfo);
-        w.u64(k.id);
-        w.u32(param);
-        // SAFETY: `value` holds `size` bytes.
-        w.bytes(unsafe { std::slice::from_raw_parts(value as *const u8, size) });
+        let w = encode(
+            Op::clSetKernelExecInfo,
+            &req::SetKernelExecInfo {
+                kernel: k.id,
+                param,
+                // SAFETY: `value` holds `size` bytes.
+                value: unsafe { std::slice::from_raw_parts(value as *const u8, size) },
+            },
+        );
         Ok(Reader::new(&rt::call(w)?).i32()?)
     })
 }
@@ -608,13 +657,19 @@ pub unsafe extern "C" fn clEnqueueSVMMigrateMem(
                 .map(|i| unsafe { *sizes.add(i) } as u64)
                 .collect()
         });
-        let mut w = rt::request(Op::clEnqueueSVMMigrateMem);
-        w.u64(q.id);
-        w.opt_u64s(Some(&p));
-        w.opt_u64s(s.as_deref());
-        w.u64(flags);
         // SAFETY: the application's wait list and event pointer.
-        let ev = unsafe { wait_and_event(&mut w, n, list, event) }?;
+        let (wait, ev) = unsafe { wait_and_event(n, list, event) }?;
+        let w = encode(
+            Op::clEnqueueSVMMigrateMem,
+            &req::SvmMigrateMem {
+                queue: q.id,
+                ptrs: p,
+                sizes: s,
+                flags,
+                wait,
+                event: ev,
+            },
+        );
         let st = Reader::new(&rt::call(w)?).i32()?;
         if st == CL_SUCCESS {
             // SAFETY: as above.

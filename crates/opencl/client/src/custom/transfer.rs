@@ -8,8 +8,6 @@ use std::sync::Mutex;
 use wormhole_opencl_proto::geometry::{for_each_row, image_span, rect_span, Span};
 use wormhole_opencl_proto::{Op, Reader};
 
-const READ_INLINE: u8 = 0;
-
 /// Sends a read and puts its data where `scatter` says (now, or at the next sync point).
 fn finish_read(
     w: Writer,
@@ -21,9 +19,6 @@ fn finish_read(
     finish_read_into(w, read_id, event, ev_id, scatter, None)
 }
 
-/// Reply of an inline read: status i32, mode u8, data length u64, then the data.
-const READ_PREFIX: usize = 13;
-
 /// As `finish_read`; with `direct`, inline data is read from the transport straight into the
 /// application's buffer.
 fn finish_read_into(
@@ -34,28 +29,36 @@ fn finish_read_into(
     scatter: Scatter,
     direct: Option<&mut [u8]>,
 ) -> Result<i32, ClErr> {
-    let (reply, filled) = rt::call_bulk(w, &[], direct.map(|d| (READ_PREFIX, d)))?;
+    let want = direct.as_ref().map(|d| d.len() as u64);
+    let (reply, filled) =
+        rt::call_bulk(w, &[], direct.map(|d| (req::ReadReply::INLINE_HEAD_LEN, d)))?;
+    let mut r = Reader::new(&reply);
+    let head = match req::Reply::<req::ReadReply>::decode(&mut r)? {
+        Ok(head) => head,
+        Err(_) if filled => return Err(ClErr(CL_OUT_OF_RESOURCES)),
+        Err(st) => return Ok(st),
+    };
     if filled {
-        if Reader::new(&reply).i32()? != CL_SUCCESS {
+        // The transport read the data straight into the application's buffer: the reply
+        // held the header alone, which must announce exactly that much.
+        if want.map(|len| req::ReadReply::Inline { len }) != Some(head) {
             return Err(ClErr(CL_OUT_OF_RESOURCES));
         }
+        r.finish()?;
         // SAFETY: the application's `cl_event *` or NULL.
         unsafe { set_event(event, ev_id) };
         rt::after_sync();
         return Ok(CL_SUCCESS);
     }
-    let mut r = Reader::new(&reply);
-    let st = r.i32()?;
-    if st != CL_SUCCESS {
-        return Ok(st);
-    }
-    if r.u8()? == READ_INLINE {
-        let data = r.bytes()?;
-        // SAFETY: the scatter addresses are the application's buffer for this read.
-        unsafe { pending::scatter(&scatter, data) };
-        rt::after_sync();
-    } else {
-        pending::defer(read_id, scatter);
+    let data = head.data(&mut r)?;
+    r.finish()?;
+    match data {
+        Some(data) => {
+            // SAFETY: the scatter addresses are the application's buffer for this read.
+            unsafe { pending::scatter(&scatter, data) };
+            rt::after_sync();
+        }
+        None => pending::defer(read_id, scatter),
     }
     // SAFETY: the application's `cl_event *` or NULL.
     unsafe { set_event(event, ev_id) };
@@ -126,8 +129,11 @@ unsafe fn direct_copy(
         .arena()?
         .range(off.checked_add(offset as u64)?, size as u64)?;
     let mut w = Writer::new(wormhole_opencl_proto::control::DIRECT);
-    w.u64(q.id);
-    w.u64(b.id);
+    req::Direct {
+        queue: q.id,
+        mem: b.id,
+    }
+    .encode(&mut w);
     let reply = rt::call(w).ok()?;
     if Reader::new(&reply).i32().ok()? != CL_SUCCESS {
         return None;
@@ -175,16 +181,22 @@ pub unsafe extern "C" fn clEnqueueReadBuffer(
         if let Some(st) = direct {
             return Ok(st);
         }
-        let mut w = rt::request(Op::clEnqueueReadBuffer);
-        w.u64(q.id);
-        w.u64(b.id);
-        w.u32(blocking);
-        w.usize(offset);
-        w.usize(size);
         // SAFETY: the application's wait list and event pointer.
-        let ev_id = unsafe { wait_and_event(&mut w, n, list, event) }?;
+        let (wait, ev_id) = unsafe { wait_and_event(n, list, event) }?;
         let read_id = rt::alloc_id();
-        w.u64(read_id);
+        let w = encode(
+            Op::clEnqueueReadBuffer,
+            &req::ReadBuffer {
+                queue: q.id,
+                mem: b.id,
+                blocking,
+                offset,
+                size,
+                wait,
+                event: ev_id,
+                read_id,
+            },
+        );
         // SAFETY: the application promises `size` writable bytes at `ptr`.
         let direct = (blocking != 0)
             .then(|| unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, size) });
@@ -225,20 +237,27 @@ pub unsafe extern "C" fn clEnqueueWriteBuffer(
         if let Some(st) = direct {
             return Ok(st);
         }
-        let mut w = rt::request(Op::clEnqueueWriteBuffer);
-        w.u64(q.id);
-        w.u64(b.id);
-        w.u32(blocking);
-        w.usize(offset);
-        w.usize(size);
         // SAFETY: the application's wait list and event pointer.
-        let ev_id = unsafe { wait_and_event(&mut w, n, list, event) }?;
-        // The data goes last, straight from the application's memory into the transport.
-        w.bool(!ptr.is_null());
+        let (wait, ev_id) = unsafe { wait_and_event(n, list, event) }?;
+        let mut w = encode(
+            Op::clEnqueueWriteBuffer,
+            &req::WriteBuffer {
+                queue: q.id,
+                mem: b.id,
+                blocking,
+                offset,
+                size,
+                wait,
+                event: ev_id,
+                data_len: (!ptr.is_null()).then_some(size as u64),
+            },
+        );
+        // The data follows the header straight from the application's memory into the
+        // transport.
         let payload: &[u8] = if ptr.is_null() {
             &[]
         } else {
-            w.trailing_bytes(size);
+            w.trailer(size);
             // SAFETY: the application promises `size` readable bytes at `ptr`.
             unsafe { std::slice::from_raw_parts(ptr as *const u8, size) }
         };
@@ -252,16 +271,15 @@ fn rows_of(span: &Span, region: [usize; 3], elem: usize) -> Vec<(usize, usize)> 
     rows
 }
 
+/// The queue's and buffer's ids, the rectangle and its host footprint.
 unsafe fn rect_common(
-    w: &mut Writer,
     queue: Handle,
     buffer: Handle,
-    blocking: u32,
     bo: *const usize,
     ho: *const usize,
     rg: *const usize,
     pitches: [usize; 4],
-) -> Result<(Span, [usize; 3]), ClErr> {
+) -> Result<(u64, u64, req::Rect, Span), ClErr> {
     // SAFETY: the application's handles and triples.
     let (q, b) = unsafe {
         (
@@ -272,16 +290,13 @@ unsafe fn rect_common(
     // SAFETY: as above.
     let (bo, ho, rg) = unsafe { (triple(bo)?, triple(ho)?, triple(rg)?) };
     let span = rect_span(ho, rg, pitches[2], pitches[3], 1).ok_or(ClErr(CL_INVALID_VALUE))?;
-    w.u64(q.id);
-    w.u64(b.id);
-    w.u32(blocking);
-    put_triple(w, bo);
-    put_triple(w, ho);
-    put_triple(w, rg);
-    for p in pitches {
-        w.usize(p);
-    }
-    Ok((span, rg))
+    let rect = req::Rect {
+        buffer_origin: bo,
+        host_origin: ho,
+        region: rg,
+        pitches,
+    };
+    Ok((q.id, b.id, rect, span))
 }
 
 pub unsafe extern "C" fn clEnqueueReadBufferRect(
@@ -304,14 +319,11 @@ pub unsafe extern "C" fn clEnqueueReadBufferRect(
         if ptr.is_null() {
             return Err(ClErr(CL_INVALID_VALUE));
         }
-        let mut w = rt::request(Op::clEnqueueReadBufferRect);
         // SAFETY: the application's arguments.
-        let (span, rg) = unsafe {
+        let (queue, mem, rect, span) = unsafe {
             rect_common(
-                &mut w,
                 queue,
                 buffer,
-                blocking,
                 buffer_origin,
                 host_origin,
                 region,
@@ -319,9 +331,20 @@ pub unsafe extern "C" fn clEnqueueReadBufferRect(
             )
         }?;
         // SAFETY: the application's wait list and event pointer.
-        let ev_id = unsafe { wait_and_event(&mut w, n, list, event) }?;
+        let (wait, ev_id) = unsafe { wait_and_event(n, list, event) }?;
         let read_id = rt::alloc_id();
-        w.u64(read_id);
+        let w = encode(
+            Op::clEnqueueReadBufferRect,
+            &req::ReadBufferRect {
+                queue,
+                mem,
+                blocking,
+                rect,
+                wait,
+                event: ev_id,
+                read_id,
+            },
+        );
         let dst = ptr as usize + span.start;
         finish_read(
             w,
@@ -330,7 +353,7 @@ pub unsafe extern "C" fn clEnqueueReadBufferRect(
             ev_id,
             Scatter::Rows {
                 dst,
-                rows: rows_of(&span, rg, 1),
+                rows: rows_of(&span, rect.region, 1),
             },
         )
     })
@@ -356,14 +379,11 @@ pub unsafe extern "C" fn clEnqueueWriteBufferRect(
         if ptr.is_null() {
             return Err(ClErr(CL_INVALID_VALUE));
         }
-        let mut w = rt::request(Op::clEnqueueWriteBufferRect);
         // SAFETY: the application's arguments.
-        let (span, _) = unsafe {
+        let (queue, mem, rect, span) = unsafe {
             rect_common(
-                &mut w,
                 queue,
                 buffer,
-                blocking,
                 buffer_origin,
                 host_origin,
                 region,
@@ -371,11 +391,22 @@ pub unsafe extern "C" fn clEnqueueWriteBufferRect(
             )
         }?;
         // SAFETY: the rect's host footprint lies in the application's memory.
-        w.bytes(unsafe {
-            std::slice::from_raw_parts((ptr as *const u8).add(span.start), span.len)
-        });
+        let data =
+            unsafe { std::slice::from_raw_parts((ptr as *const u8).add(span.start), span.len) };
         // SAFETY: the application's wait list and event pointer.
-        let ev_id = unsafe { wait_and_event(&mut w, n, list, event) }?;
+        let (wait, ev_id) = unsafe { wait_and_event(n, list, event) }?;
+        let w = encode(
+            Op::clEnqueueWriteBufferRect,
+            &req::WriteBufferRect {
+                queue,
+                mem,
+                blocking,
+                rect,
+                data,
+                wait,
+                event: ev_id,
+            },
+        );
         finish_write(w, event, ev_id, blocking)
     })
 }
@@ -412,16 +443,24 @@ fn image_meta(image: Handle, o: &objects::ClObject) -> Result<(u32, usize), ClEr
     Ok((ty, elem))
 }
 
+/// An image transfer's arguments as they travel, and its host footprint.
+struct ImageArgs {
+    queue: u64,
+    mem: u64,
+    image: req::ImageRegion,
+    span: Span,
+    rows: [usize; 3],
+    elem: usize,
+}
+
 unsafe fn image_common(
-    w: &mut Writer,
     queue: Handle,
     image: Handle,
-    blocking: u32,
     origin: *const usize,
     region: *const usize,
     row_pitch: usize,
     slice_pitch: usize,
-) -> Result<(Span, [usize; 3], usize), ClErr> {
+) -> Result<ImageArgs, ClErr> {
     // SAFETY: the application's handles and triples.
     let (q, i) = unsafe { (obj(queue, HandleKind::Queue)?, obj(image, HandleKind::Mem)?) };
     // SAFETY: as above.
@@ -429,14 +468,20 @@ unsafe fn image_common(
     let (ty, elem) = image_meta(image, i)?;
     let (span, rows) =
         image_span(ty, region, row_pitch, slice_pitch, elem).ok_or(ClErr(CL_INVALID_VALUE))?;
-    w.u64(q.id);
-    w.u64(i.id);
-    w.u32(blocking);
-    put_triple(w, origin);
-    put_triple(w, region);
-    w.usize(row_pitch);
-    w.usize(slice_pitch);
-    Ok((span, rows, elem))
+    let image = req::ImageRegion {
+        origin,
+        region,
+        row_pitch,
+        slice_pitch,
+    };
+    Ok(ImageArgs {
+        queue: q.id,
+        mem: i.id,
+        image,
+        span,
+        rows,
+        elem,
+    })
 }
 
 pub unsafe extern "C" fn clEnqueueReadImage(
@@ -456,24 +501,30 @@ pub unsafe extern "C" fn clEnqueueReadImage(
         if ptr.is_null() {
             return Err(ClErr(CL_INVALID_VALUE));
         }
-        let mut w = rt::request(Op::clEnqueueReadImage);
         // SAFETY: the application's arguments.
-        let (span, rows, elem) = unsafe {
-            image_common(
-                &mut w,
-                queue,
-                image,
-                blocking,
-                origin,
-                region,
-                row_pitch,
-                slice_pitch,
-            )
-        }?;
+        let ImageArgs {
+            queue,
+            mem,
+            image,
+            span,
+            rows,
+            elem,
+        } = unsafe { image_common(queue, image, origin, region, row_pitch, slice_pitch) }?;
         // SAFETY: the application's wait list and event pointer.
-        let ev_id = unsafe { wait_and_event(&mut w, n, list, event) }?;
+        let (wait, ev_id) = unsafe { wait_and_event(n, list, event) }?;
         let read_id = rt::alloc_id();
-        w.u64(read_id);
+        let w = encode(
+            Op::clEnqueueReadImage,
+            &req::ReadImage {
+                queue,
+                mem,
+                blocking,
+                image,
+                wait,
+                event: ev_id,
+                read_id,
+            },
+        );
         finish_read(
             w,
             read_id,
@@ -504,24 +555,30 @@ pub unsafe extern "C" fn clEnqueueWriteImage(
         if ptr.is_null() {
             return Err(ClErr(CL_INVALID_VALUE));
         }
-        let mut w = rt::request(Op::clEnqueueWriteImage);
         // SAFETY: the application's arguments.
-        let (span, _, _) = unsafe {
-            image_common(
-                &mut w,
-                queue,
-                image,
-                blocking,
-                origin,
-                region,
-                row_pitch,
-                slice_pitch,
-            )
-        }?;
+        let ImageArgs {
+            queue,
+            mem,
+            image,
+            span,
+            ..
+        } = unsafe { image_common(queue, image, origin, region, row_pitch, slice_pitch) }?;
         // SAFETY: the image region's host footprint lies in the application's memory.
-        w.bytes(unsafe { std::slice::from_raw_parts(ptr as *const u8, span.len) });
+        let data = unsafe { std::slice::from_raw_parts(ptr as *const u8, span.len) };
         // SAFETY: the application's wait list and event pointer.
-        let ev_id = unsafe { wait_and_event(&mut w, n, list, event) }?;
+        let (wait, ev_id) = unsafe { wait_and_event(n, list, event) }?;
+        let w = encode(
+            Op::clEnqueueWriteImage,
+            &req::WriteImage {
+                queue,
+                mem,
+                blocking,
+                image,
+                data,
+                wait,
+                event: ev_id,
+            },
+        );
         finish_write(w, event, ev_id, blocking)
     })
 }
@@ -550,16 +607,11 @@ fn finish_map(
     ev_id: u64,
 ) -> Result<(*mut c_void, [usize; 2]), ClErr> {
     let reply = rt::call(w)?;
-    let mut r = Reader::new(&reply);
-    let st = r.i32()?;
-    if st != CL_SUCCESS {
-        return Err(ClErr(st));
-    }
-    let pitches = [r.usize()?, r.usize()?];
-    let in_place = r.u64()?;
+    let mapped = req::Reply::<req::Mapped>::decode_all(&reply)?.map_err(ClErr)?;
+    let pitches = mapped.pitches;
     // The mapping's length (an invalidating map comes without its bytes).
-    let len = usize::try_from(r.u64()?).map_err(|_| ClErr(CL_OUT_OF_RESOURCES))?;
-    if in_place != u64::MAX {
+    let len = usize::try_from(mapped.len).map_err(|_| ClErr(CL_OUT_OF_RESOURCES))?;
+    if let Some(in_place) = mapped.in_place {
         // The mapping is the buffer's own storage in the arena: nothing to copy now, nothing
         // to send back at the unmap.
         let ptr = arena()
@@ -580,7 +632,7 @@ fn finish_map(
         rt::after_sync();
         return Ok((ptr as *mut c_void, pitches));
     }
-    let data = r.bytes()?;
+    let data = mapped.data;
     if !data.is_empty() && data.len() != len {
         return Err(ClErr(CL_OUT_OF_RESOURCES));
     }
@@ -641,18 +693,24 @@ pub unsafe extern "C" fn clEnqueueMapBuffer(
                 obj(buffer, HandleKind::Mem)?,
             )
         };
-        let mut w = rt::request(Op::clEnqueueMapBuffer);
-        w.u64(q.id);
-        w.u64(b.id);
-        w.u32(blocking);
-        w.u64(flags);
-        w.usize(offset);
-        w.usize(size);
         // SAFETY: the application's wait list and event pointer.
-        let ev_id = unsafe { wait_and_event(&mut w, n, list, event) }?;
+        let (wait, ev_id) = unsafe { wait_and_event(n, list, event) }?;
         let token = rt::alloc_id();
-        w.u64(token);
-        w.bool(arena().is_some());
+        let w = encode(
+            Op::clEnqueueMapBuffer,
+            &req::MapBuffer {
+                queue: q.id,
+                mem: b.id,
+                blocking,
+                flags,
+                offset,
+                size,
+                wait,
+                event: ev_id,
+                token,
+                in_place_ok: arena().is_some(),
+            },
+        );
         finish_map(w, b, offset, flags, token, event, ev_id).map(|(p, _)| p)
     })
 }
@@ -679,18 +737,24 @@ pub unsafe extern "C" fn clEnqueueMapImage(
         }
         // SAFETY: as above.
         let (origin, region) = unsafe { (triple(origin)?, triple(region)?) };
-        let mut w = rt::request(Op::clEnqueueMapImage);
-        w.u64(q.id);
-        w.u64(i.id);
-        w.u32(blocking);
-        w.u64(flags);
-        put_triple(&mut w, origin);
-        put_triple(&mut w, region);
         // SAFETY: the application's wait list and event pointer.
-        let ev_id = unsafe { wait_and_event(&mut w, n, list, event) }?;
+        let (wait, ev_id) = unsafe { wait_and_event(n, list, event) }?;
         let token = rt::alloc_id();
-        w.u64(token);
-        w.bool(arena().is_some());
+        let w = encode(
+            Op::clEnqueueMapImage,
+            &req::MapImage {
+                queue: q.id,
+                mem: i.id,
+                blocking,
+                flags,
+                origin,
+                region,
+                wait,
+                event: ev_id,
+                token,
+                in_place_ok: arena().is_some(),
+            },
+        );
         let (p, pitches) = finish_map(w, i, 0, flags, token, event, ev_id)?;
         // SAFETY: the application's outputs (row_pitch checked above).
         unsafe {
@@ -727,19 +791,24 @@ pub unsafe extern "C" fn clEnqueueUnmapMemObject(
                 .ok_or(ClErr(CL_INVALID_VALUE))?;
             maps.swap_remove(i)
         };
-        let mut w = rt::request(Op::clEnqueueUnmapMemObject);
-        w.u64(q.id);
-        w.u64(m.id);
-        w.u64(entry.token);
         // SAFETY: the mapped range holds `len` bytes the application may have written.
-        w.opt_bytes(
-            entry
-                .writes
-                .then(|| unsafe { std::slice::from_raw_parts(entry.ptr as *const u8, entry.len) }),
-        );
+        let data = entry
+            .writes
+            .then(|| unsafe { std::slice::from_raw_parts(entry.ptr as *const u8, entry.len) });
         let res = (|| {
             // SAFETY: the application's wait list and event pointer.
-            let ev_id = unsafe { wait_and_event(&mut w, n, list, event) }?;
+            let (wait, ev_id) = unsafe { wait_and_event(n, list, event) }?;
+            let w = encode(
+                Op::clEnqueueUnmapMemObject,
+                &req::UnmapMemObject {
+                    queue: q.id,
+                    mem: m.id,
+                    token: entry.token,
+                    data,
+                    wait,
+                    event: ev_id,
+                },
+            );
             let reply = rt::call(w)?;
             let st = Reader::new(&reply).i32()?;
             if st == CL_SUCCESS {

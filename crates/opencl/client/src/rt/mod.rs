@@ -132,9 +132,25 @@ pub unsafe fn encode_handles(
     kind: HandleKind,
     code: i32,
 ) -> Result<(), ClErr> {
+    // SAFETY: per the contract.
+    let ids = unsafe { handle_ids(list, count, kind, code) }?;
+    w.opt_u64s(ids.as_deref());
+    Ok(())
+}
+
+/// The ids of an array of `count` handles (None when the pointer is NULL); `code` for a bad
+/// handle.
+///
+/// # Safety
+/// `list` must be NULL or point to `count` handles.
+pub unsafe fn handle_ids(
+    list: *const *mut c_void,
+    count: usize,
+    kind: HandleKind,
+    code: i32,
+) -> Result<Option<Vec<u64>>, ClErr> {
     if list.is_null() {
-        w.opt_u64s(None);
-        return Ok(());
+        return Ok(None);
     }
     if count > 1 << 20 {
         return Err(ClErr(CL_INVALID_VALUE));
@@ -147,8 +163,7 @@ pub unsafe fn encode_handles(
         let o = unsafe { objects::get(h, kind) }.ok_or(ClErr(code))?;
         ids.push(o.id);
     }
-    w.opt_u64s(Some(&ids));
-    Ok(())
+    Ok(Some(ids))
 }
 
 /// `len` bytes at `p` (NULL → absent).

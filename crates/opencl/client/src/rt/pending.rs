@@ -5,6 +5,7 @@
 use super::*;
 use std::sync::Mutex;
 use wormhole_opencl_proto::control;
+use wormhole_opencl_proto::requests::{self as req, Message};
 
 /// Where a read's bytes go in the application's memory.
 pub enum Scatter {
@@ -70,18 +71,17 @@ pub fn collect() {
         p.iter().map(|(id, _)| *id).collect()
     };
     let mut w = Writer::new(control::COLLECT);
-    w.opt_u64s(Some(&ids));
+    req::Collect { reads: ids }.encode(&mut w);
     let Ok(reply) = call(w) else { return };
-    let mut r = Reader::new(&reply);
-    let Ok(n) = r.u32() else { return };
-    for _ in 0..n {
-        let (Ok(id), Ok(state)) = (r.u64(), r.u8()) else {
-            return;
+    let Ok(collected) = req::CollectReply::decode_all(&reply) else {
+        return;
+    };
+    for (id, state) in collected.reads {
+        let data = match state {
+            req::Collected::Pending => continue,
+            req::Collected::Done(data) => Some(data),
+            req::Collected::Failed => None,
         };
-        let data = if state == 1 { r.bytes().ok() } else { None };
-        if state == 0 {
-            continue;
-        }
         let entry = {
             let mut p = PENDING.lock().unwrap_or_else(|p| p.into_inner());
             p.iter()

@@ -8,9 +8,19 @@ const MAX_WORDS: usize = 1024;
 /// # Safety
 /// `p` must be NULL or a zero-terminated property list of its kind.
 pub unsafe fn encode(w: &mut Writer, kind: Props, p: *const u64) -> Result<(), ClErr> {
+    // SAFETY: per the contract.
+    let words = unsafe { words(kind, p) }?;
+    w.opt_u64s(words.as_deref());
+    Ok(())
+}
+
+/// The words of a property list as they travel (None for NULL), handles inside as ids.
+///
+/// # Safety
+/// As [`encode`].
+pub unsafe fn words(kind: Props, p: *const u64) -> Result<Option<Vec<u64>>, ClErr> {
     if p.is_null() {
-        w.opt_u64s(None);
-        return Ok(());
+        return Ok(None);
     }
     // SAFETY: per the contract every index read below is inside the list (we stop at its end).
     let at = |i: usize| unsafe { *p.add(i) };
@@ -49,6 +59,5 @@ pub unsafe fn encode(w: &mut Writer, kind: Props, p: *const u64) -> Result<(), C
         }
         i += 2;
     }
-    w.opt_u64s(Some(&words));
-    Ok(())
+    Ok(Some(words))
 }

@@ -3,7 +3,7 @@
 //! a restriction these behave exactly like the driver's own calls.
 
 use super::*;
-use crate::generated::ffi;
+use crate::generated::{args, ffi};
 use wormhole_opencl_proto::{cl::*, CallbackKind, Props, Writer};
 
 fn device_name(d: Handle) -> String {
@@ -48,10 +48,18 @@ fn allowed_devices(s: &Session, platform: Handle, device_type: u64) -> Result<Ve
     Ok(all)
 }
 
-pub fn clGetDeviceIDs(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
-    let (platform, device_type, num_entries) = (r.u64()?, r.u64()?, r.u32()?);
-    let (devices_present, num_present) = (r.bool()?, r.bool()?);
-    r.finish()?;
+pub fn clGetDeviceIDs(
+    s: &Session,
+    a: args::clGetDeviceIDs,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let args::clGetDeviceIDs {
+        platform_id: platform,
+        device_type,
+        num_entries,
+        devices_present,
+        num_devices_present: num_present,
+    } = a;
     let run = |w: &mut Writer| -> Result<(), i32> {
         let platform = s.resolve(platform, HandleKind::Platform, true)?;
         if (devices_present && num_entries == 0) || (!devices_present && !num_present) {
@@ -76,14 +84,15 @@ pub fn clGetDeviceIDs(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result
 
 pub fn clCreateContextFromType(
     s: &Session,
-    r: &mut Reader<'_>,
+    a: args::clCreateContextFromType,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let new_id = r.u64()?;
-    let props = crate::props::decode(r, Props::Context)?;
-    let device_type = r.u64()?;
-    let cb = r.u64()?;
-    r.finish()?;
+    let args::clCreateContextFromType {
+        new_id,
+        properties_props: props,
+        device_type,
+        pfn_notify_cb: cb,
+    } = a;
     let run = || -> Result<i32, i32> {
         s.check_new_id(new_id)?;
         let props = crate::props::resolve(s, Props::Context, props)?;

@@ -1,28 +1,22 @@
 use crate::generated::ffi;
 use crate::session::{Handle, Session};
 use std::ffi::c_void;
+use wormhole_opencl_proto::requests::{self as req, Message};
 use wormhole_opencl_proto::{cl::*, DecodeError, HandleKind, Reader, Writer};
 
-/// How the client sent a kernel argument's value.
-pub const ARG_NULL: u8 = 0;
-pub const ARG_BYTES: u8 = 1;
-pub const ARG_HANDLE: u8 = 2;
-
 pub fn clSetKernelArg(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
-    let kernel = r.u64()?;
-    let index = r.u32()?;
-    let size = r.usize()?;
-    let mode = r.u8()?;
-    let (bytes, handle) = match mode {
-        ARG_NULL => (None, None),
-        ARG_BYTES => (Some(r.bytes()?), None),
-        ARG_HANDLE => {
-            let kind = HandleKind::from_u8(r.u8()?).ok_or(DecodeError::BadValue("handle kind"))?;
-            (None, Some((kind, r.u64()?)))
-        }
-        _ => return Err(DecodeError::BadValue("kernel argument mode")),
-    };
+    let req::SetKernelArg {
+        kernel,
+        index,
+        size,
+        value,
+    } = req::SetKernelArg::decode(r)?;
     r.finish()?;
+    let (bytes, handle) = match value {
+        req::ArgValue::Null => (None, None),
+        req::ArgValue::Bytes(b) => (Some(b), None),
+        req::ArgValue::Handle(kind, id) => (None, Some((kind, id))),
+    };
     let run = || -> Result<i32, i32> {
         let kernel = s.resolve(kernel, HandleKind::Kernel, false)?;
         crate::rt::check_slot(kernel, wormhole_opencl_proto::Op::clSetKernelArg)?;

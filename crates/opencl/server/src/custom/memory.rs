@@ -6,6 +6,7 @@ use crate::arena::{Placement, NO_WINDOW};
 use crate::generated::ffi;
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ffi::c_void;
+use wormhole_opencl_proto::requests::{self as req, Message};
 use wormhole_opencl_proto::{cl::*, Writer};
 
 /// Host memory the driver may use directly (USE_HOST_PTR), page-aligned.
@@ -70,19 +71,22 @@ fn create_buffer(
     w: &mut Writer,
     with_props: bool,
 ) -> Result<(), DecodeError> {
-    let new_id = r.u64()?;
-    let context = r.u64()?;
-    let props = if with_props {
-        crate::props::decode(r, wormhole_opencl_proto::Props::Plain)?
+    let (buffer, props) = if with_props {
+        let b = req::CreateBufferWithProperties::decode(r)?;
+        (b.buffer, b.props)
     } else {
-        None
+        (req::CreateBuffer::decode(r)?, None)
     };
-    let flags = r.u64()?;
-    let size = r.usize()?;
-    let nonnull = r.bool()?;
-    let svm_ptr = r.u64()?;
-    let data = r.opt_bytes_ref()?;
     r.finish()?;
+    let req::CreateBuffer {
+        new_id,
+        context,
+        flags,
+        size,
+        host_ptr: nonnull,
+        svm_ptr,
+        data,
+    } = buffer;
     let mut window = NO_WINDOW;
     let mut run = || -> Result<i32, i32> {
         s.check_new_id(new_id)?;
@@ -147,9 +151,13 @@ fn create_buffer(
         }
         Ok(st)
     };
-    w.i32(run().unwrap_or_else(|e| e));
+    let status = run().unwrap_or_else(|e| e);
     // Where the buffer's bytes lie in the session's arena, for the client's own copies.
-    w.u64(window);
+    req::CreateBufferReply {
+        status,
+        window: Some(window).filter(|&o| o != NO_WINDOW),
+    }
+    .encode(w);
     Ok(())
 }
 
@@ -183,52 +191,33 @@ struct ImageDesc {
 /// All four image-creating entry points share one wire form (the client converts the
 /// deprecated 2D/3D calls into a descriptor).
 fn create_image(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
-    let new_id = r.u64()?;
-    let context = r.u64()?;
-    let props = crate::props::decode(r, wormhole_opencl_proto::Props::Plain)?;
-    let flags = r.u64()?;
-    let format = if r.bool()? {
-        Some([r.u32()?, r.u32()?])
-    } else {
-        None
-    };
-    let desc = if r.bool()? {
-        Some((
-            r.u32()?,
-            [
-                r.usize()?,
-                r.usize()?,
-                r.usize()?,
-                r.usize()?,
-                r.usize()?,
-                r.usize()?,
-            ],
-            r.u32()?,
-            r.u32()?,
-            r.u64()?,
-        ))
-    } else {
-        None
-    };
-    let nonnull = r.bool()?;
-    let data = r.opt_bytes_ref()?;
+    let req::CreateImage {
+        new_id,
+        context,
+        props,
+        flags,
+        format,
+        desc,
+        host_ptr: nonnull,
+        data,
+    } = req::CreateImage::decode(r)?;
     r.finish()?;
     let run = || -> Result<i32, i32> {
         s.check_new_id(new_id)?;
         let context = s.resolve(context, HandleKind::Context, false)?;
         let desc = match desc {
-            Some((image_type, d, num_mip_levels, num_samples, buf)) => Some(ImageDesc {
-                image_type,
-                width: d[0],
-                height: d[1],
-                depth: d[2],
-                array_size: d[3],
-                row_pitch: d[4],
-                slice_pitch: d[5],
-                num_mip_levels,
-                num_samples,
+            Some(d) => Some(ImageDesc {
+                image_type: d.image_type,
+                width: d.width,
+                height: d.height,
+                depth: d.depth,
+                array_size: d.array_size,
+                row_pitch: d.row_pitch,
+                slice_pitch: d.slice_pitch,
+                num_mip_levels: d.num_mip_levels,
+                num_samples: d.num_samples,
                 mem_object: s
-                    .resolve(buf, HandleKind::Mem, true)
+                    .resolve(d.mem_object, HandleKind::Mem, true)
                     .map_err(|_| CL_INVALID_IMAGE_DESCRIPTOR)?,
             }),
             None => None,

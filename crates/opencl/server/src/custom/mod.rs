@@ -1,8 +1,9 @@
 #![allow(non_snake_case)]
 //! Hand-written handlers for entry points whose arguments need more than the generator knows:
 //! host pointers, arrays of strings and binaries, kernel arguments that may be handles, data
-//! transfers and mappings. Each reads exactly what the matching client function in
-//! `crates/client/src/custom` writes.
+//! transfers and mappings. Each decodes its request with the struct of
+//! `wormhole_opencl_proto::requests` that the matching client function in
+//! `crates/opencl/client/src/custom` encodes, and answers with the reply struct it decodes.
 
 mod devices;
 mod kernel;
@@ -23,13 +24,9 @@ use crate::session::{Handle, Session};
 use wormhole_opencl_proto::{DecodeError, HandleKind, Reader};
 
 /// An event wait list as sent by the client: optional list of event ids.
-pub(crate) struct WaitList(Option<Vec<u64>>);
+pub(crate) struct WaitList(pub(crate) Option<Vec<u64>>);
 
 impl WaitList {
-    pub fn decode(r: &mut Reader<'_>) -> Result<WaitList, DecodeError> {
-        Ok(WaitList(r.opt_u64s()?))
-    }
-
     pub fn resolve(&self, s: &Session) -> Result<(u32, Option<Vec<Handle>>), i32> {
         let n = self.0.as_ref().map_or(0, |v| v.len());
         let list = s.resolve_list(
@@ -44,11 +41,6 @@ impl WaitList {
 
 pub(crate) fn list_ptr(l: &Option<Vec<Handle>>) -> *const Handle {
     l.as_ref().map_or(std::ptr::null(), |v| v.as_ptr())
-}
-
-/// Reads three size_t values.
-pub(crate) fn triple(r: &mut Reader<'_>) -> Result<[usize; 3], DecodeError> {
-    Ok([r.usize()?, r.usize()?, r.usize()?])
 }
 
 /// The `cl_event *event` output of an enqueue, under the id the client chose (0: none).

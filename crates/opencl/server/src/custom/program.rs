@@ -7,23 +7,21 @@ use crate::program_cache::{Entry, Key, ProgramCache};
 use crate::session::CachedProgram;
 use std::ffi::{c_char, c_void};
 use std::sync::atomic::Ordering;
+use wormhole_opencl_proto::requests::{self as req, Message};
 use wormhole_opencl_proto::{cl::*, CallbackKind, Op, Writer};
-
-const MAX_PARTS: usize = 1 << 16;
 
 pub fn clCreateProgramWithSource(
     s: &Session,
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let new_id = r.u64()?;
-    let context = r.u64()?;
-    let count = r.u32()? as usize;
-    if count > MAX_PARTS {
-        return Err(DecodeError::TooLarge(count as u64));
-    }
-    let parts: Vec<&[u8]> = (0..count).map(|_| r.bytes()).collect::<Result<_, _>>()?;
+    let req::CreateProgramWithSource {
+        new_id,
+        context,
+        sources: parts,
+    } = req::CreateProgramWithSource::decode(r)?;
     r.finish()?;
+    let count = parts.len();
     let mut run = || -> Result<(), i32> {
         s.check_new_id(new_id)?;
         let context = s.resolve(context, HandleKind::Context, false)?;
@@ -64,16 +62,15 @@ pub fn clCreateProgramWithBinary(
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let new_id = r.u64()?;
-    let context = r.u64()?;
-    let devices = r.opt_u64s()?;
-    let count = r.u32()? as usize;
-    if count > MAX_PARTS {
-        return Err(DecodeError::TooLarge(count as u64));
-    }
-    let bins: Vec<&[u8]> = (0..count).map(|_| r.bytes()).collect::<Result<_, _>>()?;
-    let want_status = r.bool()?;
+    let req::CreateProgramWithBinary {
+        new_id,
+        context,
+        devices,
+        binaries: bins,
+        want_status,
+    } = req::CreateProgramWithBinary::decode(r)?;
     r.finish()?;
+    let count = bins.len();
     let mut statuses = vec![CL_SUCCESS; count];
     let run = |statuses: &mut Vec<i32>| -> Result<i32, i32> {
         s.check_new_id(new_id)?;
@@ -109,24 +106,27 @@ pub fn clCreateProgramWithBinary(
         ))
     };
     let status = run(&mut statuses).unwrap_or_else(|e| e);
-    w.i32(status);
-    w.bool(want_status);
-    if want_status {
-        for st in statuses {
-            w.i32(st);
-        }
+    req::CreateProgramWithBinaryReply {
+        status,
+        binary_status: want_status.then_some(statuses),
     }
+    .encode(w);
     Ok(())
 }
 
 /// clBuildProgram, through the program cache (`program_cache`) when the server has one.
-pub fn clBuildProgram(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
-    let program_id = r.u64()?;
-    let num_devices = r.u32()?;
-    let device_ids = r.opt_u64s()?;
-    let options = r.opt_cstring()?;
-    let notify_cb = r.u64()?;
-    r.finish()?;
+pub fn clBuildProgram(
+    s: &Session,
+    a: crate::generated::args::clBuildProgram,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let crate::generated::args::clBuildProgram {
+        program_id,
+        num_devices,
+        device_list_ids: device_ids,
+        options_str: options,
+        pfn_notify_cb: notify_cb,
+    } = a;
     let run = || -> Result<i32, i32> {
         let program = s.resolve(program_id, HandleKind::Program, false)?;
         let devices = s.resolve_list(

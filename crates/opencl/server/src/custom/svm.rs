@@ -7,6 +7,7 @@
 
 use super::*;
 use std::ffi::c_void;
+use wormhole_opencl_proto::requests::{self as req, Message, Reply};
 use wormhole_opencl_proto::{cl::*, Writer, SVM_SYNC_BATCH};
 
 fn check(s: &Session, ptr: u64, len: usize) -> Result<*mut c_void, i32> {
@@ -19,7 +20,12 @@ fn check(s: &Session, ptr: u64, len: usize) -> Result<*mut c_void, i32> {
 }
 
 pub fn clSVMAlloc(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
-    let (context, flags, size, alignment) = (r.u64()?, r.u64()?, r.usize()?, r.u32()?);
+    let req::SvmAlloc {
+        context,
+        flags,
+        size,
+        alignment,
+    } = req::SvmAlloc::decode(r)?;
     r.finish()?;
     let ptr = (|| -> Option<usize> {
         let ctx = s.resolve(context, HandleKind::Context, false).ok()?;
@@ -45,12 +51,15 @@ pub fn clSVMAlloc(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(),
             .insert(p, len);
         Some(p)
     })();
-    w.u64(ptr.unwrap_or(0) as u64);
+    req::SvmAllocReply {
+        ptr: ptr.unwrap_or(0) as u64,
+    }
+    .encode(w);
     Ok(())
 }
 
 pub fn clSVMFree(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
-    let (context, ptr) = (r.u64()?, r.u64()?);
+    let req::SvmFree { context, ptr } = req::SvmFree::decode(r)?;
     r.finish()?;
     if let (Ok(ctx), Ok(p)) = (
         s.resolve(context, HandleKind::Context, false),
@@ -72,11 +81,14 @@ pub fn clEnqueueSVMFree(
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let queue = r.u64()?;
-    let ptrs = r.opt_u64s()?.unwrap_or_default();
-    let wl = WaitList::decode(r)?;
-    let event_id = r.u64()?;
+    let req::EnqueueSvmFree {
+        queue,
+        ptrs,
+        wait,
+        event: event_id,
+    } = req::EnqueueSvmFree::decode(r)?;
     r.finish()?;
+    let wl = WaitList(wait);
     let run = || -> Result<i32, i32> {
         let q = s.resolve(queue, HandleKind::Queue, false)?;
         let (n, list) = wl.resolve(s)?;
@@ -117,33 +129,30 @@ pub fn clEnqueueSVMFree(
     Ok(())
 }
 
-/// Which side of a copy lives in the client's plain memory.
-pub const COPY_SVM_TO_SVM: u8 = 0;
-pub const COPY_HOST_TO_SVM: u8 = 1;
-pub const COPY_SVM_TO_HOST: u8 = 2;
-
 pub fn clEnqueueSVMMemcpy(
     s: &Session,
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let (queue, blocking, mode, dst, src, size) =
-        (r.u64()?, r.u32()?, r.u8()?, r.u64()?, r.u64()?, r.usize()?);
-    let data = if mode == COPY_HOST_TO_SVM {
-        Some(r.bytes()?)
-    } else {
-        None
-    };
-    let wl = WaitList::decode(r)?;
-    let event_id = r.u64()?;
+    let req::SvmMemcpy {
+        queue,
+        blocking,
+        copy,
+        dst,
+        src,
+        size,
+        wait,
+        event: event_id,
+    } = req::SvmMemcpy::decode(r)?;
     r.finish()?;
+    let wl = WaitList(wait);
     let run = |w: &mut Writer| -> Result<(), i32> {
         let q = s.resolve(queue, HandleKind::Queue, false)?;
         let (n, list) = wl.resolve(s)?;
         let mut ev = EventOut::new(s, event_id)?;
         let l = list_ptr(&list) as *mut c_void;
-        match mode {
-            COPY_SVM_TO_SVM => {
+        match copy {
+            req::SvmCopy::SvmToSvm => {
                 let (d, sp) = (check(s, dst, size)?, check(s, src, size)?);
                 // SAFETY: both ranges lie in this session's SVM allocations.
                 let st = unsafe {
@@ -163,9 +172,11 @@ pub fn clEnqueueSVMMemcpy(
                 }
                 release_own(event_id, ev.finish(s));
             }
-            COPY_HOST_TO_SVM => {
+            req::SvmCopy::HostToSvm(data) => {
                 let d = check(s, dst, size)?;
-                let data = data.filter(|d| d.len() == size).ok_or(CL_INVALID_VALUE)?;
+                if data.len() != size {
+                    return Err(CL_INVALID_VALUE);
+                }
                 let staging = data.to_vec();
                 // SAFETY: `d` lies in SVM; `staging` holds `size` bytes and lives until the
                 // copy completes (kept by the completion hook below).
@@ -188,38 +199,38 @@ pub fn clEnqueueSVMMemcpy(
                 crate::callbacks::on_event_complete(event, move || drop(staging));
                 release_own(event_id, event);
             }
-            COPY_SVM_TO_HOST => {
+            req::SvmCopy::SvmToHost => {
                 let sp = check(s, src, size)?;
                 let mark = w.mark();
-                w.i32(CL_SUCCESS);
-                let buf = w.bytes_in_place(size);
-                // SAFETY: `sp` lies in SVM; `buf` holds `size` bytes; the copy is blocking.
-                let st = unsafe {
-                    ffi::clEnqueueSVMMemcpy(
-                        q,
-                        CL_TRUE,
-                        buf.as_mut_ptr() as *mut c_void,
-                        sp,
-                        size,
-                        n,
-                        l,
-                        ev.ptr(false) as *mut c_void,
-                    )
-                };
-                if st != CL_SUCCESS {
+                Reply::Ok(req::SvmCopied {
+                    to_host: Some(size as u64),
+                })
+                .encode(w);
+                let evp = ev.ptr(false) as *mut c_void;
+                // The driver copies straight into the reply.
+                let filled = w.filled_by(size, |dst| {
+                    // SAFETY: `sp` lies in SVM; `dst` has room for `size` bytes; the copy is
+                    // blocking.
+                    match unsafe {
+                        ffi::clEnqueueSVMMemcpy(q, CL_TRUE, dst as *mut c_void, sp, size, n, l, evp)
+                    } {
+                        CL_SUCCESS => Ok(()),
+                        st => Err(st),
+                    }
+                });
+                if let Err(st) = filled {
                     w.rewind(mark);
                     return Err(st);
                 }
                 release_own(event_id, ev.finish(s));
                 return Ok(());
             }
-            _ => return Err(CL_INVALID_VALUE),
         }
-        w.i32(CL_SUCCESS);
+        Reply::Ok(req::SvmCopied { to_host: None }).encode(w);
         Ok(())
     };
     if let Err(e) = run(w) {
-        w.i32(e);
+        Reply::<req::SvmCopied>::Err(e).encode(w);
     }
     Ok(())
 }
@@ -229,12 +240,16 @@ pub fn clEnqueueSVMMemFill(
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let (queue, ptr) = (r.u64()?, r.u64()?);
-    let pattern = r.bytes()?;
-    let size = r.usize()?;
-    let wl = WaitList::decode(r)?;
-    let event_id = r.u64()?;
+    let req::SvmMemFill {
+        queue,
+        ptr,
+        pattern,
+        size,
+        wait,
+        event: event_id,
+    } = req::SvmMemFill::decode(r)?;
     r.finish()?;
+    let wl = WaitList(wait);
     let run = || -> Result<i32, i32> {
         let q = s.resolve(queue, HandleKind::Queue, false)?;
         let p = check(s, ptr, size)?;
@@ -263,10 +278,17 @@ pub fn clEnqueueSVMMemFill(
 }
 
 pub fn clEnqueueSVMMap(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
-    let (queue, _blocking, flags, ptr, size) = (r.u64()?, r.u32()?, r.u64()?, r.u64()?, r.usize()?);
-    let wl = WaitList::decode(r)?;
-    let event_id = r.u64()?;
+    let req::SvmMap {
+        queue,
+        blocking: _,
+        flags,
+        ptr,
+        size,
+        wait,
+        event: event_id,
+    } = req::SvmMap::decode(r)?;
     r.finish()?;
+    let wl = WaitList(wait);
     let run = |w: &mut Writer| -> Result<(), i32> {
         let q = s.resolve(queue, HandleKind::Queue, false)?;
         let p = check(s, ptr, size)?;
@@ -290,17 +312,17 @@ pub fn clEnqueueSVMMap(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Resul
             return Err(st);
         }
         release_own(event_id, ev.finish(s));
-        w.i32(CL_SUCCESS);
-        if flags & CL_MAP_WRITE_INVALIDATE_REGION != 0 {
-            w.bytes(&[]);
+        let data = if flags & CL_MAP_WRITE_INVALIDATE_REGION != 0 {
+            &[][..]
         } else {
             // SAFETY: the mapped range is readable host memory now.
-            w.bytes(unsafe { std::slice::from_raw_parts(p as *const u8, size) });
-        }
+            unsafe { std::slice::from_raw_parts(p as *const u8, size) }
+        };
+        Reply::Ok(req::SvmMapped { data }).encode(w);
         Ok(())
     };
     if let Err(e) = run(w) {
-        w.i32(e);
+        Reply::<req::SvmMapped>::Err(e).encode(w);
     }
     Ok(())
 }
@@ -310,11 +332,15 @@ pub fn clEnqueueSVMUnmap(
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let (queue, ptr) = (r.u64()?, r.u64()?);
-    let data = r.opt_bytes_ref()?;
-    let wl = WaitList::decode(r)?;
-    let event_id = r.u64()?;
+    let req::SvmUnmap {
+        queue,
+        ptr,
+        data,
+        wait,
+        event: event_id,
+    } = req::SvmUnmap::decode(r)?;
     r.finish()?;
+    let wl = WaitList(wait);
     let run = || -> Result<i32, i32> {
         let q = s.resolve(queue, HandleKind::Queue, false)?;
         let p = check(s, ptr, data.map_or(0, |d| d.len()))?;
@@ -348,7 +374,8 @@ pub fn clSetKernelArgSVMPointer(
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let (kernel, index, ptr) = (r.u64()?, r.u32()?, r.u64()?);
+    let req::SetKernelArgSvmPointer { kernel, index, ptr } =
+        req::SetKernelArgSvmPointer::decode(r)?;
     r.finish()?;
     let run = || -> Result<i32, i32> {
         let k = s.resolve(kernel, HandleKind::Kernel, false)?;
@@ -369,8 +396,11 @@ pub fn clSetKernelExecInfo(
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let (kernel, param) = (r.u64()?, r.u32()?);
-    let value = r.bytes()?;
+    let req::SetKernelExecInfo {
+        kernel,
+        param,
+        value,
+    } = req::SetKernelExecInfo::decode(r)?;
     r.finish()?;
     let run = || -> Result<i32, i32> {
         let k = s.resolve(kernel, HandleKind::Kernel, false)?;
@@ -394,13 +424,16 @@ pub fn clEnqueueSVMMigrateMem(
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let queue = r.u64()?;
-    let ptrs = r.opt_u64s()?.unwrap_or_default();
-    let sizes = r.opt_u64s()?;
-    let flags = r.u64()?;
-    let wl = WaitList::decode(r)?;
-    let event_id = r.u64()?;
+    let req::SvmMigrateMem {
+        queue,
+        ptrs,
+        sizes,
+        flags,
+        wait,
+        event: event_id,
+    } = req::SvmMigrateMem::decode(r)?;
     r.finish()?;
+    let wl = WaitList(wait);
     let run = || -> Result<i32, i32> {
         let q = s.resolve(queue, HandleKind::Queue, false)?;
         if sizes.as_ref().is_some_and(|v| v.len() != ptrs.len()) {
@@ -441,13 +474,9 @@ pub fn clEnqueueSVMMigrateMem(
     Ok(())
 }
 
-/// Applies the bytes the host changed in fine-grained SVM: `u32 n, (u64 addr, bytes)*`.
+/// Applies the bytes the host changed in fine-grained SVM.
 pub fn svm_push(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
-    let n = r.u32()?;
-    let mut runs = Vec::new();
-    for _ in 0..n {
-        runs.push((r.u64()?, r.bytes()?));
-    }
+    let runs = req::SvmPush::decode(r)?.runs;
     r.finish()?;
     if runs.iter().map(|(_, b)| b.len()).sum::<usize>() > SVM_SYNC_BATCH {
         tracing::warn!("refused an SVM push larger than a batch");
@@ -472,13 +501,9 @@ pub fn svm_push(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), D
     Ok(())
 }
 
-/// Sends the current contents of fine-grained SVM ranges: `u32 n, (u64 addr, u64 len)*`.
+/// Sends the current contents of fine-grained SVM ranges.
 pub fn svm_pull(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
-    let n = r.u32()?;
-    let mut ranges = Vec::new();
-    for _ in 0..n {
-        ranges.push((r.u64()?, r.usize()?));
-    }
+    let ranges = req::SvmPull::decode(r)?.ranges;
     r.finish()?;
     // The reply must fit a frame, whatever the request asks for.
     let total = ranges
@@ -493,10 +518,15 @@ pub fn svm_pull(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), D
         w.i32(CL_INVALID_VALUE);
         return Ok(());
     }
-    w.i32(CL_SUCCESS);
-    for (addr, len) in ranges {
-        // SAFETY: as above; the range was checked.
-        w.bytes(unsafe { std::slice::from_raw_parts(addr as usize as *const u8, len) });
-    }
+    Reply::Ok(req::SvmPulled {
+        ranges: ranges
+            .iter()
+            // SAFETY: as above; the range was checked.
+            .map(|&(addr, len)| unsafe {
+                std::slice::from_raw_parts(addr as usize as *const u8, len)
+            })
+            .collect(),
+    })
+    .encode(w);
     Ok(())
 }

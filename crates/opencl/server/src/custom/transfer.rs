@@ -8,15 +8,12 @@ use crate::generated::ffi;
 use crate::session::{Mapping, PendingRead};
 use std::ffi::c_void;
 use wormhole_opencl_proto::geometry::{image_span, rect_span};
+use wormhole_opencl_proto::requests::{self as req, Message, Reply};
 use wormhole_opencl_proto::{cl::*, Writer};
 use wormhole_server::backend::{StreamError, Streamed};
 
 /// Largest single transfer (it must fit one frame).
 const MAX_TRANSFER: usize = (wormhole_opencl_proto::MAX_BODY as usize) - 4096;
-
-/// Reply mode of a read: the data follows, or it will be collected later.
-pub const READ_INLINE: u8 = 0;
-pub const READ_DEFERRED: u8 = 1;
 
 /// Blocking reads at least this large leave from a mapping of the driver's buffer straight
 /// into the reply ring: one copy, overlapped with the client's copy out of the ring, instead of
@@ -144,9 +141,8 @@ fn mapped_read(
     let Some(range) = MappedRange::map(s, t, wl, CL_MAP_READ, offset, size) else {
         return false;
     };
-    w.i32(CL_SUCCESS);
-    w.u8(READ_INLINE);
-    w.trailing_bytes(size);
+    Reply::Ok(req::ReadReply::Inline { len: size as u64 }).encode(w);
+    w.trailer(size);
     let trailer = Trailer { range, len: size };
     TRAILER.with(|t| *t.borrow_mut() = Some(trailer));
     true
@@ -174,11 +170,10 @@ fn read_common(
     let mut ev = EventOut::new(s, event_id)?;
     if blocking != 0 {
         let mark = w.mark();
-        w.i32(CL_SUCCESS);
-        w.u8(READ_INLINE);
+        Reply::Ok(req::ReadReply::Inline { len: len as u64 }).encode(w);
         let evp = ev.ptr(false);
         // The driver reads straight into the reply (no zeroing, no second buffer).
-        let filled = w.bytes_filled_by(len, |dst| {
+        let filled = w.filled_by(len, |dst| {
             match call(CL_TRUE, dst as *mut c_void, n, list_ptr(&list), evp) {
                 CL_SUCCESS => Ok(()),
                 st => Err(st),
@@ -208,8 +203,7 @@ fn read_common(
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .insert(read_id, PendingRead { data, event });
-    w.i32(CL_SUCCESS);
-    w.u8(READ_DEFERRED);
+    Reply::Ok(req::ReadReply::Deferred).encode(w);
     Ok(())
 }
 
@@ -261,11 +255,18 @@ pub fn clEnqueueReadBuffer(
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let (queue, mem, blocking, offset, size) =
-        (r.u64()?, r.u64()?, r.u32()?, r.usize()?, r.usize()?);
-    let wl = WaitList::decode(r)?;
-    let (event_id, read_id) = (r.u64()?, r.u64()?);
+    let req::ReadBuffer {
+        queue,
+        mem,
+        blocking,
+        offset,
+        size,
+        wait,
+        event: event_id,
+        read_id,
+    } = req::ReadBuffer::decode(r)?;
     r.finish()?;
+    let wl = WaitList(wait);
     let run = |w: &mut Writer| -> Result<(), i32> {
         let t = target(s, queue, mem)?;
         if blocking != 0
@@ -302,7 +303,7 @@ pub fn clEnqueueReadBuffer(
         )
     };
     if let Err(e) = run(w) {
-        w.i32(e);
+        Reply::<req::ReadReply>::Err(e).encode(w);
     }
     Ok(())
 }
@@ -312,13 +313,21 @@ pub fn clEnqueueWriteBuffer(
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let (queue, mem, blocking, offset, size) =
-        (r.u64()?, r.u64()?, r.u32()?, r.usize()?, r.usize()?);
-    let wl = WaitList::decode(r)?;
-    let event_id = r.u64()?;
-    // The data comes last: the client sends it straight from the application's memory.
-    let data = r.opt_bytes_ref()?;
+    let head = req::WriteBuffer::decode(r)?;
+    // The data follows the header: the client sends it straight from the application's memory.
+    let data = head.data(r)?;
     r.finish()?;
+    let req::WriteBuffer {
+        queue,
+        mem,
+        blocking,
+        offset,
+        size,
+        wait,
+        event: event_id,
+        data_len: _,
+    } = head;
+    let wl = WaitList(wait);
     let run = || -> Result<i32, i32> {
         let t = target(s, queue, mem)?;
         let data = match data {
@@ -365,40 +374,25 @@ pub fn clEnqueueWriteBuffer(
     Ok(())
 }
 
-struct RectArgs {
-    buffer_origin: [usize; 3],
-    region: [usize; 3],
-    pitches: [usize; 4],
-}
-
-fn rect_args(r: &mut Reader<'_>) -> Result<(RectArgs, [usize; 3]), DecodeError> {
-    let buffer_origin = triple(r)?;
-    let host_origin = triple(r)?;
-    let region = triple(r)?;
-    let pitches = [r.usize()?, r.usize()?, r.usize()?, r.usize()?];
-    Ok((
-        RectArgs {
-            buffer_origin,
-            region,
-            pitches,
-        },
-        host_origin,
-    ))
-}
-
 pub fn clEnqueueReadBufferRect(
     s: &Session,
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let (queue, mem, blocking) = (r.u64()?, r.u64()?, r.u32()?);
-    let (a, host_origin) = rect_args(r)?;
-    let wl = WaitList::decode(r)?;
-    let (event_id, read_id) = (r.u64()?, r.u64()?);
+    let req::ReadBufferRect {
+        queue,
+        mem,
+        blocking,
+        rect: a,
+        wait,
+        event: event_id,
+        read_id,
+    } = req::ReadBufferRect::decode(r)?;
     r.finish()?;
+    let wl = WaitList(wait);
     let run = |w: &mut Writer| -> Result<(), i32> {
         let t = target(s, queue, mem)?;
-        let span = rect_span(host_origin, a.region, a.pitches[2], a.pitches[3], 1)
+        let span = rect_span(a.host_origin, a.region, a.pitches[2], a.pitches[3], 1)
             .ok_or(CL_INVALID_VALUE)?;
         read_common(
             s,
@@ -434,7 +428,7 @@ pub fn clEnqueueReadBufferRect(
         )
     };
     if let Err(e) = run(w) {
-        w.i32(e);
+        Reply::<req::ReadReply>::Err(e).encode(w);
     }
     Ok(())
 }
@@ -444,15 +438,20 @@ pub fn clEnqueueWriteBufferRect(
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let (queue, mem, blocking) = (r.u64()?, r.u64()?, r.u32()?);
-    let (a, host_origin) = rect_args(r)?;
-    let data = r.bytes()?;
-    let wl = WaitList::decode(r)?;
-    let event_id = r.u64()?;
+    let req::WriteBufferRect {
+        queue,
+        mem,
+        blocking,
+        rect: a,
+        data,
+        wait,
+        event: event_id,
+    } = req::WriteBufferRect::decode(r)?;
     r.finish()?;
+    let wl = WaitList(wait);
     let run = || -> Result<i32, i32> {
         let t = target(s, queue, mem)?;
-        let span = rect_span(host_origin, a.region, a.pitches[2], a.pitches[3], 1)
+        let span = rect_span(a.host_origin, a.region, a.pitches[2], a.pitches[3], 1)
             .ok_or(CL_INVALID_VALUE)?;
         if data.len() != span.len {
             return Err(CL_INVALID_VALUE);
@@ -520,12 +519,23 @@ pub fn clEnqueueReadImage(
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let (queue, mem, blocking) = (r.u64()?, r.u64()?, r.u32()?);
-    let (origin, region) = (triple(r)?, triple(r)?);
-    let (row_pitch, slice_pitch) = (r.usize()?, r.usize()?);
-    let wl = WaitList::decode(r)?;
-    let (event_id, read_id) = (r.u64()?, r.u64()?);
+    let req::ReadImage {
+        queue,
+        mem,
+        blocking,
+        image:
+            req::ImageRegion {
+                origin,
+                region,
+                row_pitch,
+                slice_pitch,
+            },
+        wait,
+        event: event_id,
+        read_id,
+    } = req::ReadImage::decode(r)?;
     r.finish()?;
+    let wl = WaitList(wait);
     let run = |w: &mut Writer| -> Result<(), i32> {
         let t = target(s, queue, mem)?;
         let (elem, ty) = image_info(t.mem)?;
@@ -560,7 +570,7 @@ pub fn clEnqueueReadImage(
         )
     };
     if let Err(e) = run(w) {
-        w.i32(e);
+        Reply::<req::ReadReply>::Err(e).encode(w);
     }
     Ok(())
 }
@@ -570,13 +580,23 @@ pub fn clEnqueueWriteImage(
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let (queue, mem, blocking) = (r.u64()?, r.u64()?, r.u32()?);
-    let (origin, region) = (triple(r)?, triple(r)?);
-    let (row_pitch, slice_pitch) = (r.usize()?, r.usize()?);
-    let data = r.bytes()?;
-    let wl = WaitList::decode(r)?;
-    let event_id = r.u64()?;
+    let req::WriteImage {
+        queue,
+        mem,
+        blocking,
+        image:
+            req::ImageRegion {
+                origin,
+                region,
+                row_pitch,
+                slice_pitch,
+            },
+        data,
+        wait,
+        event: event_id,
+    } = req::WriteImage::decode(r)?;
     r.finish()?;
+    let wl = WaitList(wait);
     let run = || -> Result<i32, i32> {
         let t = target(s, queue, mem)?;
         let (elem, ty) = image_info(t.mem)?;
@@ -642,19 +662,21 @@ fn map_common(
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .insert(token, Mapping { mem, ptr, len });
-    w.i32(CL_SUCCESS);
-    w.u64(pitches[0] as u64);
-    w.u64(pitches[1] as u64);
     let in_place = crate::arena::offset_of(ptr, len).filter(|_| in_place_ok);
-    w.u64(in_place.unwrap_or(crate::arena::NO_WINDOW));
-    // The mapping's length: the bytes below are absent for an invalidating map.
-    w.u64(len as u64);
-    if in_place.is_some() || flags & CL_MAP_WRITE_INVALIDATE_REGION != 0 || len == 0 {
-        w.bytes(&[]);
+    // The mapping's bytes are absent when in place, for an invalidating map, or empty.
+    let data = if in_place.is_some() || flags & CL_MAP_WRITE_INVALIDATE_REGION != 0 || len == 0 {
+        &[][..]
     } else {
         // SAFETY: the driver mapped `len` readable bytes at `ptr`.
-        w.bytes(unsafe { std::slice::from_raw_parts(ptr as *const u8, len) });
-    }
+        unsafe { std::slice::from_raw_parts(ptr as *const u8, len) }
+    };
+    Reply::Ok(req::Mapped {
+        pitches,
+        in_place,
+        len: len as u64,
+        data,
+    })
+    .encode(w);
     Ok(())
 }
 
@@ -663,17 +685,20 @@ pub fn clEnqueueMapBuffer(
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let (queue, mem, _blocking, flags, offset, size) = (
-        r.u64()?,
-        r.u64()?,
-        r.u32()?,
-        r.u64()?,
-        r.usize()?,
-        r.usize()?,
-    );
-    let wl = WaitList::decode(r)?;
-    let (event_id, token, in_place_ok) = (r.u64()?, r.u64()?, r.bool()?);
+    let req::MapBuffer {
+        queue,
+        mem,
+        blocking: _,
+        flags,
+        offset,
+        size,
+        wait,
+        event: event_id,
+        token,
+        in_place_ok,
+    } = req::MapBuffer::decode(r)?;
     r.finish()?;
+    let wl = WaitList(wait);
     let run = |w: &mut Writer| -> Result<(), i32> {
         let t = target(s, queue, mem)?;
         if size > MAX_TRANSFER {
@@ -707,7 +732,7 @@ pub fn clEnqueueMapBuffer(
         )
     };
     if let Err(e) = run(w) {
-        w.i32(e);
+        Reply::<req::Mapped>::Err(e).encode(w);
     }
     Ok(())
 }
@@ -717,11 +742,20 @@ pub fn clEnqueueMapImage(
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let (queue, mem, _blocking, flags) = (r.u64()?, r.u64()?, r.u32()?, r.u64()?);
-    let (origin, region) = (triple(r)?, triple(r)?);
-    let wl = WaitList::decode(r)?;
-    let (event_id, token, in_place_ok) = (r.u64()?, r.u64()?, r.bool()?);
+    let req::MapImage {
+        queue,
+        mem,
+        blocking: _,
+        flags,
+        origin,
+        region,
+        wait,
+        event: event_id,
+        token,
+        in_place_ok,
+    } = req::MapImage::decode(r)?;
     r.finish()?;
+    let wl = WaitList(wait);
     let run = |w: &mut Writer| -> Result<(), i32> {
         let t = target(s, queue, mem)?;
         let (elem, ty) = image_info(t.mem)?;
@@ -758,7 +792,7 @@ pub fn clEnqueueMapImage(
         )
     };
     if let Err(e) = run(w) {
-        w.i32(e);
+        Reply::<req::Mapped>::Err(e).encode(w);
     }
     Ok(())
 }
@@ -768,11 +802,16 @@ pub fn clEnqueueUnmapMemObject(
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let (queue, mem, token) = (r.u64()?, r.u64()?, r.u64()?);
-    let data = r.opt_bytes_ref()?;
-    let wl = WaitList::decode(r)?;
-    let event_id = r.u64()?;
+    let req::UnmapMemObject {
+        queue,
+        mem,
+        token,
+        data,
+        wait,
+        event: event_id,
+    } = req::UnmapMemObject::decode(r)?;
     r.finish()?;
+    let wl = WaitList(wait);
     let run = || -> Result<i32, i32> {
         let t = target(s, queue, mem)?;
         let (n, list) = wl.resolve(s)?;
@@ -817,19 +856,19 @@ pub fn clEnqueueUnmapMemObject(
     Ok(())
 }
 
-/// Collect states.
-pub const COLLECT_PENDING: u8 = 0;
-pub const COLLECT_DONE: u8 = 1;
-pub const COLLECT_FAILED: u8 = 2;
-
 /// Sends the data of every listed non-blocking read whose event has completed.
 pub fn collect(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
-    let ids = r.opt_u64s()?.unwrap_or_default();
+    let ids = req::Collect::decode(r)?.reads;
     r.finish()?;
+    /// Where a read stands; a finished one's data, out of the table, lives until the reply.
+    enum Outcome {
+        Pending,
+        Done(Vec<u8>),
+        Failed,
+    }
+    let mut outcomes = Vec::with_capacity(ids.len());
     let mut pending = s.pending_reads.lock().unwrap_or_else(|p| p.into_inner());
-    w.u32(ids.len() as u32);
     for id in ids {
-        w.u64(id);
         let status = pending.get(&id).map(|p| {
             let mut st: i32 = 1;
             // SAFETY: a live event we hold a reference to; the output is a local i32.
@@ -844,21 +883,36 @@ pub fn collect(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), De
             };
             st
         });
-        match status {
+        let outcome = match status {
             Some(st) if st == CL_COMPLETE || st < 0 => {
                 let p = pending.remove(&id).expect("present");
                 release_own(0, p.event);
                 if st == CL_COMPLETE {
-                    w.u8(COLLECT_DONE);
-                    w.bytes(&p.data);
+                    Outcome::Done(p.data)
                 } else {
-                    w.u8(COLLECT_FAILED);
+                    Outcome::Failed
                 }
             }
-            Some(_) => w.u8(COLLECT_PENDING),
-            None => w.u8(COLLECT_FAILED),
-        }
+            Some(_) => Outcome::Pending,
+            None => Outcome::Failed,
+        };
+        outcomes.push((id, outcome));
     }
+    drop(pending);
+    req::CollectReply {
+        reads: outcomes
+            .iter()
+            .map(|(id, o)| {
+                let state = match o {
+                    Outcome::Pending => req::Collected::Pending,
+                    Outcome::Done(data) => req::Collected::Done(data),
+                    Outcome::Failed => req::Collected::Failed,
+                };
+                (*id, state)
+            })
+            .collect(),
+    }
+    .encode(w);
     Ok(())
 }
 
@@ -868,7 +922,46 @@ pub fn collect(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), De
 /// then copied again by the driver.
 pub const STREAMED_WRITE_MIN: u64 = 64 * 1024;
 
-/// Receives a `clEnqueueWriteBuffer` request whose header `h` was just read from `link`,
+/// Receives the header of a request of `total` body bytes through `recv` into `body`, just as
+/// far as its own decoder reads: `min` bytes (no header is shorter) first, then, while the
+/// decoder finds a variable part (a list, a length) longer than what arrived, the bytes it says
+/// are missing. So nothing after the header is received before the header says where it goes.
+/// Returns the header, the bytes received (`body[..n]`) and how many of them lie beyond the
+/// header (none, if `min` is right). `body` only grows (no zeroing of a lane's reused buffer
+/// per request).
+fn recv_header<M: for<'a> Message<'a>>(
+    recv: &mut dyn FnMut(&mut [u8]) -> Result<(), StreamError>,
+    min: usize,
+    total: u64,
+    body: &mut Vec<u8>,
+) -> Result<(M, usize, usize), StreamError> {
+    let mut filled = 0usize;
+    let mut more = min as u64;
+    loop {
+        if filled as u64 + more > total {
+            return Err(StreamError::Malformed(DecodeError::Truncated {
+                need: filled as u64 + more,
+                have: total as usize,
+            }));
+        }
+        let end = filled + more as usize;
+        if body.len() < end {
+            body.resize(end, 0);
+        }
+        recv(&mut body[filled..end])?;
+        filled = end;
+        let mut r = Reader::new(&body[..filled]);
+        match M::decode(&mut r) {
+            Ok(head) => return Ok((head, filled, r.remaining())),
+            Err(DecodeError::Truncated { need, have }) => {
+                more = need.saturating_sub(have as u64).max(1)
+            }
+            Err(e) => return Err(StreamError::Malformed(e)),
+        }
+    }
+}
+
+/// Receives a `clEnqueueWriteBuffer` request whose frame header `h` was just read from `link`,
 /// streaming its data into the driver's buffer when it can (blocking, no event asked for, the
 /// driver maps the range); otherwise reads the rest of the body into `body`.
 pub fn stream_write(
@@ -879,54 +972,30 @@ pub fn stream_write(
     w: &mut Writer,
 ) -> Result<Streamed, StreamError> {
     let total = u64::from(h.len);
-    // The arguments before the data: queue, mem, blocking, offset, size (36 bytes), the wait
-    // list (flag, count, events), the event id, the data's flag and length. `body` only grows
-    // (no zeroing of a lane's reused buffer per request).
-    let mut filled = 0usize;
-    let mut need = |body: &mut Vec<u8>, n: usize| -> Result<usize, StreamError> {
-        if (filled + n) as u64 > total {
-            return Err(StreamError::Malformed(DecodeError::Truncated {
-                need: (filled + n) as u64,
-                have: total as usize,
-            }));
-        }
-        if body.len() < filled + n {
-            body.resize(filled + n, 0);
-        }
-        link.recv_exact(&mut body[filled..filled + n])?;
-        filled += n;
-        Ok(filled - n)
-    };
-    need(body, 37)?;
-    if body[36] == 1 {
-        need(body, 4)?;
-        let count = u32::from_le_bytes([body[37], body[38], body[39], body[40]]) as usize;
-        need(body, count.saturating_mul(8).min(total as usize))?;
-    }
-    let at = need(body, 9)?;
-    if body[at + 8] == 1 {
-        need(body, 8)?;
-    }
-    let head_len = filled;
-    let mut r = Reader::new(&body[..head_len]);
-    let (queue, mem, blocking, offset, size) =
-        (r.u64()?, r.u64()?, r.u32()?, r.usize()?, r.usize()?);
-    let wl = WaitList::decode(&mut r)?;
-    let event_id = r.u64()?;
-    let data_len = if r.bool()? { Some(r.u64()?) } else { None };
-    let rest = total - head_len as u64;
-    let streamable = blocking != 0
-        && event_id == 0
-        && data_len == Some(rest)
-        && rest == size as u64
+    let (head, filled, leftover) = recv_header::<req::WriteBuffer>(
+        &mut |b| Ok(link.recv_exact(b)?),
+        req::WriteBuffer::MIN_LEN,
+        total,
+        body,
+    )?;
+    let rest = total - filled as u64;
+    // Bytes beyond the header would be data already received: the ordinary path takes those.
+    let streamable = leftover == 0
+        && head.blocking != 0
+        && head.event == 0
+        && head.data_len == Some(rest)
+        && rest == head.size as u64
         && rest >= STREAMED_WRITE_MIN;
+    let (offset, size) = (head.offset, head.size);
+    let wl = WaitList(head.wait);
     let mapped = if streamable {
-        target(s, queue, mem).ok().and_then(|t| {
+        target(s, head.queue, head.mem).ok().and_then(|t| {
             MappedRange::map(s, &t, &wl, CL_MAP_WRITE_INVALIDATE_REGION, offset, size)
         })
     } else {
         None
     };
+    let head_len = filled;
     let Some(range) = mapped else {
         // The ordinary path decodes the whole request and answers as the driver does.
         if body.len() < total as usize {
@@ -954,4 +1023,99 @@ pub fn stream_write(
     }
     w.i32(st);
     Ok(Streamed::Done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stream over `bytes` that records how far it was read.
+    fn receive(
+        bytes: &[u8],
+        total: u64,
+        min: usize,
+    ) -> (Result<(req::WriteBuffer, usize, usize), StreamError>, usize) {
+        let mut at = 0;
+        let mut body = vec![0xAA; 3]; // a lane's reused buffer
+        let got = recv_header::<req::WriteBuffer>(
+            &mut |b| {
+                let src = bytes
+                    .get(at..at + b.len())
+                    .ok_or(StreamError::Malformed(DecodeError::BadValue("read past")))?;
+                b.copy_from_slice(src);
+                at += b.len();
+                Ok(())
+            },
+            min,
+            total,
+            &mut body,
+        );
+        (got, at)
+    }
+
+    fn write(wait: Option<Vec<u64>>, data_len: Option<u64>) -> req::WriteBuffer {
+        req::WriteBuffer {
+            queue: 1,
+            mem: 2,
+            blocking: 1,
+            offset: 0,
+            size: data_len.unwrap_or(0) as usize,
+            wait,
+            event: 0,
+            data_len,
+        }
+    }
+
+    #[test]
+    fn write_headers_are_received_without_their_data() {
+        for wait in [None, Some(vec![]), Some(vec![7, 8, 9])] {
+            for data_len in [None, Some(0), Some(100)] {
+                let head = write(wait.clone(), data_len);
+                let mut w = Writer::new(0);
+                head.encode(&mut w);
+                let head_len = w.body_len();
+                let mut bytes = w.body().to_vec();
+                bytes.resize(head_len + data_len.unwrap_or(0) as usize, 0x55);
+                let (got, read) = receive(&bytes, bytes.len() as u64, req::WriteBuffer::MIN_LEN);
+                let (decoded, filled, leftover) = got.unwrap();
+                assert_eq!((decoded, filled, leftover), (head, head_len, 0));
+                assert_eq!(read, head_len, "only the header was taken from the stream");
+            }
+        }
+    }
+
+    #[test]
+    fn bad_write_headers_are_malformed_requests() {
+        let head = write(Some(vec![7, 8, 9]), Some(100));
+        let mut w = Writer::new(0);
+        head.encode(&mut w);
+        let bytes = w.body().to_vec();
+        // The frame ends inside the header (the wait list says more events than it holds).
+        for total in [
+            0,
+            10,
+            req::WriteBuffer::MIN_LEN as u64,
+            bytes.len() as u64 - 1,
+        ] {
+            let (got, read) = receive(&bytes, total, req::WriteBuffer::MIN_LEN);
+            assert!(matches!(got, Err(StreamError::Malformed(_))), "{total}");
+            assert!(read as u64 <= total);
+        }
+        // A presence flag that is neither 0 nor 1.
+        let mut bad = bytes.clone();
+        bad[36] = 7;
+        let (got, _) = receive(&bad, bad.len() as u64, req::WriteBuffer::MIN_LEN);
+        assert!(matches!(got, Err(StreamError::Malformed(_))));
+        // A wait list that claims more events than any frame holds.
+        let mut huge = bytes.clone();
+        huge[37..41].copy_from_slice(&u32::MAX.to_le_bytes());
+        let (got, read) = receive(&huge, huge.len() as u64, req::WriteBuffer::MIN_LEN);
+        assert!(matches!(got, Err(StreamError::Malformed(_))));
+        assert!(read <= huge.len());
+        // A receiver that starts with too long a prefix takes data bytes too, and says so.
+        let mut full = bytes.clone();
+        full.resize(bytes.len() + 100, 0x55);
+        let (got, _) = receive(&full, full.len() as u64, bytes.len() + 5);
+        assert_eq!(got.unwrap().2, 5);
+    }
 }

@@ -1,0 +1,718 @@
+//! Reads, writes, maps and unmaps of buffers and images. Every enqueue ends its arguments with
+//! the event wait list (event ids, absent for NULL) and the id the client chose for the event
+//! it returns (0: the application asked for none).
+
+use super::*;
+
+/// `clEnqueueReadBuffer`; answered by a [`Reply`]`<`[`ReadReply`]`>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadBuffer {
+    pub queue: u64,
+    pub mem: u64,
+    pub blocking: u32,
+    pub offset: usize,
+    pub size: usize,
+    pub wait: Option<Vec<u64>>,
+    pub event: u64,
+    /// Under which id a non-blocking read's data waits for COLLECT.
+    pub read_id: u64,
+}
+
+impl Message<'_> for ReadBuffer {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.queue);
+        w.u64(self.mem);
+        w.u32(self.blocking);
+        w.usize(self.offset);
+        w.usize(self.size);
+        w.opt_u64s(self.wait.as_deref());
+        w.u64(self.event);
+        w.u64(self.read_id);
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        Ok(ReadBuffer {
+            queue: r.u64()?,
+            mem: r.u64()?,
+            blocking: r.u32()?,
+            offset: r.usize()?,
+            size: r.usize()?,
+            wait: r.opt_u64s()?,
+            event: r.u64()?,
+            read_id: r.u64()?,
+        })
+    }
+}
+
+/// What a successful read answers (after CL_SUCCESS).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadReply {
+    /// The data follows this header: `len` bytes, unprefixed (see [`ReadReply::data`]).
+    Inline { len: u64 },
+    /// The data waits on the server under the read's id, for COLLECT.
+    Deferred,
+}
+
+const READ_INLINE: u8 = 0;
+const READ_DEFERRED: u8 = 1;
+
+impl ReadReply {
+    /// Bytes of a successful inline reply before its data (status, mode, length): a client
+    /// that has the transport read the rest straight into the application's memory needs it.
+    pub const INLINE_HEAD_LEN: usize = 4 + 1 + 8;
+
+    /// The inline data that follows the header just decoded from `r` (None if deferred).
+    pub fn data<'a>(&self, r: &mut Reader<'a>) -> Result<Option<&'a [u8]>, DecodeError> {
+        match self {
+            ReadReply::Inline { len } => r.raw(*len).map(Some),
+            ReadReply::Deferred => Ok(None),
+        }
+    }
+}
+
+impl Message<'_> for ReadReply {
+    fn encode(&self, w: &mut Writer) {
+        match self {
+            ReadReply::Inline { len } => {
+                w.u8(READ_INLINE);
+                w.u64(*len);
+            }
+            ReadReply::Deferred => w.u8(READ_DEFERRED),
+        }
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        match r.u8()? {
+            READ_INLINE => Ok(ReadReply::Inline { len: r.u64()? }),
+            READ_DEFERRED => Ok(ReadReply::Deferred),
+            _ => Err(DecodeError::BadValue("read reply mode")),
+        }
+    }
+}
+
+/// The header of `clEnqueueWriteBuffer`: the data (if the application passed any) follows it,
+/// `data_len` bytes unprefixed, sent from the application's memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteBuffer {
+    pub queue: u64,
+    pub mem: u64,
+    pub blocking: u32,
+    pub offset: usize,
+    pub size: usize,
+    pub wait: Option<Vec<u64>>,
+    pub event: u64,
+    /// None: the application passed a NULL pointer (the driver's verdict is wanted).
+    pub data_len: Option<u64>,
+}
+
+impl WriteBuffer {
+    /// Bytes of the shortest header (no wait list, no data): every header is at least this
+    /// long, so a receiver may take this many before it decodes one.
+    pub const MIN_LEN: usize = 8 + 8 + 4 + 8 + 8 + 1 + 8 + 1;
+
+    /// The data that follows the header just decoded from `r`.
+    pub fn data<'a>(&self, r: &mut Reader<'a>) -> Result<Option<&'a [u8]>, DecodeError> {
+        self.data_len.map(|n| r.raw(n)).transpose()
+    }
+}
+
+impl Message<'_> for WriteBuffer {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.queue);
+        w.u64(self.mem);
+        w.u32(self.blocking);
+        w.usize(self.offset);
+        w.usize(self.size);
+        w.opt_u64s(self.wait.as_deref());
+        w.u64(self.event);
+        w.bool(self.data_len.is_some());
+        if let Some(n) = self.data_len {
+            w.u64(n);
+        }
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        Ok(WriteBuffer {
+            queue: r.u64()?,
+            mem: r.u64()?,
+            blocking: r.u32()?,
+            offset: r.usize()?,
+            size: r.usize()?,
+            wait: r.opt_u64s()?,
+            event: r.u64()?,
+            data_len: if r.bool()? { Some(r.u64()?) } else { None },
+        })
+    }
+}
+
+/// The geometry of a rectangular buffer transfer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rect {
+    pub buffer_origin: [usize; 3],
+    pub host_origin: [usize; 3],
+    pub region: [usize; 3],
+    /// Buffer row and slice pitch, host row and slice pitch.
+    pub pitches: [usize; 4],
+}
+
+impl Message<'_> for Rect {
+    fn encode(&self, w: &mut Writer) {
+        put_triple(w, &self.buffer_origin);
+        put_triple(w, &self.host_origin);
+        put_triple(w, &self.region);
+        for p in self.pitches {
+            w.usize(p);
+        }
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        Ok(Rect {
+            buffer_origin: triple(r)?,
+            host_origin: triple(r)?,
+            region: triple(r)?,
+            pitches: [r.usize()?, r.usize()?, r.usize()?, r.usize()?],
+        })
+    }
+}
+
+/// `clEnqueueReadBufferRect`; answered as [`ReadBuffer`] (the data: the region's host
+/// footprint, from host origin 0).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadBufferRect {
+    pub queue: u64,
+    pub mem: u64,
+    pub blocking: u32,
+    pub rect: Rect,
+    pub wait: Option<Vec<u64>>,
+    pub event: u64,
+    pub read_id: u64,
+}
+
+impl Message<'_> for ReadBufferRect {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.queue);
+        w.u64(self.mem);
+        w.u32(self.blocking);
+        self.rect.encode(w);
+        w.opt_u64s(self.wait.as_deref());
+        w.u64(self.event);
+        w.u64(self.read_id);
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        Ok(ReadBufferRect {
+            queue: r.u64()?,
+            mem: r.u64()?,
+            blocking: r.u32()?,
+            rect: Rect::decode(r)?,
+            wait: r.opt_u64s()?,
+            event: r.u64()?,
+            read_id: r.u64()?,
+        })
+    }
+}
+
+/// `clEnqueueWriteBufferRect`: the data is the region's host footprint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteBufferRect<'a> {
+    pub queue: u64,
+    pub mem: u64,
+    pub blocking: u32,
+    pub rect: Rect,
+    pub data: &'a [u8],
+    pub wait: Option<Vec<u64>>,
+    pub event: u64,
+}
+
+impl<'a> Message<'a> for WriteBufferRect<'a> {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.queue);
+        w.u64(self.mem);
+        w.u32(self.blocking);
+        self.rect.encode(w);
+        w.bytes(self.data);
+        w.opt_u64s(self.wait.as_deref());
+        w.u64(self.event);
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        Ok(WriteBufferRect {
+            queue: r.u64()?,
+            mem: r.u64()?,
+            blocking: r.u32()?,
+            rect: Rect::decode(r)?,
+            data: r.bytes()?,
+            wait: r.opt_u64s()?,
+            event: r.u64()?,
+        })
+    }
+}
+
+/// The region of an image transfer and its host pitches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImageRegion {
+    pub origin: [usize; 3],
+    pub region: [usize; 3],
+    pub row_pitch: usize,
+    pub slice_pitch: usize,
+}
+
+impl Message<'_> for ImageRegion {
+    fn encode(&self, w: &mut Writer) {
+        put_triple(w, &self.origin);
+        put_triple(w, &self.region);
+        w.usize(self.row_pitch);
+        w.usize(self.slice_pitch);
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        Ok(ImageRegion {
+            origin: triple(r)?,
+            region: triple(r)?,
+            row_pitch: r.usize()?,
+            slice_pitch: r.usize()?,
+        })
+    }
+}
+
+/// `clEnqueueReadImage`; answered as [`ReadBuffer`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadImage {
+    pub queue: u64,
+    pub mem: u64,
+    pub blocking: u32,
+    pub image: ImageRegion,
+    pub wait: Option<Vec<u64>>,
+    pub event: u64,
+    pub read_id: u64,
+}
+
+impl Message<'_> for ReadImage {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.queue);
+        w.u64(self.mem);
+        w.u32(self.blocking);
+        self.image.encode(w);
+        w.opt_u64s(self.wait.as_deref());
+        w.u64(self.event);
+        w.u64(self.read_id);
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        Ok(ReadImage {
+            queue: r.u64()?,
+            mem: r.u64()?,
+            blocking: r.u32()?,
+            image: ImageRegion::decode(r)?,
+            wait: r.opt_u64s()?,
+            event: r.u64()?,
+            read_id: r.u64()?,
+        })
+    }
+}
+
+/// `clEnqueueWriteImage`: the data is the region's host footprint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteImage<'a> {
+    pub queue: u64,
+    pub mem: u64,
+    pub blocking: u32,
+    pub image: ImageRegion,
+    pub data: &'a [u8],
+    pub wait: Option<Vec<u64>>,
+    pub event: u64,
+}
+
+impl<'a> Message<'a> for WriteImage<'a> {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.queue);
+        w.u64(self.mem);
+        w.u32(self.blocking);
+        self.image.encode(w);
+        w.bytes(self.data);
+        w.opt_u64s(self.wait.as_deref());
+        w.u64(self.event);
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        Ok(WriteImage {
+            queue: r.u64()?,
+            mem: r.u64()?,
+            blocking: r.u32()?,
+            image: ImageRegion::decode(r)?,
+            data: r.bytes()?,
+            wait: r.opt_u64s()?,
+            event: r.u64()?,
+        })
+    }
+}
+
+/// `clEnqueueMapBuffer`; answered by a [`Reply`]`<`[`Mapped`]`>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MapBuffer {
+    pub queue: u64,
+    pub mem: u64,
+    pub blocking: u32,
+    pub flags: u64,
+    pub offset: usize,
+    pub size: usize,
+    pub wait: Option<Vec<u64>>,
+    pub event: u64,
+    /// The client's name for the mapping (the unmap sends it back).
+    pub token: u64,
+    /// The client maps the session's arena: a mapping that lies there may be handed out as is.
+    pub in_place_ok: bool,
+}
+
+impl Message<'_> for MapBuffer {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.queue);
+        w.u64(self.mem);
+        w.u32(self.blocking);
+        w.u64(self.flags);
+        w.usize(self.offset);
+        w.usize(self.size);
+        w.opt_u64s(self.wait.as_deref());
+        w.u64(self.event);
+        w.u64(self.token);
+        w.bool(self.in_place_ok);
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        Ok(MapBuffer {
+            queue: r.u64()?,
+            mem: r.u64()?,
+            blocking: r.u32()?,
+            flags: r.u64()?,
+            offset: r.usize()?,
+            size: r.usize()?,
+            wait: r.opt_u64s()?,
+            event: r.u64()?,
+            token: r.u64()?,
+            in_place_ok: r.bool()?,
+        })
+    }
+}
+
+/// `clEnqueueMapImage`; answered by a [`Reply`]`<`[`Mapped`]`>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MapImage {
+    pub queue: u64,
+    pub mem: u64,
+    pub blocking: u32,
+    pub flags: u64,
+    pub origin: [usize; 3],
+    pub region: [usize; 3],
+    pub wait: Option<Vec<u64>>,
+    pub event: u64,
+    pub token: u64,
+    pub in_place_ok: bool,
+}
+
+impl Message<'_> for MapImage {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.queue);
+        w.u64(self.mem);
+        w.u32(self.blocking);
+        w.u64(self.flags);
+        put_triple(w, &self.origin);
+        put_triple(w, &self.region);
+        w.opt_u64s(self.wait.as_deref());
+        w.u64(self.event);
+        w.u64(self.token);
+        w.bool(self.in_place_ok);
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        Ok(MapImage {
+            queue: r.u64()?,
+            mem: r.u64()?,
+            blocking: r.u32()?,
+            flags: r.u64()?,
+            origin: triple(r)?,
+            region: triple(r)?,
+            wait: r.opt_u64s()?,
+            event: r.u64()?,
+            token: r.u64()?,
+            in_place_ok: r.bool()?,
+        })
+    }
+}
+
+/// A successful map: where the mapping is and what it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mapped<'a> {
+    /// Row and slice pitch (images; 0 for buffers).
+    pub pitches: [usize; 2],
+    /// Where the mapping lies in the session's arena, if the client may use it in place.
+    pub in_place: Option<u64>,
+    /// The mapping's length.
+    pub len: u64,
+    /// Its bytes: empty when in place, for an invalidating map, or for an empty mapping.
+    pub data: &'a [u8],
+}
+
+impl<'a> Message<'a> for Mapped<'a> {
+    fn encode(&self, w: &mut Writer) {
+        w.usize(self.pitches[0]);
+        w.usize(self.pitches[1]);
+        put_window(w, self.in_place);
+        w.u64(self.len);
+        w.bytes(self.data);
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        Ok(Mapped {
+            pitches: [r.usize()?, r.usize()?],
+            in_place: window(r)?,
+            len: r.u64()?,
+            data: r.bytes()?,
+        })
+    }
+}
+
+/// `clEnqueueUnmapMemObject`: the bytes of a writing map travel back with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnmapMemObject<'a> {
+    pub queue: u64,
+    pub mem: u64,
+    pub token: u64,
+    pub data: Option<&'a [u8]>,
+    pub wait: Option<Vec<u64>>,
+    pub event: u64,
+}
+
+impl<'a> Message<'a> for UnmapMemObject<'a> {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.queue);
+        w.u64(self.mem);
+        w.u64(self.token);
+        w.opt_bytes(self.data);
+        w.opt_u64s(self.wait.as_deref());
+        w.u64(self.event);
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        Ok(UnmapMemObject {
+            queue: r.u64()?,
+            mem: r.u64()?,
+            token: r.u64()?,
+            data: r.opt_bytes_ref()?,
+            wait: r.opt_u64s()?,
+            event: r.u64()?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::*;
+    use super::*;
+
+    #[test]
+    fn reads_roundtrip() {
+        let b = roundtrip(&ReadBuffer {
+            queue: 1,
+            mem: 2,
+            blocking: 1,
+            offset: 3,
+            size: 4,
+            wait: Some(vec![5, 6]),
+            event: 7,
+            read_id: 8,
+        });
+        assert_eq!(b.len(), 8 + 8 + 4 + 8 + 8 + (1 + 4 + 16) + 8 + 8);
+        roundtrip(&ReadBuffer {
+            queue: 1,
+            mem: 2,
+            blocking: 0,
+            offset: 0,
+            size: 0,
+            wait: None,
+            event: 0,
+            read_id: 9,
+        });
+        let rect = Rect {
+            buffer_origin: [1, 2, 3],
+            host_origin: [4, 5, 6],
+            region: [7, 8, 9],
+            pitches: [10, 11, 12, 13],
+        };
+        roundtrip(&ReadBufferRect {
+            queue: 1,
+            mem: 2,
+            blocking: 1,
+            rect,
+            wait: Some(vec![]),
+            event: 3,
+            read_id: 4,
+        });
+        roundtrip(&ReadImage {
+            queue: 1,
+            mem: 2,
+            blocking: 0,
+            image: ImageRegion {
+                origin: [1, 2, 3],
+                region: [4, 5, 6],
+                row_pitch: 7,
+                slice_pitch: 8,
+            },
+            wait: None,
+            event: 0,
+            read_id: 4,
+        });
+    }
+
+    #[test]
+    fn read_replies_announce_their_data() {
+        let inline: Reply<ReadReply> = Ok(ReadReply::Inline { len: 3 });
+        assert_eq!(roundtrip(&inline).len(), ReadReply::INLINE_HEAD_LEN);
+        roundtrip(&Ok::<_, i32>(ReadReply::Deferred));
+        roundtrip(&Err::<ReadReply, _>(-30));
+        // The data follows the header unprefixed; a short one is an error.
+        let mut w = Writer::new(0);
+        inline.encode(&mut w);
+        w.filled_by(3, |p| {
+            // SAFETY: `filled_by` hands out room for the 3 bytes written.
+            unsafe { std::ptr::copy_nonoverlapping(b"abc".as_ptr(), p, 3) };
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+        let body = w.body().to_vec();
+        let mut r = Reader::new(&body);
+        let head = Reply::<ReadReply>::decode(&mut r).unwrap().unwrap();
+        assert_eq!(head.data(&mut r).unwrap(), Some(&b"abc"[..]));
+        r.finish().unwrap();
+        let mut r = Reader::new(&body[..body.len() - 1]);
+        let head = Reply::<ReadReply>::decode(&mut r).unwrap().unwrap();
+        assert!(head.data(&mut r).is_err());
+        let mut bad = body.clone();
+        bad[4] = 9;
+        assert!(Reply::<ReadReply>::decode_all(&bad).is_err());
+    }
+
+    #[test]
+    fn writes_roundtrip() {
+        let head = WriteBuffer {
+            queue: 1,
+            mem: 2,
+            blocking: 1,
+            offset: 3,
+            size: 4,
+            wait: Some(vec![5]),
+            event: 6,
+            data_len: Some(4),
+        };
+        roundtrip(&head);
+        let shortest = WriteBuffer {
+            data_len: None,
+            wait: None,
+            ..head.clone()
+        };
+        assert_eq!(roundtrip(&shortest).len(), WriteBuffer::MIN_LEN);
+        for wait in [None, Some(vec![]), Some(vec![1, 2])] {
+            for data_len in [None, Some(0), Some(9)] {
+                let h = WriteBuffer {
+                    wait: wait.clone(),
+                    data_len,
+                    ..head.clone()
+                };
+                assert!(roundtrip(&h).len() >= WriteBuffer::MIN_LEN);
+            }
+        }
+        // The data follows the header: taken whole, or not at all.
+        let mut w = Writer::new(0);
+        head.encode(&mut w);
+        w.trailer(4);
+        let body_len = w.body_len();
+        let frame = w.finish(0, 0).unwrap();
+        let h = wormhole_wire::FrameHeader::decode(
+            frame[..wormhole_wire::HEADER_LEN].try_into().unwrap(),
+        )
+        .unwrap();
+        assert_eq!(h.len as usize, body_len + 4, "the frame counts the trailer");
+        let mut b = body(&head).to_vec();
+        b.extend_from_slice(b"data");
+        let mut r = Reader::new(&b);
+        let h = WriteBuffer::decode(&mut r).unwrap();
+        assert_eq!(h.data(&mut r).unwrap(), Some(&b"data"[..]));
+        r.finish().unwrap();
+        let mut r = Reader::new(&b[..b.len() - 1]);
+        let h = WriteBuffer::decode(&mut r).unwrap();
+        assert!(h.data(&mut r).is_err());
+
+        let rect = Rect {
+            buffer_origin: [1, 2, 3],
+            host_origin: [4, 5, 6],
+            region: [7, 8, 9],
+            pitches: [10, 11, 12, 13],
+        };
+        roundtrip(&WriteBufferRect {
+            queue: 1,
+            mem: 2,
+            blocking: 0,
+            rect,
+            data: b"rows",
+            wait: Some(vec![3]),
+            event: 4,
+        });
+        roundtrip(&WriteImage {
+            queue: 1,
+            mem: 2,
+            blocking: 1,
+            image: ImageRegion {
+                origin: [0; 3],
+                region: [1, 1, 1],
+                row_pitch: 0,
+                slice_pitch: 0,
+            },
+            data: b"px",
+            wait: None,
+            event: 0,
+        });
+    }
+
+    #[test]
+    fn maps_roundtrip() {
+        roundtrip(&MapBuffer {
+            queue: 1,
+            mem: 2,
+            blocking: 1,
+            flags: 3,
+            offset: 4,
+            size: 5,
+            wait: Some(vec![6]),
+            event: 7,
+            token: 8,
+            in_place_ok: true,
+        });
+        roundtrip(&MapImage {
+            queue: 1,
+            mem: 2,
+            blocking: 0,
+            flags: 3,
+            origin: [4, 5, 6],
+            region: [7, 8, 9],
+            wait: None,
+            event: 0,
+            token: 10,
+            in_place_ok: false,
+        });
+        roundtrip(&Ok::<_, i32>(Mapped {
+            pitches: [1, 2],
+            in_place: Some(4096),
+            len: 8,
+            data: b"",
+        }));
+        roundtrip(&Ok::<_, i32>(Mapped {
+            pitches: [0, 0],
+            in_place: None,
+            len: 3,
+            data: b"abc",
+        }));
+        roundtrip(&Err::<Mapped, _>(-5));
+        roundtrip(&UnmapMemObject {
+            queue: 1,
+            mem: 2,
+            token: 3,
+            data: Some(b"back"),
+            wait: Some(vec![4]),
+            event: 5,
+        });
+        roundtrip(&UnmapMemObject {
+            queue: 1,
+            mem: 2,
+            token: 3,
+            data: None,
+            wait: None,
+            event: 0,
+        });
+    }
+}

@@ -24,7 +24,7 @@ pub fn emit_server(api: &Api) -> String {
         emit_handler(&mut s, api, f);
     }
     emit_server_entry_args(&mut s, api);
-    s.push_str("/// Decodes and runs one request. A decode error means a malformed message.\npub fn dispatch(s: &Session, op: Op, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {\n    match op {\n");
+    s.push_str("/// Decodes and runs one request. A decode error means a malformed message.\n/// `s` is the request being handled (it derefs to the session).\npub fn dispatch(s: &crate::session::Call<'_>, op: Op, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {\n    match op {\n");
     for f in &api.funcs {
         match f.mode {
             Mode::Gen if f.server_entry => {

@@ -52,7 +52,7 @@ impl OpenCl {
     /// Runs one request against session `s`; the trailer the handler left (bulk data of a
     /// mapped read) comes back explicitly with the reply.
     fn run(
-        s: &session::Session,
+        session: &session::Session,
         opcode: u16,
         asynchronous: bool,
         r: &mut Reader<'_>,
@@ -61,6 +61,7 @@ impl OpenCl {
         // The request's first argument, before the handler consumes it (the queue of the calls
         // whose failures are deferred and reported).
         let first = r.clone().u64().unwrap_or(0);
+        let s = &session::Call::new(session);
         let sync_keys = match Op::from_u16(opcode) {
             Some(Op::clFinish) => Some(vec![first]),
             Some(Op::clWaitForEvents) => Some(deferred::event_queues(s, r.clone())),
@@ -95,7 +96,8 @@ impl OpenCl {
         }
         Ok(Reply {
             status,
-            trailer: custom::take_trailer()
+            trailer: s
+                .take_trailer()
                 .map(|t| Box::new(t) as Box<dyn wormhole_server::backend::Trailer>),
         })
     }

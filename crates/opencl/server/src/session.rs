@@ -44,6 +44,40 @@ pub struct Session {
     pub build_lock: Mutex<()>,
 }
 
+/// One request being handled: the session it belongs to, and what the handler leaves for the
+/// reply besides its body (bulk data sent from a mapping of the driver's buffer). Handlers
+/// that need only the session take `&Session` (a `&Call` derefs to it).
+pub struct Call<'a> {
+    session: &'a Session,
+    trailer: std::cell::RefCell<Option<crate::custom::Trailer>>,
+}
+
+impl<'a> Call<'a> {
+    pub fn new(session: &'a Session) -> Call<'a> {
+        Call {
+            session,
+            trailer: std::cell::RefCell::new(None),
+        }
+    }
+
+    /// Bulk data to send after the reply's body (the body announced its length).
+    pub fn send_after(&self, t: crate::custom::Trailer) {
+        *self.trailer.borrow_mut() = Some(t);
+    }
+
+    /// The bulk data the handler left, if any.
+    pub fn take_trailer(&self) -> Option<crate::custom::Trailer> {
+        self.trailer.borrow_mut().take()
+    }
+}
+
+impl std::ops::Deref for Call<'_> {
+    type Target = Session;
+    fn deref(&self) -> &Session {
+        self.session
+    }
+}
+
 /// A program the application created from source and whose build the program cache served:
 /// its id now names a program created from the cached binary. The source program is kept (one
 /// reference of the session's own) for what only it can answer, its source, and for a rebuild

@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::generated::ffi;
-use crate::session::{Mapping, PendingRead};
+use crate::session::{Call, Mapping, PendingRead};
 use std::ffi::c_void;
 use wormhole_opencl_proto::geometry::{image_span, rect_span};
 use wormhole_opencl_proto::requests::{self as req, Message, Reply};
@@ -32,15 +32,6 @@ impl wormhole_server::backend::Trailer for Trailer {
         // SAFETY: the range maps `len` bytes and stays mapped until the trailer is released.
         unsafe { std::slice::from_raw_parts(self.range.ptr as *const u8, self.len) }
     }
-}
-
-thread_local! {
-    static TRAILER: std::cell::RefCell<Option<Trailer>> = const { std::cell::RefCell::new(None) };
-}
-
-/// The trailer the request just handled on this thread left for its reply, if any.
-pub fn take_trailer() -> Option<Trailer> {
-    TRAILER.with(|t| t.borrow_mut().take())
 }
 
 /// A range of a buffer mapped by a blocking `clEnqueueMapBuffer`. It holds a reference to the
@@ -131,7 +122,7 @@ impl Drop for MappedRange {
 /// nothing, if the driver does not map: the ordinary path then answers (with the native error
 /// code, if that is what went wrong).
 fn mapped_read(
-    s: &Session,
+    s: &Call<'_>,
     w: &mut Writer,
     t: &Target,
     wl: &WaitList,
@@ -143,8 +134,7 @@ fn mapped_read(
     };
     Reply::Ok(req::ReadReply::Inline { len: size as u64 }).encode(w);
     w.trailer(size);
-    let trailer = Trailer { range, len: size };
-    TRAILER.with(|t| *t.borrow_mut() = Some(trailer));
+    s.send_after(Trailer { range, len: size });
     true
 }
 
@@ -251,7 +241,7 @@ fn write_common(
 }
 
 pub fn clEnqueueReadBuffer(
-    s: &Session,
+    s: &Call<'_>,
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {

@@ -27,6 +27,14 @@ impl DeferredErrors {
             .or_insert(status);
     }
 
+    /// Whether no failure waits to be reported (the common case: nothing to look up).
+    pub fn is_empty(&self) -> bool {
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+    }
+
     /// The failure to report at a synchronisation point on `keys` (and the session's own), if
     /// any; every key it covers is cleared, so each failure is reported once.
     pub fn take(&self, keys: &[u64]) -> Option<i32> {
@@ -52,7 +60,9 @@ mod tests {
     fn each_failure_is_reported_once_where_it_belongs() {
         let d = DeferredErrors::default();
         assert_eq!(d.take(&[7]), None);
+        assert!(d.is_empty());
         d.record(7, -6);
+        assert!(!d.is_empty());
         d.record(7, -5); // the first failure of a key wins
         assert_eq!(
             d.take(&[8]),

@@ -58,15 +58,10 @@ impl OpenCl {
         r: &mut Reader<'_>,
         w: &mut Writer,
     ) -> Result<Reply, DecodeError> {
-        // The request's first argument, before the handler consumes it (the queue of the calls
-        // whose failures are deferred and reported).
-        let first = r.clone().u64().unwrap_or(0);
+        // The request as it arrived, for what deferred errors need of it after the handler
+        // has consumed it (a copy of the reader: no bytes are copied).
+        let request = r.clone();
         let s = &session::Call::new(session);
-        let sync_keys = match Op::from_u16(opcode) {
-            Some(Op::clFinish) => Some(vec![first]),
-            Some(Op::clWaitForEvents) => Some(deferred::event_queues(s, r.clone())),
-            _ => None,
-        };
         match opcode {
             control::COLLECT => custom::collect(s, r, w),
             control::SVM_PUSH => custom::svm_push(s, r, w),
@@ -83,9 +78,17 @@ impl OpenCl {
             .get(..4)
             .map_or(0, |b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]));
         if asynchronous && status != CL_SUCCESS {
+            let first = request.clone().u64().unwrap_or(0);
             s.deferred.record(deferred::key(opcode, first), status);
-        } else if let (Some(keys), CL_SUCCESS) = (sync_keys, status) {
-            if let Some(failed) = s.deferred.take(&keys) {
+        } else if status == CL_SUCCESS && !s.deferred.is_empty() {
+            // Only a synchronisation point with failures to report looks at what it names (a
+            // clWaitForEvents asks the driver for each event's queue).
+            let keys = match Op::from_u16(opcode) {
+                Some(Op::clFinish) => Some(vec![request.clone().u64().unwrap_or(0)]),
+                Some(Op::clWaitForEvents) => Some(deferred::event_queues(s, request)),
+                _ => None,
+            };
+            if let Some(failed) = keys.and_then(|k| s.deferred.take(&k)) {
                 tracing::warn!(
                     status = failed,
                     "reporting the failure of a pipelined call at this synchronisation point"

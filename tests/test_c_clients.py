@@ -6,7 +6,9 @@ import pytest
 
 from conftest import Server
 
-PROGRAMS = ["vector_add", "multithread", "callbacks", "errors", "svm", "svm_fine", "bulk", "windows"]
+PROGRAMS = [
+    "vector_add", "multithread", "callbacks", "gated_callbacks", "errors", "svm", "svm_fine", "bulk", "windows",
+]
 
 
 @pytest.mark.parametrize("name", PROGRAMS)

@@ -11,10 +11,23 @@ use wormhole_server::worker::Limits;
 
 pub type Handle = *mut c_void;
 
-/// A buffer the server reads into for a non-blocking read, kept until the client collects it.
+/// A non-blocking read's bytes on the server, kept until the client collects them once the
+/// event completes.
 pub struct PendingRead {
-    pub data: Vec<u8>,
+    pub from: ReadFrom,
     pub event: Handle,
+}
+
+/// Where a pending read's bytes are.
+pub enum ReadFrom {
+    /// A staging buffer the driver reads into.
+    Staging(Vec<u8>),
+    /// The driver's own mapping (a non-blocking map), read out when collected; the mapping's
+    /// unmap drops the pending read first, so the range is mapped whenever it is read.
+    Mapping { ptr: usize, len: usize },
+    /// A range of the session's shared virtual memory (a non-blocking `clEnqueueSVMMap`), read
+    /// out when collected if it is still allocated.
+    Svm { ptr: usize, len: usize },
 }
 
 /// A region the server mapped on behalf of the client.

@@ -151,8 +151,9 @@ fn forget_fine(p: usize) {
     }
 }
 
-/// Open SVM maps: (address, length, writes back on unmap).
-static MAPS: Mutex<Vec<(usize, usize, bool)>> = Mutex::new(Vec::new());
+/// Open SVM maps: (address, length, writes back on unmap, the id a non-blocking map's bytes
+/// are collected under).
+static MAPS: Mutex<Vec<(usize, usize, bool, u64)>> = Mutex::new(Vec::new());
 
 fn page_range(p: usize, len: usize) -> Option<std::ops::Range<usize>> {
     let end = p.checked_add(len.max(1))?.checked_add(PAGE - 1)? & !(PAGE - 1);
@@ -418,6 +419,8 @@ pub unsafe extern "C" fn clEnqueueSVMMemcpy(
         };
         // SAFETY: the application's wait list and event pointer.
         let (wait, ev) = unsafe { wait_and_event(n, list, event) }?;
+        let deferred = copy == req::SvmCopy::SvmToHost && blocking == 0;
+        let read = if deferred { rt::alloc_id() } else { 0 };
         let w = encode(
             Op::clEnqueueSVMMemcpy,
             &req::SvmMemcpy {
@@ -429,6 +432,7 @@ pub unsafe extern "C" fn clEnqueueSVMMemcpy(
                 size,
                 wait,
                 event: ev,
+                read,
             },
         );
         let reply = rt::call(w)?;
@@ -439,7 +443,10 @@ pub unsafe extern "C" fn clEnqueueSVMMemcpy(
         };
         let data = copied.data(&mut r)?;
         r.finish()?;
-        if copy == req::SvmCopy::SvmToHost {
+        if deferred {
+            // The bytes land at the next synchronisation point, as a non-blocking read's.
+            rt::pending::defer(read, rt::pending::Scatter::Plain { dst: dst as usize });
+        } else if copy == req::SvmCopy::SvmToHost {
             let data = data.ok_or(ClErr(CL_OUT_OF_RESOURCES))?;
             // SAFETY: `dst` holds `size` bytes; the server sent exactly `size`.
             unsafe {
@@ -510,6 +517,7 @@ pub unsafe extern "C" fn clEnqueueSVMMap(
         }
         // SAFETY: the application's wait list and event pointer.
         let (wait, ev) = unsafe { wait_and_event(n, list, event) }?;
+        let read = rt::alloc_id();
         let w = encode(
             Op::clEnqueueSVMMap,
             &req::SvmMap {
@@ -520,13 +528,19 @@ pub unsafe extern "C" fn clEnqueueSVMMap(
                 size,
                 wait,
                 event: ev,
+                read,
             },
         );
         let reply = rt::call(w)?;
-        let data = match req::Reply::<req::SvmMapped>::decode_all(&reply)? {
-            Ok(m) => m.data,
+        let mapped = match req::Reply::<req::SvmMapped>::decode_all(&reply)? {
+            Ok(m) => m,
             Err(st) => return Ok(st),
         };
+        if mapped.deferred {
+            // A non-blocking map: the bytes land at the next synchronisation point.
+            rt::pending::defer(read, rt::pending::Scatter::Plain { dst: ptr as usize });
+        }
+        let data = mapped.data;
         // SAFETY: the mirror covers [ptr, ptr+size) (checked above).
         unsafe {
             std::ptr::copy_nonoverlapping(data.as_ptr(), ptr as *mut u8, data.len().min(size))
@@ -534,7 +548,7 @@ pub unsafe extern "C" fn clEnqueueSVMMap(
         let writes = flags & (CL_MAP_WRITE | CL_MAP_WRITE_INVALIDATE_REGION) != 0;
         MAPS.lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push((ptr as usize, size, writes));
+            .push((ptr as usize, size, writes, read));
         // SAFETY: as above.
         unsafe { set_event(event, ev) };
         Ok(CL_SUCCESS)
@@ -551,7 +565,7 @@ pub unsafe extern "C" fn clEnqueueSVMUnmap(
     rt::entry_status(|| {
         // SAFETY: the application's handle.
         let q = unsafe { obj(queue, HandleKind::Queue) }?;
-        let (addr, size, writes) = {
+        let (addr, size, writes, read) = {
             let mut maps = MAPS.lock().unwrap_or_else(|e| e.into_inner());
             let i = maps
                 .iter()
@@ -559,6 +573,8 @@ pub unsafe extern "C" fn clEnqueueSVMUnmap(
                 .ok_or(ClErr(CL_INVALID_VALUE))?;
             maps.remove(i)
         };
+        // Bytes of the map not collected yet must not land after the unmap.
+        rt::pending::forget(read);
         // SAFETY: the mirror covers the mapped range.
         let data = writes.then(|| unsafe { std::slice::from_raw_parts(addr as *const u8, size) });
         // SAFETY: the application's wait list and event pointer.
@@ -580,7 +596,7 @@ pub unsafe extern "C" fn clEnqueueSVMUnmap(
         } else {
             MAPS.lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .push((addr, size, writes));
+                .push((addr, size, writes, read));
         }
         Ok(st)
     })

@@ -596,11 +596,14 @@ struct MapEntry {
 static MAPS: Mutex<Vec<MapEntry>> = Mutex::new(Vec::new());
 
 /// Finishes a map: the data goes to the application's host memory (USE_HOST_PTR buffers) or to
-/// fresh memory the client owns until the unmap.
+/// fresh memory the client owns until the unmap. A non-blocking map's data follows at the next
+/// synchronisation point (collected under the map's token), as a non-blocking read's does.
+#[allow(clippy::too_many_arguments)]
 fn finish_map(
     w: Writer,
     o: &objects::ClObject,
     offset: usize,
+    blocking: u32,
     flags: u64,
     token: u64,
     event: *mut Handle,
@@ -629,7 +632,9 @@ fn finish_map(
             });
         // SAFETY: the application's `cl_event *` or NULL.
         unsafe { set_event(event, ev_id) };
-        rt::after_sync();
+        if blocking != 0 {
+            rt::after_sync();
+        }
         return Ok((ptr as *mut c_void, pitches));
     }
     let data = mapped.data;
@@ -656,6 +661,10 @@ fn finish_map(
         // SAFETY: `ptr` has room for `len` bytes (fresh, or the application's mapped range).
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr, len) };
     }
+    if mapped.deferred {
+        // The mapping (and so `ptr`) lives until the unmap, which forgets an uncollected one.
+        rt::pending::defer(token, rt::pending::Scatter::Plain { dst: ptr as usize });
+    }
     let writes = flags & (CL_MAP_WRITE | CL_MAP_WRITE_INVALIDATE_REGION) != 0;
     MAPS.lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -669,7 +678,9 @@ fn finish_map(
         });
     // SAFETY: the application's `cl_event *` or NULL.
     unsafe { set_event(event, ev_id) };
-    rt::after_sync();
+    if blocking != 0 {
+        rt::after_sync();
+    }
     Ok((ptr as *mut c_void, pitches))
 }
 
@@ -711,7 +722,7 @@ pub unsafe extern "C" fn clEnqueueMapBuffer(
                 in_place_ok: arena().is_some(),
             },
         );
-        finish_map(w, b, offset, flags, token, event, ev_id).map(|(p, _)| p)
+        finish_map(w, b, offset, blocking, flags, token, event, ev_id).map(|(p, _)| p)
     })
 }
 
@@ -755,7 +766,7 @@ pub unsafe extern "C" fn clEnqueueMapImage(
                 in_place_ok: arena().is_some(),
             },
         );
-        let (p, pitches) = finish_map(w, i, 0, flags, token, event, ev_id)?;
+        let (p, pitches) = finish_map(w, i, 0, blocking, flags, token, event, ev_id)?;
         // SAFETY: the application's outputs (row_pitch checked above).
         unsafe {
             *row_pitch = pitches[0];
@@ -791,6 +802,9 @@ pub unsafe extern "C" fn clEnqueueUnmapMemObject(
                 .ok_or(ClErr(CL_INVALID_VALUE))?;
             maps.swap_remove(i)
         };
+        // A non-blocking map's bytes not collected yet never land in the range once it is
+        // unmapped (and perhaps freed); the server drops them too.
+        rt::pending::forget(entry.token);
         // SAFETY: the mapped range holds `len` bytes the application may have written.
         let data = entry
             .writes

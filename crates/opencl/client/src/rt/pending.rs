@@ -30,6 +30,16 @@ pub fn defer(read_id: u64, s: Scatter) {
         .push((read_id, s));
 }
 
+/// Drops a read that must not land any more (its destination is going away).
+pub fn forget(read_id: u64) {
+    // Not while a collection may be writing into it.
+    let _serial = COLLECTING.lock().unwrap_or_else(|p| p.into_inner());
+    let mut p = PENDING.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(i) = p.iter().position(|(id, _)| *id == read_id) {
+        p.swap_remove(i);
+    }
+}
+
 /// Writes `data` where the read wanted it.
 ///
 /// # Safety

@@ -116,6 +116,9 @@ pub struct SvmMemcpy<'a> {
     pub size: usize,
     pub wait: Option<Vec<u64>>,
     pub event: u64,
+    /// A non-blocking copy to the host: the id its bytes are collected under (see
+    /// [`SvmCopied`]); 0 otherwise.
+    pub read: u64,
 }
 
 impl<'a> Message<'a> for SvmMemcpy<'a> {
@@ -135,6 +138,7 @@ impl<'a> Message<'a> for SvmMemcpy<'a> {
         }
         w.opt_u64s(self.wait.as_deref());
         w.u64(self.event);
+        w.u64(self.read);
     }
     fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
         let (queue, blocking, mode) = (r.u64()?, r.u32()?, r.u8()?);
@@ -154,12 +158,14 @@ impl<'a> Message<'a> for SvmMemcpy<'a> {
             size,
             wait: r.opt_u64s()?,
             event: r.u64()?,
+            read: r.u64()?,
         })
     }
 }
 
-/// A successful SVM copy: for a copy to the host, the header of its bytes, which follow it
-/// unprefixed (see [`SvmCopied::data`]); nothing otherwise.
+/// A successful SVM copy: for a blocking copy to the host, the header of its bytes, which
+/// follow it unprefixed (see [`SvmCopied::data`]); nothing otherwise (a non-blocking copy's
+/// bytes are collected under the request's `read` id at a synchronisation point).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SvmCopied {
     pub to_host: Option<u64>,
@@ -233,6 +239,8 @@ pub struct SvmMap {
     pub size: usize,
     pub wait: Option<Vec<u64>>,
     pub event: u64,
+    /// The id a non-blocking map's bytes are collected under.
+    pub read: u64,
 }
 
 impl Message<'_> for SvmMap {
@@ -244,6 +252,7 @@ impl Message<'_> for SvmMap {
         w.usize(self.size);
         w.opt_u64s(self.wait.as_deref());
         w.u64(self.event);
+        w.u64(self.read);
     }
     fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
         Ok(SvmMap {
@@ -254,22 +263,29 @@ impl Message<'_> for SvmMap {
             size: r.usize()?,
             wait: r.opt_u64s()?,
             event: r.u64()?,
+            read: r.u64()?,
         })
     }
 }
 
-/// The mapped bytes (none for an invalidating map).
+/// The mapped bytes (none for an invalidating map), or word that they come later (a
+/// non-blocking map: collected under the request's `read` id).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SvmMapped<'a> {
+    pub deferred: bool,
     pub data: &'a [u8],
 }
 
 impl<'a> Message<'a> for SvmMapped<'a> {
     fn encode(&self, w: &mut Writer) {
+        w.u8(self.deferred as u8);
         w.bytes(self.data);
     }
     fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
-        Ok(SvmMapped { data: r.bytes()? })
+        Ok(SvmMapped {
+            deferred: r.u8()? != 0,
+            data: r.bytes()?,
+        })
     }
 }
 
@@ -437,6 +453,7 @@ mod tests {
                 size: 4,
                 wait: Some(vec![5]),
                 event: 6,
+                read: 7,
             });
         }
         let mut b = body(&SvmMemcpy {
@@ -448,6 +465,7 @@ mod tests {
             size: 4,
             wait: None,
             event: 0,
+            read: 0,
         })
         .to_vec();
         b[12] = 7; // the direction
@@ -488,8 +506,16 @@ mod tests {
             size: 4,
             wait: Some(vec![5]),
             event: 6,
+            read: 7,
         });
-        roundtrip(&Ok::<_, i32>(SvmMapped { data: b"mapped" }));
+        roundtrip(&Ok::<_, i32>(SvmMapped {
+            deferred: false,
+            data: b"mapped",
+        }));
+        roundtrip(&Ok::<_, i32>(SvmMapped {
+            deferred: true,
+            data: b"",
+        }));
         roundtrip(&Err::<SvmMapped, _>(-5));
         roundtrip(&SvmUnmap {
             queue: 1,

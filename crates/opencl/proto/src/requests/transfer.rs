@@ -437,7 +437,11 @@ pub struct Mapped<'a> {
     pub in_place: Option<u64>,
     /// The mapping's length.
     pub len: u64,
-    /// Its bytes: empty when in place, for an invalidating map, or for an empty mapping.
+    /// A non-blocking map's bytes come later, collected under the map's token like a
+    /// non-blocking read's.
+    pub deferred: bool,
+    /// Its bytes: empty when in place, deferred, for an invalidating map, or for an empty
+    /// mapping.
     pub data: &'a [u8],
 }
 
@@ -447,6 +451,7 @@ impl<'a> Message<'a> for Mapped<'a> {
         w.usize(self.pitches[1]);
         put_window(w, self.in_place);
         w.u64(self.len);
+        w.u8(self.deferred as u8);
         w.bytes(self.data);
     }
     fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
@@ -454,6 +459,7 @@ impl<'a> Message<'a> for Mapped<'a> {
             pitches: [r.usize()?, r.usize()?],
             in_place: window(r)?,
             len: r.u64()?,
+            deferred: r.u8()? != 0,
             data: r.bytes()?,
         })
     }
@@ -689,13 +695,22 @@ mod tests {
             pitches: [1, 2],
             in_place: Some(4096),
             len: 8,
+            deferred: false,
             data: b"",
         }));
         roundtrip(&Ok::<_, i32>(Mapped {
             pitches: [0, 0],
             in_place: None,
             len: 3,
+            deferred: false,
             data: b"abc",
+        }));
+        roundtrip(&Ok::<_, i32>(Mapped {
+            pitches: [0, 0],
+            in_place: None,
+            len: 3,
+            deferred: true,
+            data: b"",
         }));
         roundtrip(&Err::<Mapped, _>(-5));
         roundtrip(&UnmapMemObject {

@@ -6,6 +6,7 @@
 //! driver sees it (a kernel dereferences SVM pointers as raw addresses).
 
 use super::*;
+use crate::session::{PendingRead, ReadFrom};
 use std::ffi::c_void;
 use wormhole_opencl_proto::requests::{self as req, Message, Reply};
 use wormhole_opencl_proto::{cl::*, Writer, SVM_SYNC_BATCH};
@@ -143,6 +144,7 @@ pub fn clEnqueueSVMMemcpy(
         size,
         wait,
         event: event_id,
+        read,
     } = req::SvmMemcpy::decode(r)?;
     r.finish()?;
     let wl = WaitList(wait);
@@ -198,6 +200,44 @@ pub fn clEnqueueSVMMemcpy(
                 let event = ev.finish(s);
                 crate::callbacks::on_event_complete(event, move || drop(staging));
                 release_own(event_id, event);
+            }
+            req::SvmCopy::SvmToHost if blocking == 0 => {
+                // Into a staging buffer the client collects at its next synchronisation point,
+                // as for a non-blocking read: the copy may wait on a user event only the
+                // client can complete.
+                let sp = check(s, src, size)?;
+                if read == 0 {
+                    return Err(CL_INVALID_VALUE);
+                }
+                let mut data = vec![0u8; size];
+                // SAFETY: `sp` lies in SVM; `data` holds `size` bytes and lives in the pending
+                // read until the copy completes.
+                let st = unsafe {
+                    ffi::clEnqueueSVMMemcpy(
+                        q,
+                        CL_FALSE,
+                        data.as_mut_ptr() as *mut c_void,
+                        sp,
+                        size,
+                        n,
+                        l,
+                        ev.ptr(true) as *mut c_void,
+                    )
+                };
+                if st != CL_SUCCESS {
+                    return Err(st);
+                }
+                let event = ev.finish(s);
+                s.pending_reads
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(
+                        read,
+                        PendingRead {
+                            from: ReadFrom::Staging(data),
+                            event,
+                        },
+                    );
             }
             req::SvmCopy::SvmToHost => {
                 let sp = check(s, src, size)?;
@@ -280,12 +320,13 @@ pub fn clEnqueueSVMMemFill(
 pub fn clEnqueueSVMMap(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
     let req::SvmMap {
         queue,
-        blocking: _,
+        blocking,
         flags,
         ptr,
         size,
         wait,
         event: event_id,
+        read,
     } = req::SvmMap::decode(r)?;
     r.finish()?;
     let wl = WaitList(wait);
@@ -294,31 +335,55 @@ pub fn clEnqueueSVMMap(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Resul
         let p = check(s, ptr, size)?;
         let (n, list) = wl.resolve(s)?;
         let mut ev = EventOut::new(s, event_id)?;
-        // Always blocking here, so the bytes can travel with the reply.
+        let invalidates = flags & CL_MAP_WRITE_INVALIDATE_REGION != 0;
+        // A blocking map's bytes travel with the reply. A non-blocking one returns at once, as
+        // natively (it may wait on a user event only the client can complete), and its bytes
+        // are collected under `read` at the client's next synchronisation point.
+        let deferred = blocking == 0 && !invalidates;
+        if deferred && read == 0 {
+            return Err(CL_INVALID_VALUE);
+        }
         // SAFETY: the range lies in SVM.
         let st = unsafe {
             ffi::clEnqueueSVMMap(
                 q,
-                CL_TRUE,
+                if blocking != 0 { CL_TRUE } else { CL_FALSE },
                 flags,
                 p,
                 size,
                 n,
                 list_ptr(&list) as *mut c_void,
-                ev.ptr(false) as *mut c_void,
+                ev.ptr(deferred) as *mut c_void,
             )
         };
         if st != CL_SUCCESS {
             return Err(st);
         }
-        release_own(event_id, ev.finish(s));
-        let data = if flags & CL_MAP_WRITE_INVALIDATE_REGION != 0 {
+        let event = ev.finish(s);
+        if deferred {
+            s.pending_reads
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(
+                    read,
+                    PendingRead {
+                        from: ReadFrom::Svm {
+                            ptr: p as usize,
+                            len: size,
+                        },
+                        event,
+                    },
+                );
+        } else {
+            release_own(event_id, event);
+        }
+        let data = if invalidates || deferred {
             &[][..]
         } else {
-            // SAFETY: the mapped range is readable host memory now.
+            // SAFETY: the mapped range is readable host memory now (a blocking map).
             unsafe { std::slice::from_raw_parts(p as *const u8, size) }
         };
-        Reply::Ok(req::SvmMapped { data }).encode(w);
+        Reply::Ok(req::SvmMapped { deferred, data }).encode(w);
         Ok(())
     };
     if let Err(e) = run(w) {
@@ -345,6 +410,19 @@ pub fn clEnqueueSVMUnmap(
         let q = s.resolve(queue, HandleKind::Queue, false)?;
         let p = check(s, ptr, data.map_or(0, |d| d.len()))?;
         let (n, list) = wl.resolve(s)?;
+        // A non-blocking map's bytes not collected yet are not wanted any more.
+        let uncollected: Vec<_> = {
+            let mut pending = s.pending_reads.lock().unwrap_or_else(|p| p.into_inner());
+            let ids: Vec<u64> = pending
+                .iter()
+                .filter(|(_, r)| matches!(r.from, ReadFrom::Svm { ptr, .. } if ptr == p as usize))
+                .map(|(id, _)| *id)
+                .collect();
+            ids.iter().filter_map(|id| pending.remove(id)).collect()
+        };
+        for r in uncollected {
+            release_own(0, r.event);
+        }
         if let Some(d) = data {
             // SAFETY: the range lies in SVM and is mapped for the host.
             unsafe { std::ptr::copy_nonoverlapping(d.as_ptr(), p as *mut u8, d.len()) };

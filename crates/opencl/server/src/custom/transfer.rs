@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::generated::ffi;
-use crate::session::{Call, Mapping, PendingRead};
+use crate::session::{Call, Mapping, PendingRead, ReadFrom};
 use std::ffi::c_void;
 use wormhole_opencl_proto::geometry::{image_span, rect_span};
 use wormhole_opencl_proto::requests::{self as req, Message, Reply};
@@ -192,7 +192,13 @@ fn read_common(
     s.pending_reads
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .insert(read_id, PendingRead { data, event });
+        .insert(
+            read_id,
+            PendingRead {
+                from: ReadFrom::Staging(data),
+                event,
+            },
+        );
     Reply::Ok(req::ReadReply::Deferred).encode(w);
     Ok(())
 }
@@ -618,20 +624,33 @@ pub fn clEnqueueWriteImage(
     Ok(())
 }
 
-/// Maps on the server (always blocking, so the data can travel now), remembers the mapping
-/// under the client's token and sends the mapped bytes unless the map invalidates them.
-/// Maps with (wait count, wait list, event out, errcode) and returns (pointer, bytes, pitches).
+/// Maps with (blocking, wait count, wait list, event out, errcode) and returns (pointer,
+/// bytes, pitches).
 type MapCall<'a> =
-    dyn Fn(u32, *const Handle, *mut Handle, &mut i32) -> (*mut c_void, usize, [usize; 2]) + 'a;
+    dyn Fn(u32, u32, *const Handle, *mut Handle, &mut i32) -> (*mut c_void, usize, [usize; 2]) + 'a;
 
-#[allow(clippy::too_many_arguments)]
-/// Maps through the driver and answers with the mapped bytes, or, when the mapping lies in
-/// the session's buffer arena and the client maps the arena too (`in_place_ok`), with where it
-/// lies: the client then hands the application the arena memory itself, no copy either way.
+/// What a map request asks besides the region.
+struct MapAsk {
+    blocking: u32,
+    flags: u64,
+    token: u64,
+    in_place_ok: bool,
+}
+
+/// Maps through the driver, remembers the mapping under the client's token and answers with
+/// where its bytes come from:
+/// - in place: the mapping lies in the session's buffer arena and the client maps the arena
+///   too (`in_place_ok`): the client hands the application the arena memory itself;
+/// - inline: a blocking map's bytes travel with the reply;
+/// - deferred: a non-blocking map returns at once, as natively (its wait list may hold a user
+///   event only the client can complete, so waiting here could never end), and its bytes are
+///   collected under the token at the client's next synchronisation point, like a
+///   non-blocking read's;
+/// - none: an invalidating or empty map.
 fn map_common(
     s: &Session,
     w: &mut Writer,
-    (flags, token, in_place_ok): (u64, u64, bool),
+    ask: MapAsk,
     mem: Handle,
     wl: &WaitList,
     event_id: u64,
@@ -639,31 +658,58 @@ fn map_common(
 ) -> Result<(), i32> {
     let (n, list) = wl.resolve(s)?;
     let mut ev = EventOut::new(s, event_id)?;
+    let blocking = ask.blocking != 0;
     let mut err = CL_SUCCESS;
-    let (ptr, len, pitches) = call(n, list_ptr(&list), ev.ptr(false), &mut err);
+    let (ptr, len, pitches) = call(
+        if blocking { CL_TRUE } else { CL_FALSE },
+        n,
+        list_ptr(&list),
+        ev.ptr(!blocking),
+        &mut err,
+    );
     if err != CL_SUCCESS {
         return Err(err);
     }
     if ptr.is_null() && len > 0 {
         return Err(CL_OUT_OF_RESOURCES);
     }
-    release_own(event_id, ev.finish(s));
+    let event = ev.finish(s);
     s.mappings
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .insert(token, Mapping { mem, ptr, len });
-    let in_place = crate::arena::offset_of(ptr, len).filter(|_| in_place_ok);
-    // The mapping's bytes are absent when in place, for an invalidating map, or empty.
-    let data = if in_place.is_some() || flags & CL_MAP_WRITE_INVALIDATE_REGION != 0 || len == 0 {
+        .insert(ask.token, Mapping { mem, ptr, len });
+    let in_place = crate::arena::offset_of(ptr, len).filter(|_| ask.in_place_ok);
+    let no_bytes =
+        in_place.is_some() || ask.flags & CL_MAP_WRITE_INVALIDATE_REGION != 0 || len == 0;
+    let deferred = !blocking && !no_bytes;
+    if deferred {
+        s.pending_reads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
+                ask.token,
+                PendingRead {
+                    from: ReadFrom::Mapping {
+                        ptr: ptr as usize,
+                        len,
+                    },
+                    event,
+                },
+            );
+    } else {
+        release_own(event_id, event);
+    }
+    let data = if no_bytes || deferred {
         &[][..]
     } else {
-        // SAFETY: the driver mapped `len` readable bytes at `ptr`.
+        // SAFETY: the driver mapped `len` readable bytes at `ptr` (a blocking map).
         unsafe { std::slice::from_raw_parts(ptr as *const u8, len) }
     };
     Reply::Ok(req::Mapped {
         pitches,
         in_place,
         len: len as u64,
+        deferred,
         data,
     })
     .encode(w);
@@ -678,7 +724,7 @@ pub fn clEnqueueMapBuffer(
     let req::MapBuffer {
         queue,
         mem,
-        blocking: _,
+        blocking,
         flags,
         offset,
         size,
@@ -697,17 +743,22 @@ pub fn clEnqueueMapBuffer(
         map_common(
             s,
             w,
-            (flags, token, in_place_ok),
+            MapAsk {
+                blocking,
+                flags,
+                token,
+                in_place_ok,
+            },
             t.mem,
             &wl,
             event_id,
-            &|n, l, e, err| {
-                // SAFETY: plain blocking map; list and event pointers come from map_common.
+            &|b, n, l, e, err| {
+                // SAFETY: list and event pointers come from map_common.
                 let p = unsafe {
                     ffi::clEnqueueMapBuffer(
                         t.queue,
                         t.mem,
-                        CL_TRUE,
+                        b,
                         flags,
                         offset,
                         size,
@@ -735,7 +786,7 @@ pub fn clEnqueueMapImage(
     let req::MapImage {
         queue,
         mem,
-        blocking: _,
+        blocking,
         flags,
         origin,
         region,
@@ -752,19 +803,24 @@ pub fn clEnqueueMapImage(
         map_common(
             s,
             w,
-            (flags, token, in_place_ok),
+            MapAsk {
+                blocking,
+                flags,
+                token,
+                in_place_ok,
+            },
             t.mem,
             &wl,
             event_id,
-            &|n, l, e, err| {
+            &|b, n, l, e, err| {
                 let mut row = 0usize;
                 let mut slice = 0usize;
-                // SAFETY: plain blocking map; pitches are locals.
+                // SAFETY: pitches are locals; list and event pointers come from map_common.
                 let p = unsafe {
                     ffi::clEnqueueMapImage(
                         t.queue,
                         t.mem,
-                        CL_TRUE,
+                        b,
                         flags,
                         origin.as_ptr() as *mut c_void,
                         region.as_ptr() as *mut c_void,
@@ -811,6 +867,19 @@ pub fn clEnqueueUnmapMemObject(
             .unwrap_or_else(|p| p.into_inner())
             .remove(&token)
             .ok_or(CL_INVALID_VALUE)?;
+        if m.mem == t.mem {
+            // A non-blocking map's bytes not collected yet are never read from an unmapped
+            // range (the application unmapped without waiting for the map: native leaves
+            // such a mapping's contents undefined too).
+            let uncollected = s
+                .pending_reads
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&token);
+            if let Some(p) = uncollected {
+                release_own(0, p.event);
+            }
+        }
         if m.mem != t.mem {
             s.mappings
                 .lock()
@@ -877,10 +946,20 @@ pub fn collect(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), De
             Some(st) if st == CL_COMPLETE || st < 0 => {
                 let p = pending.remove(&id).expect("present");
                 release_own(0, p.event);
-                if st == CL_COMPLETE {
-                    Outcome::Done(p.data)
-                } else {
-                    Outcome::Failed
+                match (st == CL_COMPLETE, p.from) {
+                    (true, ReadFrom::Staging(data)) => Outcome::Done(data),
+                    // SAFETY: the map completed and is still mapped: an unmap takes the
+                    // pending read out under the lock held here before it unmaps.
+                    (true, ReadFrom::Mapping { ptr, len }) => Outcome::Done(
+                        unsafe { std::slice::from_raw_parts(ptr as *const u8, len) }.to_vec(),
+                    ),
+                    (true, ReadFrom::Svm { ptr, len }) if s.svm_contains(ptr, len) => {
+                        // SAFETY: the map completed; the range is allocated SVM.
+                        Outcome::Done(
+                            unsafe { std::slice::from_raw_parts(ptr as *const u8, len) }.to_vec(),
+                        )
+                    }
+                    _ => Outcome::Failed,
                 }
             }
             Some(_) => Outcome::Pending,

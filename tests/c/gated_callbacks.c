@@ -1,6 +1,6 @@
 /* Commands gated by a user event, each with CL_SUBMITTED, CL_RUNNING and CL_COMPLETE callbacks
  * (the conformance suite's events/callbacks): a kernel, a non-blocking read, write, map and an
- * unmap, of a 64 MiB CL_MEM_ALLOC_HOST_PTR buffer and of a small one. Every callback must fire,
+ * unmap, of 64 MiB and small buffers, plain and CL_MEM_ALLOC_HOST_PTR. Every callback must fire,
  * clWaitForEvents and clFinish must return (a non-blocking map once waited for the gate on the
  * server: a hang), and the data read or mapped must be the buffer's. argv[1]: the large size. */
 #include "common.h"
@@ -56,12 +56,16 @@ int main(int argc, char **argv) {
                             " for (int j = 0; j < 1000; j++) a[i] = a[i] * 3 + j; }");
     cl_kernel k = clCreateKernel(prog, "k", &err);
     CHECK(err);
+    /* Large plain buffers live in the session's arena over shared memory; host-pointer ones
+     * and small ones keep driver storage: both kinds of path. */
+    const cl_mem_flags kinds_of_buffer[2] = {CL_MEM_ALLOC_HOST_PTR, 0};
+    for (int f = 0; f < 2; f++)
     for (int s = 0; s < 2; s++)
     for (int a = 0; a < ACTIONS; a++) {
         size_t size = sizes[s];
         unsigned char *host = malloc(size);
         EXPECT(host != NULL);
-        cl_mem buf = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_ALLOC_HOST_PTR, size, NULL, &err);
+        cl_mem buf = clCreateBuffer(ctx, CL_MEM_READ_WRITE | kinds_of_buffer[f], size, NULL, &err);
         CHECK(err);
         /* The buffer holds 5, the host 7: a read or map must bring 5, a write leave 7. */
         memset(host, 5, size);

@@ -8,6 +8,7 @@ from conftest import Server
 
 PROGRAMS = [
     "vector_add", "multithread", "callbacks", "gated_callbacks", "errors", "svm", "svm_fine", "bulk", "windows",
+    "host_ptr_maps",
 ]
 
 

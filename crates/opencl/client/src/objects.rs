@@ -11,13 +11,15 @@ use wormhole_opencl_proto::HandleKind;
 
 const MAGIC: u32 = 0x574f_524d; // "WORM"
 
-/// What the client remembers of a memory object (immutable after creation).
+/// What the client remembers of a memory object (immutable once set).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct MemInfo {
     pub flags: u64,
     pub host_ptr: usize,
     /// (image type, element size) for images.
     pub image: Option<(u32, usize)>,
+    /// An image's row and slice pitch in the application's host memory (CL_MEM_USE_HOST_PTR).
+    pub host_pitches: [usize; 2],
     /// (arena offset, size) of a buffer whose bytes the client may copy itself.
     pub window: Option<(u64, usize)>,
 }
@@ -48,7 +50,7 @@ pub struct ClObject {
     pub kind: HandleKind,
     pub id: u64,
     refs: AtomicU32,
-    pub mem: Option<MemInfo>,
+    mem: OnceLock<MemInfo>,
     pub kernel: Option<Mutex<KernelState>>,
 }
 
@@ -94,7 +96,7 @@ pub fn new_object(kind: HandleKind, id: u64, mem: Option<MemInfo>) -> *mut c_voi
         kind,
         id,
         refs: AtomicU32::new(1),
-        mem,
+        mem: mem.map_or_else(OnceLock::new, OnceLock::from),
         kernel: (kind == HandleKind::Kernel).then(Mutex::default),
     });
     let p = Box::into_raw(obj) as usize;
@@ -102,6 +104,20 @@ pub fn new_object(kind: HandleKind, id: u64, mem: Option<MemInfo>) -> *mut c_voi
     r.by_id.insert(id, p);
     r.live.insert(p);
     p as *mut c_void
+}
+
+impl ClObject {
+    /// What the client knows of a memory object (None: not a memory object, or one made by a
+    /// generated call that nothing needed to know about).
+    pub fn mem(&self) -> Option<MemInfo> {
+        self.mem.get().copied()
+    }
+
+    /// Records what a generated call that made this memory object could not (sub-buffers);
+    /// only before the application has the handle, so it is set once.
+    pub fn set_mem(&self, info: MemInfo) {
+        let _ = self.mem.set(info);
+    }
 }
 
 /// The object the server knows as `id`, creating it if this client has not seen it yet.

@@ -92,6 +92,7 @@ pub const CL_MEM_COPY_HOST_PTR: u64 = 1 << 5;
 pub const CL_MEM_HOST_WRITE_ONLY: u64 = 1 << 7;
 pub const CL_MEM_HOST_READ_ONLY: u64 = 1 << 8;
 pub const CL_MEM_HOST_NO_ACCESS: u64 = 1 << 9;
+pub const CL_BUFFER_CREATE_TYPE_REGION: u32 = 0x1220;
 pub const CL_QUEUE_PROPERTIES: u32 = 0x1093;
 pub const CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE: u64 = 1 << 0;
 pub const CL_MAP_READ: u64 = 1 << 0;

@@ -102,6 +102,22 @@ unsafe extern "C" fn object_notify(_obj: Handle, ud: *mut c_void) {
     send(header(CallbackKind::ObjectNotify, &ctx));
 }
 
+unsafe extern "C" fn svm_free_notify(queue: Handle, _n: u32, _ptrs: *mut c_void, ud: *mut c_void) {
+    // The client knows the queue and the pointers it enqueued: it is told only that it is time.
+    // SAFETY: as for `object_notify`: the Box<Ctx> from `make_svm_free`, fired once.
+    unsafe { object_notify(queue, ud) }
+}
+
+/// The free function and user data to hand `clEnqueueSVMFree` for client callback `id`
+/// (reported to the client as an object notification of `owner`, the queue).
+pub fn make_svm_free(id: u64, owner: u64) -> (*const c_void, *mut c_void) {
+    let (_, ud) = make(CallbackKind::ObjectNotify, id, owner);
+    if ud.is_null() {
+        return (std::ptr::null(), ud);
+    }
+    (svm_free_notify as *const c_void, ud)
+}
+
 /// The trampoline and user data to hand the driver for client callback `id` (0: none).
 /// `owner` is the id of the object the callback reports.
 pub fn make(kind: CallbackKind, id: u64, owner: u64) -> (*const c_void, *mut c_void) {

@@ -28,6 +28,11 @@ unsafe fn create_buffer(
     let svm = flags & CL_MEM_USE_HOST_PTR != 0
         && !host_ptr.is_null()
         && super::svm::is_svm(host_ptr as usize, size);
+    // One that starts in an SVM allocation but runs past its end is refused, as the spec says
+    // (it is not host memory of that size: reading it could fault).
+    if flags & CL_MEM_USE_HOST_PTR != 0 && !svm && super::svm::is_svm(host_ptr as usize, 1) {
+        return Err(ClErr(CL_INVALID_BUFFER_SIZE));
+    }
     let data = if !svm && wants_host_data(flags, host_ptr) && size > 0 {
         // SAFETY: with USE/COPY_HOST_PTR the application promises `size` readable bytes.
         Some(unsafe { std::slice::from_raw_parts(host_ptr as *const u8, size) })
@@ -63,6 +68,7 @@ unsafe fn create_buffer(
                     flags,
                     host_ptr: host_ptr as usize,
                     image: None,
+                    host_pitches: [0, 0],
                     window,
                 }),
             ))
@@ -115,28 +121,32 @@ pub struct ImageDesc {
 }
 
 /// Bytes of host memory an image's host pointer covers.
-fn host_size(d: &ImageDesc, elem: usize) -> Option<usize> {
+/// An image's row and slice pitch in the application's host memory (the slice pitch of a 1D
+/// array is its layer pitch; 0 where the type has no slices).
+fn host_pitches(d: &ImageDesc, elem: usize) -> Option<[usize; 2]> {
     let row = if d.row_pitch == 0 {
         d.width.checked_mul(elem)?
     } else {
         d.row_pitch
     };
-    let slice_2d = if d.slice_pitch == 0 {
-        row.checked_mul(d.height)?
-    } else {
-        d.slice_pitch
+    let slice = match (d.image_type, d.slice_pitch) {
+        (CL_MEM_OBJECT_IMAGE1D_ARRAY, 0) => row,
+        (CL_MEM_OBJECT_IMAGE3D | CL_MEM_OBJECT_IMAGE2D_ARRAY, 0) => row.checked_mul(d.height)?,
+        (CL_MEM_OBJECT_IMAGE1D_ARRAY | CL_MEM_OBJECT_IMAGE3D | CL_MEM_OBJECT_IMAGE2D_ARRAY, s) => s,
+        _ => 0,
     };
+    Some([row, slice])
+}
+
+fn host_size(d: &ImageDesc, elem: usize) -> Option<usize> {
+    let [row, slice] = host_pitches(d, elem)?;
     match d.image_type {
         CL_MEM_OBJECT_IMAGE1D | CL_MEM_OBJECT_IMAGE1D_BUFFER => Some(row),
         CL_MEM_OBJECT_IMAGE2D => row.checked_mul(d.height),
-        CL_MEM_OBJECT_IMAGE3D => slice_2d.checked_mul(d.depth),
-        CL_MEM_OBJECT_IMAGE1D_ARRAY => (if d.slice_pitch == 0 {
-            row
-        } else {
-            d.slice_pitch
-        })
-        .checked_mul(d.array_size),
-        CL_MEM_OBJECT_IMAGE2D_ARRAY => slice_2d.checked_mul(d.array_size),
+        CL_MEM_OBJECT_IMAGE3D => slice.checked_mul(d.depth),
+        CL_MEM_OBJECT_IMAGE1D_ARRAY | CL_MEM_OBJECT_IMAGE2D_ARRAY => {
+            slice.checked_mul(d.array_size)
+        }
         _ => None,
     }
 }
@@ -204,6 +214,10 @@ unsafe fn create_image(
     match Reader::new(&reply).i32()? {
         CL_SUCCESS => {
             let image = desc.map(|d| (d.image_type, elem.unwrap_or(0)));
+            let host_pitches = desc
+                .zip(elem)
+                .and_then(|(d, e)| host_pitches(&d, e))
+                .unwrap_or_default();
             Ok(objects::new_object(
                 HandleKind::Mem,
                 new_id,
@@ -211,6 +225,7 @@ unsafe fn create_image(
                     flags,
                     host_ptr: host_ptr as usize,
                     image,
+                    host_pitches,
                     window: None,
                 }),
             ))
@@ -348,4 +363,58 @@ pub unsafe extern "C" fn clCreateImage3D(
             host_ptr,
         )
     })
+}
+
+/// The flags a sub-buffer has: its own, with what it leaves unsaid taken from its parent (the
+/// device and host access flags), and always the parent's host pointer flags.
+fn sub_buffer_flags(parent: u64, own: u64) -> u64 {
+    const DEVICE: u64 = CL_MEM_READ_WRITE | CL_MEM_WRITE_ONLY | CL_MEM_READ_ONLY;
+    const HOST: u64 = CL_MEM_HOST_WRITE_ONLY | CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_NO_ACCESS;
+    const HOST_PTR: u64 = CL_MEM_USE_HOST_PTR | CL_MEM_ALLOC_HOST_PTR | CL_MEM_COPY_HOST_PTR;
+    let mut f = own | (parent & HOST_PTR);
+    if own & DEVICE == 0 {
+        f |= parent & DEVICE;
+    }
+    if own & HOST == 0 {
+        f |= parent & HOST;
+    }
+    f
+}
+
+/// `clCreateSubBuffer`, forwarded as generated; the client then records what it needs of the
+/// sub-buffer as of any buffer: a CL_MEM_USE_HOST_PTR parent's sub-buffer has its host memory
+/// at the parent's pointer plus the origin (CL_MEM_HOST_PTR, and where maps land).
+pub unsafe extern "C" fn clCreateSubBuffer(
+    buffer: Handle,
+    flags: u64,
+    create_type: u32,
+    info: *const c_void,
+    errcode_ret: *mut i32,
+) -> Handle {
+    // SAFETY: forwarded with the caller's guarantees; the wire call checks every argument.
+    let sub = unsafe {
+        crate::generated::wire_clCreateSubBuffer(buffer, flags, create_type, info, errcode_ret)
+    };
+    // SAFETY: the application's handle (validated by the wire call, which succeeded).
+    let parent = unsafe { objects::get(buffer, HandleKind::Mem) }.and_then(|o| o.mem());
+    // SAFETY: a handle the wire call just made, or NULL.
+    let made = unsafe { objects::get(sub, HandleKind::Mem) };
+    if let (Some(parent), Some(made)) = (parent, made) {
+        if create_type == CL_BUFFER_CREATE_TYPE_REGION && !info.is_null() {
+            // SAFETY: a cl_buffer_region (origin, size), as the call that succeeded read it.
+            let [origin, _size] = unsafe { *(info as *const [usize; 2]) };
+            made.set_mem(objects::MemInfo {
+                flags: sub_buffer_flags(parent.flags, flags),
+                host_ptr: if parent.host_ptr != 0 {
+                    parent.host_ptr + origin
+                } else {
+                    0
+                },
+                image: None,
+                host_pitches: [0, 0],
+                window: None,
+            });
+        }
+    }
+    sub
 }

@@ -6,7 +6,7 @@
 use super::*;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use wormhole_opencl_proto::{Op, Reader, Writer, SVM_SYNC_BATCH};
+use wormhole_opencl_proto::{CallbackKind, Op, Reader, Writer, SVM_SYNC_BATCH};
 
 const PAGE: usize = 4096;
 
@@ -339,12 +339,40 @@ pub unsafe extern "C" fn clSVMFree(context: Handle, ptr: *mut c_void) {
     unmirror(ptr as usize);
 }
 
+/// An application's SVM free function, with what it is to be called with.
+struct FreeCall {
+    queue: usize,
+    ptrs: Vec<usize>,
+    pfn: usize,
+    user_data: usize,
+}
+
+type SvmFreeFn = unsafe extern "C" fn(*mut c_void, u32, *mut *mut c_void, *mut c_void);
+
+/// Runs on the callback thread when the server's driver reaches a `clEnqueueSVMFree` that
+/// named a free function.
+unsafe extern "C" fn run_free_call(_queue: *mut c_void, call: *mut c_void) {
+    // SAFETY: the Box<FreeCall> registered with this callback, which fires once.
+    let mut call = unsafe { Box::from_raw(call as *mut FreeCall) };
+    // SAFETY: the application's function of this signature.
+    let f = unsafe { std::mem::transmute::<usize, SvmFreeFn>(call.pfn) };
+    // SAFETY: the arguments as the API specifies; the pointer array lives through the call.
+    unsafe {
+        f(
+            call.queue as *mut c_void,
+            call.ptrs.len() as u32,
+            call.ptrs.as_mut_ptr() as *mut *mut c_void,
+            call.user_data as *mut c_void,
+        )
+    };
+}
+
 pub unsafe extern "C" fn clEnqueueSVMFree(
     queue: Handle,
     count: u32,
     ptrs: *const *mut c_void,
     pfn: *const c_void,
-    _ud: *mut c_void,
+    ud: *mut c_void,
     n: u32,
     list: *const Handle,
     event: *mut Handle,
@@ -355,16 +383,29 @@ pub unsafe extern "C" fn clEnqueueSVMFree(
         if count == 0 || ptrs.is_null() {
             return Err(ClErr(CL_INVALID_VALUE));
         }
-        if !pfn.is_null() {
-            rt::log_unsupported("clEnqueueSVMFree with a free callback");
-            return Err(ClErr(CL_INVALID_OPERATION));
-        }
         // SAFETY: `ptrs` holds `count` pointers.
         let list_ptrs: Vec<u64> = (0..count as usize)
             .map(|i| unsafe { *ptrs.add(i) } as u64)
             .collect();
         // SAFETY: the application's wait list and event pointer.
         let (wait, ev) = unsafe { wait_and_event(n, list, event) }?;
+        // The application's free function runs here when the server's driver reaches the
+        // command; it frees the pointers itself (clSVMFree), so nothing is unmirrored now.
+        let callback = if pfn.is_null() {
+            0
+        } else {
+            let call = Box::new(FreeCall {
+                queue: queue as usize,
+                ptrs: list_ptrs.iter().map(|p| *p as usize).collect(),
+                pfn: pfn as usize,
+                user_data: ud as usize,
+            });
+            rt::callbacks::register(
+                CallbackKind::ObjectNotify,
+                run_free_call as *const c_void,
+                Box::into_raw(call) as *mut c_void,
+            )
+        };
         let w = encode(
             Op::clEnqueueSVMFree,
             &req::EnqueueSvmFree {
@@ -372,10 +413,11 @@ pub unsafe extern "C" fn clEnqueueSVMFree(
                 ptrs: list_ptrs.clone(),
                 wait,
                 event: ev,
+                callback,
             },
         );
         let st = Reader::new(&rt::call(w)?).i32()?;
-        if st == CL_SUCCESS {
+        if st == CL_SUCCESS && callback == 0 {
             list_ptrs.iter().for_each(|p| unmirror(*p as usize));
             // SAFETY: the application's `cl_event *` or NULL.
             unsafe { set_event(event, ev) };
@@ -407,19 +449,16 @@ pub unsafe extern "C" fn clEnqueueSVMMemcpy(
                 std::slice::from_raw_parts(src as *const u8, size)
             }),
             (false, true) => req::SvmCopy::SvmToHost,
-            (false, false) => {
-                // Host to host: nothing for the device to do but order the event.
-                // SAFETY: the application promises `size` bytes at both.
-                unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, size) };
-                // SAFETY: forwarded.
-                return Ok(unsafe {
-                    crate::generated::wire_clEnqueueMarkerWithWaitList(queue, n, list, event)
-                });
-            }
+            // Host to host: the device still runs it, in order, with an SVM copy's event.
+            // SAFETY: `src` holds `size` bytes.
+            (false, false) => req::SvmCopy::HostToHost(unsafe {
+                std::slice::from_raw_parts(src as *const u8, size)
+            }),
         };
+        let to_host = matches!(copy, req::SvmCopy::SvmToHost | req::SvmCopy::HostToHost(_));
         // SAFETY: the application's wait list and event pointer.
         let (wait, ev) = unsafe { wait_and_event(n, list, event) }?;
-        let deferred = copy == req::SvmCopy::SvmToHost && blocking == 0;
+        let deferred = to_host && blocking == 0;
         let read = if deferred { rt::alloc_id() } else { 0 };
         let w = encode(
             Op::clEnqueueSVMMemcpy,
@@ -446,7 +485,7 @@ pub unsafe extern "C" fn clEnqueueSVMMemcpy(
         if deferred {
             // The bytes land at the next synchronisation point, as a non-blocking read's.
             rt::pending::defer(read, rt::pending::Scatter::Plain { dst: dst as usize });
-        } else if copy == req::SvmCopy::SvmToHost {
+        } else if to_host {
             let data = data.ok_or(ClErr(CL_OUT_OF_RESOURCES))?;
             // SAFETY: `dst` holds `size` bytes; the server sent exactly `size`.
             unsafe {
@@ -631,16 +670,22 @@ pub unsafe extern "C" fn clSetKernelExecInfo(
     rt::entry_status(|| {
         // SAFETY: the application's handle.
         let k = unsafe { obj(kernel, HandleKind::Kernel) }?;
-        if value.is_null() || size > 1 << 20 {
+        // (0, NULL) is an empty SVM pointer set; the driver judges it for other params.
+        if (value.is_null() && size != 0) || size > 1 << 20 {
             return Err(ClErr(CL_INVALID_VALUE));
         }
+        let value = if value.is_null() {
+            &[][..]
+        } else {
+            // SAFETY: `value` holds `size` bytes.
+            unsafe { std::slice::from_raw_parts(value as *const u8, size) }
+        };
         let w = encode(
             Op::clSetKernelExecInfo,
             &req::SetKernelExecInfo {
                 kernel: k.id,
                 param,
-                // SAFETY: `value` holds `size` bytes.
-                value: unsafe { std::slice::from_raw_parts(value as *const u8, size) },
+                value,
             },
         );
         Ok(Reader::new(&rt::call(w)?).i32()?)

@@ -117,7 +117,7 @@ unsafe fn direct_copy(
     plain: bool,
     write: bool,
 ) -> Option<i32> {
-    let m = b.mem?;
+    let m = b.mem()?;
     let (off, len) = m.window?;
     if blocking == 0 || !plain || app.is_null() || size == 0 || m.flags & HOST_ACCESS_FLAGS != 0 {
         return None;
@@ -413,7 +413,7 @@ pub unsafe extern "C" fn clEnqueueWriteBufferRect(
 
 /// (image type, element size) of an image, from what the client remembers or from the server.
 fn image_meta(image: Handle, o: &objects::ClObject) -> Result<(u32, usize), ClErr> {
-    if let Some((ty, elem)) = o.mem.and_then(|m| m.image) {
+    if let Some((ty, elem)) = o.mem().and_then(|m| m.image) {
         if elem != 0 {
             return Ok((ty, elem));
         }
@@ -583,6 +583,35 @@ pub unsafe extern "C" fn clEnqueueWriteImage(
     })
 }
 
+/// Where a map of an image at `origin` starts in its CL_MEM_USE_HOST_PTR memory, if the
+/// driver's mapping (`mapped` pitches) lays the bytes out as the application's memory does.
+fn image_host_offset(
+    ty: u32,
+    elem: usize,
+    origin: [usize; 3],
+    host: [usize; 2],
+    mapped: [usize; 2],
+) -> Option<usize> {
+    let [row, slice] = host;
+    let x = origin[0].checked_mul(elem)?;
+    let (off, same) = match ty {
+        CL_MEM_OBJECT_IMAGE1D | CL_MEM_OBJECT_IMAGE1D_BUFFER => (Some(x), true),
+        // The array index is origin[1]; a layer is `slice` bytes apart.
+        CL_MEM_OBJECT_IMAGE1D_ARRAY => (
+            x.checked_add(origin[1].checked_mul(slice)?),
+            mapped[1] == slice,
+        ),
+        CL_MEM_OBJECT_IMAGE2D => (x.checked_add(origin[1].checked_mul(row)?), mapped[0] == row),
+        CL_MEM_OBJECT_IMAGE2D_ARRAY | CL_MEM_OBJECT_IMAGE3D => (
+            x.checked_add(origin[1].checked_mul(row)?)?
+                .checked_add(origin[2].checked_mul(slice)?),
+            mapped == host,
+        ),
+        _ => (None, false),
+    };
+    off.filter(|_| same)
+}
+
 /// A region the application has mapped: where it lives in the client and how to give it back.
 struct MapEntry {
     ptr: usize,
@@ -603,6 +632,7 @@ fn finish_map(
     w: Writer,
     o: &objects::ClObject,
     offset: usize,
+    origin: Option<[usize; 3]>,
     blocking: u32,
     flags: u64,
     token: u64,
@@ -641,11 +671,22 @@ fn finish_map(
     if !data.is_empty() && data.len() != len {
         return Err(ClErr(CL_OUT_OF_RESOURCES));
     }
+    // A CL_MEM_USE_HOST_PTR object is mapped in the application's own memory, as natively:
+    // a buffer at its offset, an image at its origin when the driver's mapping has the
+    // application's pitches (the bytes then lie alike on both sides).
     let use_host = o
-        .mem
-        .filter(|m| m.flags & CL_MEM_USE_HOST_PTR != 0 && m.host_ptr != 0 && m.image.is_none());
+        .mem()
+        .filter(|m| m.flags & CL_MEM_USE_HOST_PTR != 0 && m.host_ptr != 0)
+        .and_then(|m| match (m.image, origin) {
+            (None, _) => Some(m.host_ptr + offset),
+            (Some((ty, elem)), Some(origin)) => {
+                image_host_offset(ty, elem, origin, m.host_pitches, pitches)
+                    .map(|off| m.host_ptr + off)
+            }
+            (Some(_), None) => None,
+        });
     let (ptr, owned) = match use_host {
-        Some(m) => ((m.host_ptr + offset) as *mut u8, None),
+        Some(p) => (p as *mut u8, None),
         None => {
             let layout = Layout::from_size_align(len.max(1), 128)
                 .map_err(|_| ClErr(CL_OUT_OF_HOST_MEMORY))?;
@@ -722,7 +763,7 @@ pub unsafe extern "C" fn clEnqueueMapBuffer(
                 in_place_ok: arena().is_some(),
             },
         );
-        finish_map(w, b, offset, blocking, flags, token, event, ev_id).map(|(p, _)| p)
+        finish_map(w, b, offset, None, blocking, flags, token, event, ev_id).map(|(p, _)| p)
     })
 }
 
@@ -766,7 +807,7 @@ pub unsafe extern "C" fn clEnqueueMapImage(
                 in_place_ok: arena().is_some(),
             },
         );
-        let (p, pitches) = finish_map(w, i, 0, blocking, flags, token, event, ev_id)?;
+        let (p, pitches) = finish_map(w, i, 0, Some(origin), blocking, flags, token, event, ev_id)?;
         // SAFETY: the application's outputs (row_pitch checked above).
         unsafe {
             *row_pitch = pitches[0];

@@ -76,7 +76,7 @@ pub unsafe fn deliver(
                 // Only USE_HOST_PTR makes the application's pointer the object's host pointer
                 // (COPY_HOST_PTR only reads it once): otherwise NULL, as natively.
                 let host = unsafe { crate::objects::get(obj, HandleKind::Mem) }
-                    .and_then(|o| o.mem)
+                    .and_then(|o| o.mem())
                     .filter(|m| m.flags & CL_MEM_USE_HOST_PTR != 0)
                     .map_or(0, |m| m.host_ptr);
                 let b = (host as u64).to_le_bytes();

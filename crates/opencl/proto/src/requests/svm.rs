@@ -71,6 +71,9 @@ pub struct EnqueueSvmFree {
     pub ptrs: Vec<u64>,
     pub wait: Option<Vec<u64>>,
     pub event: u64,
+    /// The client's callback id for the application's free function (0: none, the driver
+    /// frees). With one, the application frees the pointers itself when it is called.
+    pub callback: u64,
 }
 
 impl Message<'_> for EnqueueSvmFree {
@@ -79,6 +82,7 @@ impl Message<'_> for EnqueueSvmFree {
         w.opt_u64s(Some(&self.ptrs));
         w.opt_u64s(self.wait.as_deref());
         w.u64(self.event);
+        w.u64(self.callback);
     }
     fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
         Ok(EnqueueSvmFree {
@@ -86,6 +90,7 @@ impl Message<'_> for EnqueueSvmFree {
             ptrs: u64s(r)?,
             wait: r.opt_u64s()?,
             event: r.u64()?,
+            callback: r.u64()?,
         })
     }
 }
@@ -98,11 +103,16 @@ pub enum SvmCopy<'a> {
     HostToSvm(&'a [u8]),
     /// The bytes travel back with the reply.
     SvmToHost,
+    /// Plain host memory on both sides: the source bytes travel with the request and come
+    /// back as a copy to the host's do, so the device orders the copy (and its event is an
+    /// SVM copy's) as natively.
+    HostToHost(&'a [u8]),
 }
 
 const COPY_SVM_TO_SVM: u8 = 0;
 const COPY_HOST_TO_SVM: u8 = 1;
 const COPY_SVM_TO_HOST: u8 = 2;
+const COPY_HOST_TO_HOST: u8 = 3;
 
 /// `clEnqueueSVMMemcpy` (copies within the client's plain memory never leave it); answered by
 /// a [`Reply`]`<`[`SvmCopied`]`>`.
@@ -129,11 +139,12 @@ impl<'a> Message<'a> for SvmMemcpy<'a> {
             SvmCopy::SvmToSvm => COPY_SVM_TO_SVM,
             SvmCopy::HostToSvm(_) => COPY_HOST_TO_SVM,
             SvmCopy::SvmToHost => COPY_SVM_TO_HOST,
+            SvmCopy::HostToHost(_) => COPY_HOST_TO_HOST,
         });
         w.u64(self.dst);
         w.u64(self.src);
         w.usize(self.size);
-        if let SvmCopy::HostToSvm(data) = self.copy {
+        if let SvmCopy::HostToSvm(data) | SvmCopy::HostToHost(data) = self.copy {
             w.bytes(data);
         }
         w.opt_u64s(self.wait.as_deref());
@@ -147,6 +158,7 @@ impl<'a> Message<'a> for SvmMemcpy<'a> {
             COPY_SVM_TO_SVM => SvmCopy::SvmToSvm,
             COPY_HOST_TO_SVM => SvmCopy::HostToSvm(r.bytes()?),
             COPY_SVM_TO_HOST => SvmCopy::SvmToHost,
+            COPY_HOST_TO_HOST => SvmCopy::HostToHost(r.bytes()?),
             _ => return Err(DecodeError::BadValue("SVM copy direction")),
         };
         Ok(SvmMemcpy {
@@ -418,6 +430,7 @@ mod tests {
             ptrs: vec![2, 3],
             wait: Some(vec![4]),
             event: 5,
+            callback: 6,
         });
         roundtrip(&SvmMigrateMem {
             queue: 1,
@@ -443,6 +456,7 @@ mod tests {
             SvmCopy::SvmToSvm,
             SvmCopy::HostToSvm(b"host"),
             SvmCopy::SvmToHost,
+            SvmCopy::HostToHost(b"both"),
         ] {
             roundtrip(&SvmMemcpy {
                 queue: 1,

@@ -87,6 +87,7 @@ pub fn clEnqueueSVMFree(
         ptrs,
         wait,
         event: event_id,
+        callback,
     } = req::EnqueueSvmFree::decode(r)?;
     r.finish()?;
     let wl = WaitList(wait);
@@ -103,20 +104,26 @@ pub fn clEnqueueSVMFree(
             raw.push(p as *mut c_void);
         }
         let mut ev = EventOut::new(s, event_id)?;
-        // SAFETY: every pointer is a live allocation of this session; the driver frees them.
+        // With the application's free function, the driver frees nothing: the function (run
+        // in the client) frees the pointers through clSVMFree, which keeps the books then.
+        let (f, ud) = crate::callbacks::make_svm_free(callback, queue);
+        // SAFETY: every pointer is a live allocation of this session; the driver frees them,
+        // or calls `f` with `ud` once.
         let st = unsafe {
             ffi::clEnqueueSVMFree(
                 q,
                 raw.len() as u32,
                 raw.as_mut_ptr() as *mut c_void,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
+                f as *mut c_void,
+                ud,
                 n,
                 list_ptr(&list) as *mut c_void,
                 ev.ptr(false) as *mut c_void,
             )
         };
-        if st == CL_SUCCESS {
+        if st == CL_SUCCESS && callback != 0 {
+            release_own(event_id, ev.finish(s));
+        } else if st == CL_SUCCESS {
             for p in &raw {
                 if let Some(len) = svm.remove(&(*p as usize)) {
                     s.limits().release(len as u64);
@@ -201,69 +208,91 @@ pub fn clEnqueueSVMMemcpy(
                 crate::callbacks::on_event_complete(event, move || drop(staging));
                 release_own(event_id, event);
             }
-            req::SvmCopy::SvmToHost if blocking == 0 => {
-                // Into a staging buffer the client collects at its next synchronisation point,
-                // as for a non-blocking read: the copy may wait on a user event only the
-                // client can complete.
-                let sp = check(s, src, size)?;
-                if read == 0 {
-                    return Err(CL_INVALID_VALUE);
-                }
-                let mut data = vec![0u8; size];
-                // SAFETY: `sp` lies in SVM; `data` holds `size` bytes and lives in the pending
-                // read until the copy completes.
-                let st = unsafe {
-                    ffi::clEnqueueSVMMemcpy(
-                        q,
-                        CL_FALSE,
-                        data.as_mut_ptr() as *mut c_void,
-                        sp,
-                        size,
-                        n,
-                        l,
-                        ev.ptr(true) as *mut c_void,
-                    )
+            req::SvmCopy::SvmToHost | req::SvmCopy::HostToHost(_) => {
+                // A copy between two plain host buffers goes through the device too, from a
+                // staging copy of the source, so it is ordered (and its event typed) as natively.
+                let staged = match copy {
+                    req::SvmCopy::HostToHost(data) if data.len() == size => Some(data.to_vec()),
+                    req::SvmCopy::HostToHost(_) => return Err(CL_INVALID_VALUE),
+                    _ => None,
                 };
-                if st != CL_SUCCESS {
-                    return Err(st);
-                }
-                let event = ev.finish(s);
-                s.pending_reads
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(
-                        read,
-                        PendingRead {
-                            from: ReadFrom::Staging(data),
-                            event,
-                        },
-                    );
-            }
-            req::SvmCopy::SvmToHost => {
-                let sp = check(s, src, size)?;
-                let mark = w.mark();
-                Reply::Ok(req::SvmCopied {
-                    to_host: Some(size as u64),
-                })
-                .encode(w);
-                let evp = ev.ptr(false) as *mut c_void;
-                // The driver copies straight into the reply.
-                let filled = w.filled_by(size, |dst| {
-                    // SAFETY: `sp` lies in SVM; `dst` has room for `size` bytes; the copy is
-                    // blocking.
-                    match unsafe {
-                        ffi::clEnqueueSVMMemcpy(q, CL_TRUE, dst as *mut c_void, sp, size, n, l, evp)
-                    } {
-                        CL_SUCCESS => Ok(()),
-                        st => Err(st),
+                let sp = match &staged {
+                    Some(v) => v.as_ptr() as *mut c_void,
+                    None => check(s, src, size)?,
+                };
+                if blocking == 0 {
+                    // Into a staging buffer the client collects at its next synchronisation
+                    // point, as for a non-blocking read: the copy may wait on a user event only
+                    // the client can complete.
+                    if read == 0 {
+                        return Err(CL_INVALID_VALUE);
                     }
-                });
-                if let Err(st) = filled {
-                    w.rewind(mark);
-                    return Err(st);
+                    let mut data = vec![0u8; size];
+                    // SAFETY: `sp` lies in SVM or in `staged`; `data` holds `size` bytes; both
+                    // live until the copy completes (the pending read, the hook below).
+                    let st = unsafe {
+                        ffi::clEnqueueSVMMemcpy(
+                            q,
+                            CL_FALSE,
+                            data.as_mut_ptr() as *mut c_void,
+                            sp,
+                            size,
+                            n,
+                            l,
+                            ev.ptr(true) as *mut c_void,
+                        )
+                    };
+                    if st != CL_SUCCESS {
+                        return Err(st);
+                    }
+                    let event = ev.finish(s);
+                    if let Some(v) = staged {
+                        crate::callbacks::on_event_complete(event, move || drop(v));
+                    }
+                    s.pending_reads
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(
+                            read,
+                            PendingRead {
+                                from: ReadFrom::Staging(data),
+                                event,
+                            },
+                        );
+                } else {
+                    let mark = w.mark();
+                    Reply::Ok(req::SvmCopied {
+                        to_host: Some(size as u64),
+                    })
+                    .encode(w);
+                    let evp = ev.ptr(false) as *mut c_void;
+                    // The driver copies straight into the reply.
+                    let filled = w.filled_by(size, |dst| {
+                        // SAFETY: `sp` lies in SVM or in `staged`; `dst` has room for `size`
+                        // bytes; the copy is blocking.
+                        match unsafe {
+                            ffi::clEnqueueSVMMemcpy(
+                                q,
+                                CL_TRUE,
+                                dst as *mut c_void,
+                                sp,
+                                size,
+                                n,
+                                l,
+                                evp,
+                            )
+                        } {
+                            CL_SUCCESS => Ok(()),
+                            st => Err(st),
+                        }
+                    });
+                    if let Err(st) = filled {
+                        w.rewind(mark);
+                        return Err(st);
+                    }
+                    release_own(event_id, ev.finish(s));
+                    return Ok(());
                 }
-                release_own(event_id, ev.finish(s));
-                return Ok(());
             }
         }
         Reply::Ok(req::SvmCopied { to_host: None }).encode(w);
@@ -485,13 +514,21 @@ pub fn clSetKernelExecInfo(
         if param == CL_KERNEL_EXEC_INFO_SVM_PTRS {
             for c in value.chunks(8) {
                 let p = u64::from_le_bytes(c.try_into().map_err(|_| CL_INVALID_VALUE)?);
-                check(s, p, 0)?;
+                // NULL entries are the driver's to judge (it never dereferences them).
+                if p != 0 {
+                    check(s, p, 0)?;
+                }
             }
         }
-        // SAFETY: `value` holds its length in bytes; SVM pointers inside were checked.
-        Ok(unsafe {
-            ffi::clSetKernelExecInfo(k, param, value.len(), value.as_ptr() as *mut c_void)
-        })
+        // An empty value is NULL, as the application passed it (an empty SVM pointer set
+        // clears the kernel's list).
+        let ptr = if value.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            value.as_ptr() as *mut c_void
+        };
+        // SAFETY: `ptr` is NULL or holds `value.len()` bytes; SVM pointers inside were checked.
+        Ok(unsafe { ffi::clSetKernelExecInfo(k, param, value.len(), ptr) })
     };
     w.i32(run().unwrap_or_else(|e| e));
     Ok(())
@@ -521,7 +558,12 @@ pub fn clEnqueueSVMMigrateMem(
         let mut lens = Vec::with_capacity(ptrs.len());
         for (i, p) in ptrs.iter().enumerate() {
             let len = sizes.as_ref().map_or(0, |v| v[i] as usize);
-            raw.push(check(s, *p, len)?);
+            // A NULL pointer goes to the driver as it came: what it answers is native.
+            raw.push(if *p == 0 {
+                std::ptr::null_mut()
+            } else {
+                check(s, *p, len)?
+            });
             lens.push(len);
         }
         let (n, list) = wl.resolve(s)?;

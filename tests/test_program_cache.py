@@ -6,6 +6,7 @@ import hashlib
 import os
 import stat
 import struct
+import subprocess
 
 import pytest
 from conftest import Server
@@ -109,3 +110,16 @@ def test_a_directory_others_may_write_is_refused(tmp_path, c_programs):
         assert not list(shared.iterdir())
     finally:
         s.stop()
+
+
+def test_builds_whose_binary_forgets_kernel_attributes_are_not_served(cache_server, c_programs):
+    """PoCL's binaries keep what kernels do, not what the source said of them: a build served
+    from the cache answered CL_KERNEL_ATTRIBUTES with "" (the CTS api kernel_attributes). Such
+    builds are compiled every time, so every session answers as native."""
+    client = c_programs["kernel_attributes"]
+    native = subprocess.run([client], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "reqd_work_group_size(1,1,1)" in native.replace(" ", "")
+    for _ in range(2):
+        r = cache_server.run([client], timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == native

@@ -200,6 +200,10 @@ impl wormhole_server::Backend for OpenCl {
             "program_cache_misses",
             program_cache::MISSES.load(Ordering::Relaxed),
         );
+        put(
+            "program_cache_uncacheable",
+            program_cache::UNCACHEABLE.load(Ordering::Relaxed),
+        );
         m
     }
 }

@@ -13,6 +13,8 @@ pub use wormhole_blobcache::Key;
 /// Builds served from the cache, and builds that compiled (and then filled the cache).
 pub static HITS: AtomicU64 = AtomicU64::new(0);
 pub static MISSES: AtomicU64 = AtomicU64::new(0);
+/// Builds not stored because a build from their binary would describe its kernels otherwise.
+pub static UNCACHEABLE: AtomicU64 = AtomicU64::new(0);
 
 static CACHE: OnceLock<ProgramCache> = OnceLock::new();
 

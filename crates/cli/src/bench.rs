@@ -3,6 +3,8 @@
 //! side by side in one run, with the same client program (bench/bench_client.c), and prints one
 //! table with absolute figures and ratios to native.
 
+mod oversubscription;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -20,6 +22,17 @@ pub enum BenchError {
 }
 
 type Figures = BTreeMap<String, f64>;
+
+/// The parts of the bench `wh bench --part` picks.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+pub enum Part {
+    /// Every part.
+    All,
+    /// The call workload, transfers, start-up, idle and fairness table.
+    Calls,
+    /// More tenants than cores: a light tenant among idle or flooding ones.
+    Oversubscription,
+}
 
 #[derive(Clone, Copy, PartialEq)]
 enum Mode {
@@ -321,7 +334,7 @@ fn workers_of(parent: u32) -> Vec<u32> {
     v
 }
 
-pub fn run(icd_lib: &Path) -> Result<(), BenchError> {
+pub fn run(icd_lib: &Path, part: Part) -> Result<(), BenchError> {
     let exe_dir = std::env::current_exe()?
         .parent()
         .map(Path::to_path_buf)
@@ -337,6 +350,12 @@ pub fn run(icd_lib: &Path) -> Result<(), BenchError> {
     std::fs::create_dir_all(&icd)?;
     std::fs::write(icd.join("wormhole.icd"), format!("{}\n", icd_lib.display()))?;
     let plain = Server::start(&dir, Cache::Warm)?;
+    if part == Part::Oversubscription {
+        oversubscription::run(&client, &plain, &icd)?;
+        drop(plain);
+        let _ = std::fs::remove_dir_all(&dir);
+        return Ok(());
+    }
     let cold_dir = dir.join("cold");
     std::fs::create_dir_all(&cold_dir)?;
     let cold_plain = Server::start(&cold_dir, Cache::Cold)?;
@@ -508,7 +527,11 @@ pub fn run(icd_lib: &Path) -> Result<(), BenchError> {
         cpu_model()
     );
     println!("(wh-guest: the ivshmem transport of VM guests, its region mapped by a host process; from a real guest see bench/vm_bench.py)");
-    drop((plain, cold_plain, guest, cold_guest));
+    drop((cold_plain, guest, cold_guest));
+    if part == Part::All {
+        oversubscription::run(&client, &plain, &icd)?;
+    }
+    drop(plain);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

@@ -78,7 +78,11 @@ enum Cmd {
         program: Vec<String>,
     },
     /// Measure native OpenCL, Wormhole over shared memory and over TCP side by side.
-    Bench,
+    Bench {
+        /// Which part: everything, the call workload's table, or more tenants than cores.
+        #[arg(long, value_enum, default_value_t = bench::Part::All)]
+        part: bench::Part,
+    },
     /// Show the server's sessions, their objects and memory.
     Status {
         #[arg(long)]
@@ -270,7 +274,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         }
         Cmd::Run { socket, program } => run_program(socket, program),
         Cmd::Status { socket } => status(socket_or_default(socket)),
-        Cmd::Bench => Ok(bench::run(&icd_library()?)?),
+        Cmd::Bench { part } => Ok(bench::run(&icd_library()?, part)?),
         Cmd::GenCert { dir, name } => {
             let cert = rcgen::generate_simple_self_signed(name)
                 .map_err(|e| CliError::Answer(format!("cannot generate a certificate: {e}")))?;

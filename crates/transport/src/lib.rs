@@ -5,6 +5,7 @@
 //! ([`wait::Waiter`]) because a futex does not cross a VM boundary.
 
 pub mod arena;
+pub mod contention;
 pub mod copy;
 mod error;
 pub mod link;

@@ -290,6 +290,15 @@ fn wait_until(
 ) -> Result<(), TransportError> {
     let start = Instant::now();
     let mut i = 0u32;
+    // With CPUs oversubscribed, spinning and yielding only delay the threads we wait for (or
+    // lose a whole time slice to others): sleep at once, and be woken (see `contention`).
+    if ready()? {
+        return Ok(());
+    }
+    let polite = !w.policy.spin.is_zero() || !w.policy.yield_until.is_zero();
+    if polite && crate::contention::contended() {
+        return sleep_until(flag, w, ready);
+    }
     loop {
         if ready()? {
             return Ok(());
@@ -306,6 +315,15 @@ fn wait_until(
             return Ok(());
         }
     }
+    sleep_until(flag, w, ready)
+}
+
+/// Sleeps on `flag` in slices until `ready`, checking the peer each time.
+fn sleep_until(
+    flag: &AtomicU32,
+    w: &WaitCtx<'_>,
+    mut ready: impl FnMut() -> Result<bool, TransportError>,
+) -> Result<(), TransportError> {
     loop {
         flag.store(1, Ordering::Relaxed);
         fence(Ordering::SeqCst);

@@ -1,0 +1,176 @@
+//! Whether the machine's CPUs are oversubscribed right now. A waiting side that spins or yields
+//! keeps (or hands away) a CPU that others are queueing for: under oversubscription a yield
+//! gives a busy thread a whole time slice (milliseconds) before the waiter runs again, and a
+//! spinner delays the very thread it waits for. So waiters skip both and sleep at once while
+//! CPU pressure is high, and spin only on a machine with CPU to spare.
+//!
+//! The signal is the kernel's pressure-stall accounting (`/proc/pressure/cpu`, "some": time in
+//! which at least one runnable task waited for a CPU), sampled at most every
+//! [`SAMPLE_EVERY`]; without PSI, the number of runnable tasks against the CPU count
+//! (`/proc/loadavg`). A verdict of "contended" holds for [`HOLD`] after the pressure was last
+//! seen, so a waiter that stops spinning (and so relieves the pressure it added) does not flap
+//! back at the next sample.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// How often the pressure is read (a read costs a few µs; the check in between is two loads).
+pub const SAMPLE_EVERY: Duration = Duration::from_millis(5);
+/// How long a contended verdict holds once pressure was seen.
+pub const HOLD: Duration = Duration::from_millis(100);
+/// The share of an interval in which some task waited for a CPU that counts as contention.
+const PRESSURE_SHARE: f64 = 0.10;
+
+enum Source {
+    /// `/proc/pressure/cpu`: the "some" line's cumulative µs.
+    Psi(File),
+    /// `/proc/loadavg`: runnable tasks now, against this many CPUs.
+    LoadAvg(File, u64),
+    /// Neither: never contended (the waiters spin as they always did).
+    None,
+}
+
+struct Detector {
+    source: Source,
+    start: Instant,
+    /// Nanoseconds since `start` of the last sample; 0 before the first.
+    sampled_at: AtomicU64,
+    /// The PSI total (µs) at the last sample.
+    last_total: AtomicU64,
+    /// Nanoseconds since `start` when pressure was last seen.
+    pressure_at: AtomicU64,
+    contended: AtomicBool,
+    /// One sampler at a time; the others use the verdict as it stands.
+    sampling: AtomicBool,
+}
+
+fn detector() -> &'static Detector {
+    static D: OnceLock<Detector> = OnceLock::new();
+    D.get_or_init(|| {
+        let source = if let Ok(f) = File::open("/proc/pressure/cpu") {
+            Source::Psi(f)
+        } else if let Ok(f) = File::open("/proc/loadavg") {
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+            Source::LoadAvg(f, cpus)
+        } else {
+            Source::None
+        };
+        Detector {
+            source,
+            start: Instant::now(),
+            sampled_at: AtomicU64::new(0),
+            last_total: AtomicU64::new(0),
+            pressure_at: AtomicU64::new(0),
+            contended: AtomicBool::new(false),
+            sampling: AtomicBool::new(false),
+        }
+    })
+}
+
+fn read(f: &File) -> Option<String> {
+    let mut buf = [0u8; 256];
+    let n = f.read_at(&mut buf, 0).ok()?;
+    String::from_utf8(buf[..n].to_vec()).ok()
+}
+
+/// The cumulative "some" stall time in µs, from the first line of `/proc/pressure/cpu`.
+pub fn psi_some_total(text: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with("some "))?;
+    line.split_whitespace()
+        .find_map(|f| f.strip_prefix("total="))?
+        .parse()
+        .ok()
+}
+
+/// Runnable tasks now, from `/proc/loadavg`'s fourth field ("running/total").
+pub fn loadavg_running(text: &str) -> Option<u64> {
+    text.split_whitespace()
+        .nth(3)?
+        .split('/')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Whether CPUs are oversubscribed now (see the module's comment).
+pub fn contended() -> bool {
+    let d = detector();
+    let now = d.start.elapsed().as_nanos() as u64;
+    let last = d.sampled_at.load(Ordering::Relaxed);
+    if now.saturating_sub(last) >= SAMPLE_EVERY.as_nanos() as u64
+        && !d.sampling.swap(true, Ordering::Acquire)
+    {
+        sample(d, now, last);
+        d.sampling.store(false, Ordering::Release);
+    }
+    d.contended.load(Ordering::Relaxed)
+}
+
+fn sample(d: &Detector, now: u64, last: u64) {
+    let pressure = match &d.source {
+        Source::Psi(f) => read(f).and_then(|t| psi_some_total(&t)).map(|total| {
+            let before = d.last_total.swap(total, Ordering::Relaxed);
+            let stalled_ns = total.saturating_sub(before).saturating_mul(1000);
+            // The first sample has no interval to compare with.
+            last != 0 && stalled_ns as f64 > PRESSURE_SHARE * now.saturating_sub(last) as f64
+        }),
+        Source::LoadAvg(f, cpus) => read(f)
+            .and_then(|t| loadavg_running(&t))
+            .map(|running| running > *cpus),
+        Source::None => None,
+    };
+    d.sampled_at.store(now, Ordering::Relaxed);
+    if pressure == Some(true) {
+        d.pressure_at.store(now, Ordering::Relaxed);
+        d.contended.store(true, Ordering::Relaxed);
+    } else if now.saturating_sub(d.pressure_at.load(Ordering::Relaxed)) >= HOLD.as_nanos() as u64 {
+        d.contended.store(false, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_pressure_and_load() {
+        let psi = "some avg10=85.63 avg60=89.47 avg300=77.21 total=4046690721\n\
+                   full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n";
+        assert_eq!(psi_some_total(psi), Some(4046690721));
+        assert_eq!(psi_some_total("full total=3\n"), None);
+        assert_eq!(loadavg_running("8.29 9.89 6.59 4/135 1273\n"), Some(4));
+        assert_eq!(loadavg_running("garbage"), None);
+    }
+
+    #[test]
+    fn contention_is_seen_while_cpus_are_oversubscribed() {
+        if !std::path::Path::new("/proc/pressure/cpu").exists() {
+            return; // the load-average fallback is covered by the parser test
+        }
+        // Twice as many spinning threads as CPUs, for a few sample intervals.
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let hogs: Vec<_> = (0..2 * cpus + 1)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let mut seen = false;
+        while Instant::now() < deadline && !seen {
+            seen = contended();
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        stop.store(true, Ordering::Relaxed);
+        hogs.into_iter().for_each(|h| h.join().unwrap());
+        assert!(seen, "oversubscription not detected");
+    }
+}

@@ -39,6 +39,19 @@ pub struct Config {
     pub program_cache: ProgramCacheSetting,
     /// The most the program cache holds on disk, MiB (least recently used entries go first).
     pub program_cache_mib: u64,
+    /// Where each tenant's workers get a cgroup of their own (its `cpu_weight`): `true` finds
+    /// the CPU controller (cgroup v2 or v1) and makes `wormhole/tenant-<name>` under the
+    /// server's own cgroup; a directory makes the tenants' groups in that group instead;
+    /// `false` leaves workers where the server is.
+    pub cgroup: CgroupSetting,
+}
+
+/// `cgroup = true | false | "/sys/fs/cgroup/..."`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum CgroupSetting {
+    On(bool),
+    Dir(PathBuf),
 }
 
 /// `program_cache = true | false | "/dir"`.
@@ -103,6 +116,14 @@ pub struct Tenant {
     /// The devices the tenant may use: substrings of device names (empty: all).
     #[serde(default)]
     pub devices: Vec<String>,
+    /// The tenant's share of the CPU against other tenants (its workers' cgroup; cgroup v2
+    /// `cpu.weight` semantics: 1 to 10000, 100 is an ordinary share).
+    #[serde(default = "Tenant::default_cpu_weight")]
+    pub cpu_weight: u32,
+    /// The most device commands one session may have enqueued and not finished, per command
+    /// queue (further enqueues wait, which slows only this session's own lane).
+    #[serde(default)]
+    pub max_queued: Option<u64>,
 }
 
 impl Tenant {
@@ -116,8 +137,17 @@ impl Tenant {
             max_sessions: None,
             max_objects: None,
             devices: Vec::new(),
+            cpu_weight: Tenant::default_cpu_weight(),
+            max_queued: None,
         }
     }
+
+    pub fn default_cpu_weight() -> u32 {
+        100
+    }
+
+    /// The range of `cpu_weight` (that of cgroup v2's `cpu.weight`).
+    pub const CPU_WEIGHTS: std::ops::RangeInclusive<u32> = 1..=10000;
 }
 
 impl Default for Config {
@@ -136,6 +166,7 @@ impl Default for Config {
             guests: Vec::new(),
             program_cache: ProgramCacheSetting::On(true),
             program_cache_mib: wormhole_blobcache::DEFAULT_MAX_BYTES >> 20,
+            cgroup: CgroupSetting::On(true),
         }
     }
 }
@@ -203,6 +234,18 @@ impl Config {
                     t.name
                 )));
             }
+            if !Tenant::CPU_WEIGHTS.contains(&t.cpu_weight) {
+                return Err(ConfigError::Invalid(format!(
+                    "tenant {}: cpu_weight = {} must be 1..=10000",
+                    t.name, t.cpu_weight
+                )));
+            }
+            if t.max_queued == Some(0) {
+                return Err(ConfigError::Invalid(format!(
+                    "tenant {}: max_queued must be at least 1 (leave it out for no limit)",
+                    t.name
+                )));
+            }
         }
         let mut regions = std::collections::HashSet::new();
         for g in &self.guests {
@@ -240,6 +283,14 @@ impl Config {
                 "program_cache_mib must be at least 1 (program_cache = false turns the cache off)"
                     .into(),
             ));
+        }
+        if let CgroupSetting::Dir(d) = &self.cgroup {
+            if !d.is_absolute() {
+                return Err(ConfigError::Invalid(format!(
+                    "cgroup = {:?} must be an absolute path (or true, or false)",
+                    d.display()
+                )));
+            }
         }
         if self.lanes == 0 || self.lanes > 256 {
             return Err(ConfigError::Invalid(format!(

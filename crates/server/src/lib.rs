@@ -6,6 +6,7 @@
 //! is an API's own lives in its backend crate (`wormhole-opencl-server`).
 
 pub mod backend;
+pub mod cgroup;
 pub mod config;
 pub mod deferred;
 pub mod handles;

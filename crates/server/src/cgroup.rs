@@ -112,8 +112,8 @@ pub fn find(mounts: &str, own: &str) -> Result<(Version, PathBuf), String> {
             .find_map(|l| l.strip_prefix("0::"))
             .unwrap_or("/");
         let base = group_under(&at, rel);
-        let controllers = std::fs::read_to_string(base.join("cgroup.controllers"))
-            .unwrap_or_default();
+        let controllers =
+            std::fs::read_to_string(base.join("cgroup.controllers")).unwrap_or_default();
         if lists_cpu(&controllers) {
             return Ok((Version::V2, base));
         }
@@ -256,7 +256,10 @@ impl CpuGroups {
         std::fs::write(g.join(self.version.weight_file()), value.to_string()).map_err(|e| {
             io::Error::new(
                 e.kind(),
-                format!("cannot write {}: {e}", g.join(self.version.weight_file()).display()),
+                format!(
+                    "cannot write {}: {e}",
+                    g.join(self.version.weight_file()).display()
+                ),
             )
         })?;
         Ok(g)
@@ -333,10 +336,8 @@ mod tests {
 
     impl Tree {
         fn new(tag: &str) -> Tree {
-            let d = std::env::temp_dir().join(format!(
-                "wh-cgroup-test-{tag}-{}",
-                std::process::id()
-            ));
+            let d =
+                std::env::temp_dir().join(format!("wh-cgroup-test-{tag}-{}", std::process::id()));
             std::fs::create_dir_all(&d).unwrap();
             Tree(d)
         }
@@ -373,12 +374,21 @@ mod tests {
         assert_eq!((v, base.clone()), (Version::V2, root.join("svc")));
         let mut g = CpuGroups::open(v, base.join("wormhole")).unwrap();
         assert_eq!(t.read("unified/svc/cgroup.subtree_control"), "+cpu");
-        assert_eq!(t.read("unified/svc/wormhole/cgroup.subtree_control"), "+cpu");
+        assert_eq!(
+            t.read("unified/svc/wormhole/cgroup.subtree_control"),
+            "+cpu"
+        );
         let group = g.set_weight("a b/c", 300).unwrap();
         assert_eq!(group, root.join("svc/wormhole/tenant-a%20b%2Fc"));
-        assert_eq!(t.read("unified/svc/wormhole/tenant-a%20b%2Fc/cpu.weight"), "300");
+        assert_eq!(
+            t.read("unified/svc/wormhole/tenant-a%20b%2Fc/cpu.weight"),
+            "300"
+        );
         g.add("a b/c", 300, 4242).unwrap();
-        assert_eq!(t.read("unified/svc/wormhole/tenant-a%20b%2Fc/cgroup.procs"), "4242");
+        assert_eq!(
+            t.read("unified/svc/wormhole/tenant-a%20b%2Fc/cgroup.procs"),
+            "4242"
+        );
         // A group removed meanwhile is made again, with its weight, when a worker comes.
         std::fs::remove_dir_all(root.join("svc/wormhole/tenant-x")).ok();
         g.add("x", 50, 7).unwrap();

@@ -321,3 +321,49 @@ impl Config {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        let c: Config = toml::from_str(text).map_err(|source| ConfigError::Parse {
+            path: "t.toml".into(),
+            source,
+        })?;
+        c.validate().map(|()| c)
+    }
+
+    #[test]
+    fn fairness_settings_are_read_and_checked() {
+        let c = parse("cgroup = \"/sys/fs/cgroup/cpu/mine\"\n[[tenant]]\nname = \"a\"\nuids = [1]\ncpu_weight = 300\nmax_queued = 64\n[[tenant]]\nname = \"b\"\nuids = [2]\n").unwrap();
+        assert_eq!(
+            c.cgroup,
+            CgroupSetting::Dir("/sys/fs/cgroup/cpu/mine".into())
+        );
+        assert_eq!(
+            (c.tenants[0].cpu_weight, c.tenants[0].max_queued),
+            (300, Some(64))
+        );
+        assert_eq!(
+            (c.tenants[1].cpu_weight, c.tenants[1].max_queued),
+            (100, None)
+        );
+        assert_eq!(Config::default().cgroup, CgroupSetting::On(true));
+        assert_eq!(
+            parse("cgroup = false").unwrap().cgroup,
+            CgroupSetting::On(false)
+        );
+        for bad in [
+            "[[tenant]]\nname = \"a\"\nuids = [1]\ncpu_weight = 0\n",
+            "[[tenant]]\nname = \"a\"\nuids = [1]\ncpu_weight = 10001\n",
+            "[[tenant]]\nname = \"a\"\nuids = [1]\nmax_queued = 0\n",
+            "cgroup = \"relative/dir\"\n",
+        ] {
+            assert!(
+                matches!(parse(bad), Err(ConfigError::Invalid(_))),
+                "accepted: {bad}"
+            );
+        }
+    }
+}

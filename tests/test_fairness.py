@@ -148,6 +148,22 @@ def test_workers_run_in_their_tenants_cgroup_which_goes_at_exit(tmp_path, c_prog
         s.stop()
 
 
+def test_workers_end_on_sigterm_though_the_server_catches_it(tmp_path, c_programs):
+    # The supervisor blocks SIGTERM and SIGINT for the thread that removes its groups at exit;
+    # its workers must not inherit that (a blocked mask survives fork and exec).
+    cpu_controller()
+    s = Server(tmp_path).start()
+    require_weights(s)
+    try:
+        standby = wait_for(lambda: s.status()["tenants"][0]["standby_worker"])
+        os.kill(standby, signal.SIGTERM)
+        wait_for(lambda: s.status()["tenants"][0]["standby_worker"] != standby, timeout=5)
+        # Ended by the signal and reaped by the supervisor.
+        assert not pathlib.Path(f"/proc/{standby}").exists()
+    finally:
+        stop_and_remove_groups(s)
+
+
 # {{{ two tenants flooding one device: the split follows their weights
 
 ITERS = "200000"  # a kernel of some 10 ms of CPU: the split is of CPU time, not of call gaps

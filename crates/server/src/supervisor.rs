@@ -1000,10 +1000,15 @@ fn spawn_worker(
             .arg(config.program_cache_mib.to_string());
     }
     let ledger_fd = t.ledger.raw_fd();
-    // SAFETY: fcntl and dup2 are async-signal-safe (no allocation: fixed array); the source
-    // descriptors stay open until after spawn.
+    // SAFETY: fcntl, dup2 and sigprocmask are async-signal-safe (no allocation: fixed array);
+    // the source descriptors stay open until after spawn.
     unsafe {
         cmd.pre_exec(move || {
+            // The supervisor may block SIGTERM and SIGINT for its signal thread; a worker is
+            // killed by them as ever (a blocked mask survives fork and exec).
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
             // Move the sources out of the way first: one of them may itself be 3, 4 or 5.
             let mut high = [0i32; 3];
             for (h, fd) in high.iter_mut().zip([session_fd, stats_fd, ledger_fd]) {

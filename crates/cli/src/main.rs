@@ -88,6 +88,12 @@ enum Cmd {
         #[arg(long)]
         socket: Option<PathBuf>,
     },
+    /// See or change the tenants' CPU weights and queue limits while the server runs (root or
+    /// the server's own user only; changes last until the server stops).
+    Tenant {
+        #[command(subcommand)]
+        cmd: TenantCmd,
+    },
     /// (internal) Serve one session; started by `wh serve`.
     #[command(hide = true)]
     Worker {
@@ -123,6 +129,29 @@ enum Cmd {
     },
 }
 
+#[derive(Subcommand)]
+enum TenantCmd {
+    /// Every tenant's CPU weight, queue limit, sessions and cgroup (JSON).
+    List {
+        #[arg(long)]
+        socket: Option<PathBuf>,
+    },
+    /// Change a tenant's settings for its running sessions and the ones to come.
+    #[command(group(clap::ArgGroup::new("change").required(true).multiple(true).args(["cpu_weight", "max_queued"])))]
+    Set {
+        /// The tenant's name (as in the configuration).
+        name: String,
+        /// Its share of the CPU against the other tenants (1..=10000; 100 is ordinary).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10000))]
+        cpu_weight: Option<u32>,
+        /// The most commands one session may have queued per command queue (0: no limit).
+        #[arg(long)]
+        max_queued: Option<u64>,
+        #[arg(long)]
+        socket: Option<PathBuf>,
+    },
+}
+
 #[derive(Debug, thiserror::Error)]
 enum CliError {
     #[error(transparent)]
@@ -149,6 +178,8 @@ enum CliError {
     },
     #[error("bad answer from the server: {0}")]
     Answer(String),
+    #[error("the server refused: {0}")]
+    Refused(String),
     #[error("benchmark failed")]
     Bench(#[from] bench::BenchError),
     #[error("I/O error")]
@@ -274,6 +305,33 @@ fn run(cli: Cli) -> Result<(), CliError> {
         }
         Cmd::Run { socket, program } => run_program(socket, program),
         Cmd::Status { socket } => status(socket_or_default(socket)),
+        Cmd::Tenant {
+            cmd: TenantCmd::List { socket },
+        } => {
+            let mut w = Writer::new(control::STATUS);
+            w.u8(wormhole_server::admin::TENANT_LIST);
+            print_json(&ask(&socket_or_default(socket), w)?);
+            Ok(())
+        }
+        Cmd::Tenant {
+            cmd:
+                TenantCmd::Set {
+                    name,
+                    cpu_weight,
+                    max_queued,
+                    socket,
+                },
+        } => {
+            let mut w = Writer::new(control::STATUS);
+            wormhole_server::admin::TenantChange {
+                name,
+                cpu_weight,
+                max_queued,
+            }
+            .encode(&mut w);
+            print_json(&ask(&socket_or_default(socket), w)?);
+            Ok(())
+        }
         Cmd::Bench { part } => Ok(bench::run(&icd_library()?, part)?),
         Cmd::GenCert { dir, name } => {
             let cert = rcgen::generate_simple_self_signed(name)
@@ -367,26 +425,42 @@ fn private_dir(dir: &std::path::Path, uid: u32) -> Result<(), CliError> {
 }
 
 fn status(path: PathBuf) -> Result<(), CliError> {
-    let sock = UnixStream::connect(&path).map_err(|source| CliError::Connect {
-        path: path.clone(),
+    let mut w = Writer::new(control::STATUS);
+    w.u8(wormhole_server::admin::STATUS);
+    print_json(&ask(&path, w)?);
+    Ok(())
+}
+
+/// Sends the supervisor one control request and returns its JSON answer (the bytes as they
+/// came if they are not JSON).
+fn ask(path: &std::path::Path, request: Writer) -> Result<Vec<u8>, CliError> {
+    let sock = UnixStream::connect(path).map_err(|source| CliError::Connect {
+        path: path.to_path_buf(),
         source,
     })?;
-    let mut w = Writer::new(control::STATUS);
-    w.u8(0);
-    std::io::Write::write_all(&mut &sock, &w.finish(0, 0).map_err(std::io::Error::from)?)?;
+    std::io::Write::write_all(
+        &mut &sock,
+        &request.finish(0, 0).map_err(std::io::Error::from)?,
+    )?;
     let mut body = Vec::new();
     let h = wormhole_transport::link::read_frame(&mut &sock, &mut body)
         .map_err(|e| CliError::Answer(e.to_string()))?;
-    if h.opcode != control::STATUS {
-        return Err(CliError::Answer(format!("opcode {:#06x}", h.opcode)));
-    }
-    let json = Reader::new(&body)
+    let text = Reader::new(&body)
         .bytes()
         .map_err(|e| CliError::Answer(e.to_string()))?;
-    // Indented for people; still JSON for scripts.
+    match h.opcode {
+        control::STATUS => Ok(text.to_vec()),
+        control::REFUSED => Err(CliError::Refused(
+            String::from_utf8_lossy(text).into_owned(),
+        )),
+        other => Err(CliError::Answer(format!("opcode {other:#06x}"))),
+    }
+}
+
+/// Indented for people; still JSON for scripts.
+fn print_json(json: &[u8]) {
     match serde_json::from_slice::<serde_json::Value>(json) {
         Ok(v) => println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default()),
         Err(_) => println!("{}", String::from_utf8_lossy(json)),
     }
-    Ok(())
 }

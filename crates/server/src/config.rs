@@ -39,6 +39,22 @@ pub struct Config {
     pub program_cache: ProgramCacheSetting,
     /// The most the program cache holds on disk, MiB (least recently used entries go first).
     pub program_cache_mib: u64,
+    /// Where each tenant's workers get a cgroup of their own (its `cpu_weight`): `true` finds
+    /// the CPU controller (cgroup v2 or v1) and makes `wormhole/tenant-<name>` under the
+    /// server's own cgroup; a directory makes the tenants' groups in that group instead;
+    /// `false` leaves workers where the server is. Unset: as `true` if some tenant sets a
+    /// `cpu_weight`, else off (under cgroup v1 a group of all of Wormhole's workers weighs as
+    /// one process against the rest of the host: a change nobody should get unasked).
+    #[serde(default)]
+    pub cgroup: Option<CgroupSetting>,
+}
+
+/// `cgroup = true | false | "/sys/fs/cgroup/..."`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum CgroupSetting {
+    On(bool),
+    Dir(PathBuf),
 }
 
 /// `program_cache = true | false | "/dir"`.
@@ -103,6 +119,14 @@ pub struct Tenant {
     /// The devices the tenant may use: substrings of device names (empty: all).
     #[serde(default)]
     pub devices: Vec<String>,
+    /// The tenant's share of the CPU against other tenants (its workers' cgroup; cgroup v2
+    /// `cpu.weight` semantics: 1 to 10000, 100 is an ordinary share). Unset: 100.
+    #[serde(default)]
+    pub cpu_weight: Option<u32>,
+    /// The most device commands one session may have enqueued and not finished, per command
+    /// queue (further enqueues wait, which slows only this session's own lane).
+    #[serde(default)]
+    pub max_queued: Option<u64>,
 }
 
 impl Tenant {
@@ -116,8 +140,18 @@ impl Tenant {
             max_sessions: None,
             max_objects: None,
             devices: Vec::new(),
+            cpu_weight: None,
+            max_queued: None,
         }
     }
+
+    /// The CPU weight in force (100 unless set).
+    pub fn weight(&self) -> u32 {
+        self.cpu_weight.unwrap_or(100)
+    }
+
+    /// The range of `cpu_weight` (that of cgroup v2's `cpu.weight`).
+    pub const CPU_WEIGHTS: std::ops::RangeInclusive<u32> = 1..=10000;
 }
 
 impl Default for Config {
@@ -136,6 +170,7 @@ impl Default for Config {
             guests: Vec::new(),
             program_cache: ProgramCacheSetting::On(true),
             program_cache_mib: wormhole_blobcache::DEFAULT_MAX_BYTES >> 20,
+            cgroup: None,
         }
     }
 }
@@ -203,6 +238,19 @@ impl Config {
                     t.name
                 )));
             }
+            if !Tenant::CPU_WEIGHTS.contains(&t.weight()) {
+                return Err(ConfigError::Invalid(format!(
+                    "tenant {}: cpu_weight = {} must be 1..=10000",
+                    t.name,
+                    t.weight()
+                )));
+            }
+            if t.max_queued == Some(0) {
+                return Err(ConfigError::Invalid(format!(
+                    "tenant {}: max_queued must be at least 1 (leave it out for no limit)",
+                    t.name
+                )));
+            }
         }
         let mut regions = std::collections::HashSet::new();
         for g in &self.guests {
@@ -241,6 +289,14 @@ impl Config {
                     .into(),
             ));
         }
+        if let Some(CgroupSetting::Dir(d)) = &self.cgroup {
+            if !d.is_absolute() {
+                return Err(ConfigError::Invalid(format!(
+                    "cgroup = {:?} must be an absolute path (or true, or false)",
+                    d.display()
+                )));
+            }
+        }
         if self.lanes == 0 || self.lanes > 256 {
             return Err(ConfigError::Invalid(format!(
                 "lanes = {} must be 1..=256",
@@ -267,6 +323,56 @@ impl Config {
         wormhole_transport::Layout {
             lanes: self.lanes,
             ring_capacity: self.ring_kib * 1024,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        let c: Config = toml::from_str(text).map_err(|source| ConfigError::Parse {
+            path: "t.toml".into(),
+            source,
+        })?;
+        c.validate().map(|()| c)
+    }
+
+    #[test]
+    fn fairness_settings_are_read_and_checked() {
+        let c = parse("cgroup = \"/sys/fs/cgroup/cpu/mine\"\n[[tenant]]\nname = \"a\"\nuids = [1]\ncpu_weight = 300\nmax_queued = 64\n[[tenant]]\nname = \"b\"\nuids = [2]\n").unwrap();
+        assert_eq!(
+            c.cgroup,
+            Some(CgroupSetting::Dir("/sys/fs/cgroup/cpu/mine".into()))
+        );
+        assert_eq!(
+            (c.tenants[0].weight(), c.tenants[0].max_queued),
+            (300, Some(64))
+        );
+        assert_eq!(
+            (
+                c.tenants[1].cpu_weight,
+                c.tenants[1].weight(),
+                c.tenants[1].max_queued
+            ),
+            (None, 100, None)
+        );
+        assert_eq!(Config::default().cgroup, None);
+        assert_eq!(
+            parse("cgroup = false").unwrap().cgroup,
+            Some(CgroupSetting::On(false))
+        );
+        for bad in [
+            "[[tenant]]\nname = \"a\"\nuids = [1]\ncpu_weight = 0\n",
+            "[[tenant]]\nname = \"a\"\nuids = [1]\ncpu_weight = 10001\n",
+            "[[tenant]]\nname = \"a\"\nuids = [1]\nmax_queued = 0\n",
+            "cgroup = \"relative/dir\"\n",
+        ] {
+            assert!(
+                matches!(parse(bad), Err(ConfigError::Invalid(_))),
+                "accepted: {bad}"
+            );
         }
     }
 }

@@ -5,7 +5,9 @@
 //! request through the API's [`Backend`]. Tenants, quotas, limits and status live here; what
 //! is an API's own lives in its backend crate (`wormhole-opencl-server`).
 
+pub mod admin;
 pub mod backend;
+pub mod cgroup;
 pub mod config;
 pub mod deferred;
 pub mod handles;

@@ -2,11 +2,15 @@
 //! tenant: a small memfd holding the tenant's total and one slot per session. Workers reserve
 //! before they keep memory and give it back when the driver frees it; when a worker dies, the
 //! supervisor writes its slot off, so a crashed session never leaks quota.
+//!
+//! The same memory carries the tenant's limits that may change while sessions run (`wh tenant
+//! set`): the supervisor writes them, and every worker of the tenant, standby ones included,
+//! reads them at each use.
 
 use memmap2::MmapRaw;
 use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 pub const SLOTS: usize = 256;
 
@@ -14,6 +18,8 @@ pub const SLOTS: usize = 256;
 struct Shared {
     total: AtomicI64,
     slots: [AtomicI64; SLOTS],
+    /// The tenant's `max_queued` (0: no limit).
+    max_queued: AtomicU64,
 }
 
 pub struct Ledger {
@@ -87,6 +93,16 @@ impl Ledger {
     pub fn total(&self) -> i64 {
         self.shared().total.load(Ordering::Acquire)
     }
+
+    /// Sets the tenant's limit of commands a session may have queued per queue (0: none).
+    pub fn set_max_queued(&self, n: u64) {
+        self.shared().max_queued.store(n, Ordering::Relaxed);
+    }
+
+    /// The tenant's limit of queued commands now (0: none).
+    pub fn max_queued(&self) -> u64 {
+        self.shared().max_queued.load(Ordering::Relaxed)
+    }
 }
 
 #[cfg(test)]
@@ -104,5 +120,9 @@ mod tests {
         b.release(1, 400);
         a.write_off(0);
         assert_eq!(b.total(), 0);
+        // The limits the supervisor changes reach every worker's mapping at once.
+        assert_eq!(b.max_queued(), 0);
+        a.set_max_queued(64);
+        assert_eq!(b.max_queued(), 64);
     }
 }

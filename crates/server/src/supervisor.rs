@@ -2,7 +2,8 @@
 //! a worker process (`wh worker`) of the API it asks for; reaps workers and answers
 //! `wh status`.
 
-use crate::config::{Config, Guest, ProgramCacheSetting, Tenant};
+use crate::cgroup::CpuGroups;
+use crate::config::{CgroupSetting, Config, Guest, ProgramCacheSetting, Tenant};
 use crate::quota::Ledger;
 use crate::Backend;
 use std::collections::HashMap;
@@ -97,6 +98,8 @@ struct State {
     workers: HashMap<u32, Worker>,
     tenants: Vec<TenantState>,
     guests: Vec<GuestState>,
+    /// The tenants' cgroups (CPU weights), or why there are none.
+    cpu: Result<CpuGroups, String>,
 }
 
 /// The APIs this server serves, and what each one's workers need in their environment.
@@ -168,6 +171,7 @@ pub fn serve(
             path: dir.clone(),
             source,
         })?;
+        ledger.set_max_queued(cfg.max_queued.unwrap_or(0));
         tenants.push(TenantState {
             cfg,
             ledger,
@@ -206,11 +210,21 @@ pub fn serve(
     }
     let (config, vendors) = (Arc::new(config), Arc::new(vendors));
     let handshakes = Arc::new(Handshakes::default());
+    let cpu = cpu_groups(&config, &tenants);
     let workers: Workers = Arc::new(Mutex::new(State {
         workers: HashMap::new(),
         tenants,
         guests,
+        cpu,
     }));
+    if workers
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .cpu
+        .is_ok()
+    {
+        clean_up_on_signals(workers.clone());
+    }
     {
         let (workers, config, vendors) = (workers.clone(), config.clone(), vendors.clone());
         std::thread::spawn(move || reap(&config, &vendors, workers));
@@ -329,6 +343,82 @@ pub fn serve(
         }
     }
     Ok(())
+}
+
+/// Gives every tenant its cgroup with its CPU weight, if the `cgroup` setting and the system
+/// allow; otherwise says why not, once (sessions work either way, unweighted).
+fn cpu_groups(config: &Config, tenants: &[TenantState]) -> Result<CpuGroups, String> {
+    let dir = match &config.cgroup {
+        Some(CgroupSetting::On(false)) => {
+            tracing::info!(
+                "per-tenant CPU weights off (cgroup = false): workers stay in the server's cgroup"
+            );
+            return Err("cgroup = false in the configuration".into());
+        }
+        None if !tenants.iter().any(|t| t.cfg.cpu_weight.is_some()) => {
+            tracing::info!("per-tenant CPU weights off: no tenant sets cpu_weight (cgroup = true turns them on)");
+            return Err("no tenant sets cpu_weight, and cgroup = true is not set".into());
+        }
+        None | Some(CgroupSetting::On(true)) => None,
+        Some(CgroupSetting::Dir(d)) => Some(d.as_path()),
+    };
+    let groups = crate::cgroup::setup(dir).and_then(|mut g| {
+        for t in tenants {
+            if let Err(e) = g.set_weight(&t.cfg.name, t.cfg.weight()) {
+                g.cleanup();
+                return Err(e.to_string());
+            }
+        }
+        Ok(g)
+    });
+    match &groups {
+        Ok(g) => tracing::info!(dir = %g.dir().display(), version = ?g.version(), "each tenant's workers run in a cgroup of their own, with the tenant's cpu_weight"),
+        Err(why) => tracing::warn!("no per-tenant CPU weights: {why}; sessions work, and tenants share the CPU without weights"),
+    }
+    groups
+}
+
+/// On SIGTERM or SIGINT: ends the standby workers (they serve no one) and removes the cgroups
+/// the server made that are empty then, before the server dies of the signal as it would have.
+/// Call before any thread starts: they all inherit the blocked signals, so this thread alone
+/// receives them.
+fn clean_up_on_signals(workers: Workers) {
+    use nix::sys::signal::{SigSet, Signal};
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGTERM);
+    set.add(Signal::SIGINT);
+    if let Err(e) = set.thread_block() {
+        tracing::warn!("cgroups will not be removed at exit: cannot block signals: {e}");
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let sig = set.wait().unwrap_or(Signal::SIGTERM);
+            {
+                let mut state = workers.lock().unwrap_or_else(|p| p.into_inner());
+                for wk in state.workers.values_mut().filter(|w| !w.in_session()) {
+                    let _ = wk.child.kill();
+                    let _ = wk.child.wait();
+                }
+                if let Ok(g) = &state.cpu {
+                    let kept = g.cleanup();
+                    if kept.is_empty() {
+                        tracing::info!(%sig, "removed the tenants' cgroups; exiting");
+                    } else {
+                        tracing::info!(%sig, ?kept, "exiting; cgroups of sessions still running stay (a later server uses them again)");
+                    }
+                }
+                // Held until the end: no worker starts in a group just removed.
+                let _ = set.thread_unblock();
+                let _ = nix::sys::signal::raise(sig);
+            }
+            std::process::exit(128 + sig as i32);
+        });
+    if let Err(e) = spawned {
+        let _ = set.thread_unblock();
+        tracing::warn!("cgroups will not be removed at exit: {e}");
+    }
 }
 
 /// A client connection on either listener.
@@ -617,7 +707,7 @@ fn accept(config: &Config, vendors: &Apis, workers: &Workers, stream: Conn) -> s
     stream.set_read_timeout(None)?;
     match h.opcode {
         control::STATUS => match &stream {
-            Conn::Unix(s) => return status(workers, s),
+            Conn::Unix(s) => return control_request(workers, s, &body),
             Conn::Tcp(_) | Conn::Tls(_) => {
                 refuse(&stream, "status is only served on the local socket");
                 return Ok(());
@@ -914,10 +1004,15 @@ fn spawn_worker(
             .arg(config.program_cache_mib.to_string());
     }
     let ledger_fd = t.ledger.raw_fd();
-    // SAFETY: fcntl and dup2 are async-signal-safe (no allocation: fixed array); the source
-    // descriptors stay open until after spawn.
+    // SAFETY: fcntl, dup2 and sigprocmask are async-signal-safe (no allocation: fixed array);
+    // the source descriptors stay open until after spawn.
     unsafe {
         cmd.pre_exec(move || {
+            // The supervisor may block SIGTERM and SIGINT for its signal thread; a worker is
+            // killed by them as ever (a blocked mask survives fork and exec).
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
             // Move the sources out of the way first: one of them may itself be 3, 4 or 5.
             let mut high = [0i32; 3];
             for (h, fd) in high.iter_mut().zip([session_fd, stats_fd, ledger_fd]) {
@@ -937,6 +1032,14 @@ fn spawn_worker(
     let child = cmd.spawn()?;
     t.slots[slot] = true;
     let pid = child.id();
+    // Standby, session and guest workers alike: every process of a tenant counts against
+    // its CPU weight.
+    if let Ok(g) = &mut state.cpu {
+        let cfg = &state.tenants[tenant].cfg;
+        if let Err(e) = g.add(&cfg.name, cfg.weight(), pid) {
+            tracing::warn!(worker = pid, tenant = %cfg.name, "worker runs outside its tenant's cgroup: {e}");
+        }
+    }
     state.workers.insert(
         pid,
         Worker {
@@ -1254,14 +1357,133 @@ fn drain_late_answers(s: &UnixStream) {
     let _ = s.set_nonblocking(false);
 }
 
-/// Answers `wh status` with one JSON document.
-fn status(workers: &Workers, stream: &UnixStream) -> std::io::Result<()> {
-    let json = serde_json::to_vec(&snapshot(workers)).unwrap_or_default();
+/// Answers a request on the local socket that is not a session: `wh status` for everyone,
+/// `wh tenant` for root and the server's own user.
+fn control_request(workers: &Workers, stream: &UnixStream, body: &[u8]) -> std::io::Result<()> {
+    let mut r = Reader::new(body);
+    let kind = if body.is_empty() {
+        crate::admin::STATUS
+    } else {
+        r.u8().unwrap_or(u8::MAX)
+    };
+    if kind == crate::admin::STATUS {
+        return answer_json(stream, &snapshot(workers));
+    }
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let uid = nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials)
+        .map(|c| c.uid())
+        .ok();
+    if !uid.is_some_and(|u| u == 0 || u == me) {
+        let reason = format!(
+            "only root or the server's own user (uid {me}) may list or change tenants; {} may not",
+            uid.map_or("a peer of unknown uid".into(), |u| format!("uid {u}"))
+        );
+        refuse(&Conn::Unix(stream.try_clone()?), &reason);
+        return Ok(());
+    }
+    let answer = match kind {
+        crate::admin::TENANT_LIST => {
+            Ok(serde_json::to_value(tenant_list(workers)).unwrap_or_default())
+        }
+        crate::admin::TENANT_SET => match crate::admin::TenantChange::decode(&mut r) {
+            Ok(change) => change_tenant(workers, &change, uid.unwrap_or(0))
+                .map(|t| serde_json::to_value(t).unwrap_or_default()),
+            Err(e) => Err(format!("malformed tenant change: {e}")),
+        },
+        other => Err(format!("unknown request {other} on the control socket")),
+    };
+    match answer {
+        Ok(json) => answer_json(stream, &json),
+        Err(reason) => {
+            refuse(&Conn::Unix(stream.try_clone()?), &reason);
+            Ok(())
+        }
+    }
+}
+
+/// Answers a control request with one JSON document.
+fn answer_json(stream: &UnixStream, value: &impl serde::Serialize) -> std::io::Result<()> {
+    let json = serde_json::to_vec(value).unwrap_or_default();
     let mut reply = Writer::new(control::STATUS);
     reply.bytes(&json);
     // A client that asks and never reads must not keep this thread.
     stream.set_write_timeout(Some(Duration::from_secs(5)))?;
     (&*stream).write_all(&reply.finish(FLAG_REPLY, 0)?)
+}
+
+fn tenant_settings(state: &State, index: usize) -> crate::admin::TenantSettings {
+    let t = &state.tenants[index];
+    crate::admin::TenantSettings {
+        name: t.cfg.name.clone(),
+        cpu_weight: t.cfg.weight(),
+        max_queued: t.cfg.max_queued,
+        sessions: state
+            .workers
+            .values()
+            .filter(|w| w.tenant == index && w.in_session())
+            .count(),
+        cgroup: state.cpu.as_ref().ok().map(|g| g.group_of(&t.cfg.name)),
+    }
+}
+
+fn tenant_list(workers: &Workers) -> crate::admin::TenantList {
+    let state = workers.lock().unwrap_or_else(|p| p.into_inner());
+    crate::admin::TenantList {
+        cgroups: state.cpu.as_ref().ok().map(|g| g.dir().to_path_buf()),
+        cgroups_off: state.cpu.as_ref().err().cloned(),
+        tenants: (0..state.tenants.len())
+            .map(|i| tenant_settings(&state, i))
+            .collect(),
+    }
+}
+
+/// `wh tenant set`: a new CPU weight is written to the tenant's cgroup at once (every worker
+/// of the tenant is in it); a new `max_queued` to the tenant's ledger, which its running and
+/// standby workers read at each enqueue. Both last until the server stops.
+fn change_tenant(
+    workers: &Workers,
+    change: &crate::admin::TenantChange,
+    by: u32,
+) -> Result<crate::admin::TenantSettings, String> {
+    let mut guard = workers.lock().unwrap_or_else(|p| p.into_inner());
+    let state = &mut *guard;
+    let index = state
+        .tenants
+        .iter()
+        .position(|t| t.cfg.name == change.name)
+        .ok_or_else(|| {
+            let names: Vec<&str> = state.tenants.iter().map(|t| t.cfg.name.as_str()).collect();
+            format!(
+                "no tenant named {:?} (tenants: {})",
+                change.name,
+                names.join(", ")
+            )
+        })?;
+    if let Some(w) = change.cpu_weight {
+        if !Tenant::CPU_WEIGHTS.contains(&w) {
+            return Err(format!("cpu weight {w} must be 1..=10000"));
+        }
+        let groups = state
+            .cpu
+            .as_mut()
+            .map_err(|why| format!("CPU weights are off on this server: {why}"))?;
+        groups
+            .set_weight(&change.name, w)
+            .map_err(|e| e.to_string())?;
+    }
+    let t = &mut state.tenants[index];
+    if let Some(w) = change.cpu_weight {
+        tracing::info!(tenant = %t.cfg.name, from = t.cfg.weight(), to = w, by_uid = by, "cpu_weight changed");
+        t.cfg.cpu_weight = Some(w);
+    }
+    if let Some(q) = change.max_queued {
+        let q = (q > 0).then_some(q);
+        tracing::info!(tenant = %t.cfg.name, from = ?t.cfg.max_queued, to = ?q, by_uid = by, "max_queued changed");
+        t.ledger.set_max_queued(q.unwrap_or(0));
+        t.cfg.max_queued = q;
+    }
+    Ok(tenant_settings(state, index))
 }
 
 /// The same state in Prometheus' text format.

@@ -77,6 +77,12 @@ impl Limits {
     pub fn tenant_bytes(&self) -> i64 {
         self.ledger.as_ref().map_or(0, |l| l.total())
     }
+
+    /// The most commands a session may have queued per command queue now (0: no limit). It
+    /// lives in the tenant's ledger, where `wh tenant set` changes it for running sessions.
+    pub fn max_queued(&self) -> u64 {
+        self.ledger.as_ref().map_or(0, |l| l.max_queued())
+    }
 }
 
 /// The worker's limits (its backend gets them explicitly, in [`SessionSetup`]).

@@ -5,6 +5,7 @@
 //! handlers in `custom` for those with semantics of their own. The server core
 //! (`wormhole-server`) does everything that is not OpenCL's own.
 
+mod admission;
 mod arena;
 mod callbacks;
 mod custom;
@@ -62,14 +63,26 @@ impl OpenCl {
         // has consumed it (a copy of the reader: no bytes are copied).
         let request = r.clone();
         let s = &session::Call::new(session);
+        let op = Op::from_u16(opcode);
+        // The tenant's limit of queued commands: one relaxed load when there is none.
+        let limit = session.limits().max_queued();
+        let enqueue_on = match op {
+            Some(op) if limit > 0 && op.name().starts_with("clEnqueue") => {
+                // Every enqueue request begins with its queue's id.
+                let queue = request.clone().u64().unwrap_or(0);
+                session.admission.before(queue, limit);
+                Some(queue)
+            }
+            _ => None,
+        };
         match opcode {
             control::COLLECT => custom::collect(s, r, w),
             control::SVM_PUSH => custom::svm_push(s, r, w),
             control::SVM_PULL => custom::svm_pull(s, r, w),
             control::DIRECT => arena::direct(s, r, w),
-            op => match Op::from_u16(op) {
+            other => match op {
                 Some(op) => generated::dispatch(s, op, r, w),
-                None => Err(DecodeError::UnknownOp(op)),
+                None => Err(DecodeError::UnknownOp(other)),
             },
         }?;
         // Every reply body begins with the call's cl_int status.
@@ -77,6 +90,9 @@ impl OpenCl {
             .body()
             .get(..4)
             .map_or(0, |b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        if status == CL_SUCCESS {
+            Self::admitted(s, op, enqueue_on, limit, &request);
+        }
         if asynchronous && status != CL_SUCCESS {
             let first = request.clone().u64().unwrap_or(0);
             s.deferred.record(deferred::key(opcode, first), status);
@@ -103,6 +119,36 @@ impl OpenCl {
                 .take_trailer()
                 .map(|t| Box::new(t) as Box<dyn wormhole_server::backend::Trailer>),
         })
+    }
+}
+
+impl OpenCl {
+    /// The admission limit's bookkeeping after a call that succeeded.
+    fn admitted(
+        s: &session::Session,
+        op: Option<Op>,
+        enqueue_on: Option<u64>,
+        limit: u64,
+        request: &Reader<'_>,
+    ) {
+        use wormhole_opencl_proto::HandleKind;
+        if let Some(queue) = enqueue_on {
+            if let Ok(real) = s.resolve(queue, HandleKind::Queue, false) {
+                s.admission.after(queue, real, limit);
+            }
+            return;
+        }
+        match op {
+            Some(Op::clFinish) => s.admission.finished(request.clone().u64().unwrap_or(0)),
+            Some(Op::clReleaseCommandQueue) => {
+                let queue = request.clone().u64().unwrap_or(0);
+                if s.resolve(queue, HandleKind::Queue, false).is_err() {
+                    s.admission.forget(queue);
+                }
+            }
+            Some(Op::clCreateUserEvent) => s.admission.user_event(),
+            _ => {}
+        }
     }
 }
 
@@ -204,6 +250,10 @@ impl wormhole_server::Backend for OpenCl {
             "program_cache_uncacheable",
             program_cache::UNCACHEABLE.load(Ordering::Relaxed),
         );
+        let admission = &session().admission;
+        put("max_queued", session().limits().max_queued());
+        put("queued_peak", admission.peak.load(Ordering::Relaxed));
+        put("queued_waits", admission.waits.load(Ordering::Relaxed));
         m
     }
 }

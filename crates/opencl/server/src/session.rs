@@ -55,6 +55,8 @@ pub struct Session {
     pub deferred: wormhole_server::deferred::DeferredErrors,
     /// Builds that may swap the object behind a program id take turns.
     pub build_lock: Mutex<()>,
+    /// The tenant's limit of queued commands, per command queue (`max_queued`).
+    pub admission: crate::admission::Admission,
 }
 
 /// One request being handled: the session it belongs to, and what the handler leaves for the

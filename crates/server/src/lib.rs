@@ -9,6 +9,7 @@ pub mod backend;
 pub mod config;
 pub mod deferred;
 pub mod handles;
+pub mod output;
 pub mod quota;
 pub mod supervisor;
 pub mod worker;

@@ -45,6 +45,9 @@ class Server:
         self.socket = str(tmp / "wh.sock")
         self.tcp = f"127.0.0.1:{free_port()}" if tcp else None
         self.log = tmp / "server.log"
+        # The server's stdout (its workers' too, where they leave it): nothing of a session's
+        # should land there.
+        self.out = tmp / "server.out"
         self.extra_env = extra_env or {}
         self.config = config
         self.metrics = f"127.0.0.1:{free_port()}" if metrics else None
@@ -80,7 +83,7 @@ class Server:
             + (["--program-cache", self.program_cache] if self.program_cache else [])
             + (["--no-program-cache"] if self.program_cache is False else [])
             + (["--tls-cert", str(self.dir / "cert.pem"), "--tls-key", str(self.dir / "key.pem")] if self.tls else []),
-            stdout=subprocess.DEVNULL,
+            stdout=open(self.out, "w"),
             stderr=open(self.log, "w"),
             env=self.env(),
             start_new_session=True,

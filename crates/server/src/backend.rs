@@ -87,7 +87,9 @@ pub trait Backend: Sync {
     fn begin(&self, setup: SessionSetup);
 
     /// Worker: runs one request (`h.opcode`, its whole body in `r`), writing the reply body
-    /// into `w`. An error means a malformed request: the session ends.
+    /// into `w`. An error means a malformed request: the session ends. A request that waited
+    /// for the device (a synchronisation point) calls [`crate::output::drain`] before it
+    /// returns, so that what the device printed reaches the application before the reply.
     fn handle(
         &self,
         h: &FrameHeader,

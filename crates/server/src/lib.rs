@@ -11,6 +11,7 @@ pub mod cgroup;
 pub mod config;
 pub mod deferred;
 pub mod handles;
+pub mod output;
 pub mod quota;
 pub mod supervisor;
 pub mod worker;

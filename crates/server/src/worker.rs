@@ -4,7 +4,7 @@
 //! Every transport (shared memory, TCP/TLS, a guest region) runs requests through one path,
 //! [`handle`].
 
-use crate::backend::{Backend, SessionSetup, StreamError, Streamed};
+use crate::backend::{Backend, CallbackSink, SessionSetup, StreamError, Streamed};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
@@ -20,7 +20,8 @@ use wormhole_transport::{
 };
 use wormhole_wire::handshake::{self, Hello, Welcome};
 use wormhole_wire::{
-    control, DecodeError, FrameHeader, FrameTooLarge, Reader, Writer, FLAG_ASYNC, FLAG_REPLY,
+    control, DecodeError, FrameHeader, FrameTooLarge, Reader, Writer, FLAG_ASYNC, FLAG_OUTPUT,
+    FLAG_REPLY,
 };
 
 static LIMITS: OnceLock<Arc<Limits>> = OnceLock::new();
@@ -180,9 +181,11 @@ pub fn run(
     let mut fds = vec![region.file().as_raw_fd()];
     fds.extend(arena.as_ref().map(|a| a.file().as_raw_fd()));
     send_frame_with_fds(&sock, &welcome.encode(0), &fds)?;
+    let callbacks: CallbackSink = Arc::new(Mutex::new(sock.try_clone()?));
+    capture_output(&callbacks, layout.lanes);
     backend.begin(SessionSetup {
         limits: limits().clone(),
-        callbacks: Arc::new(Mutex::new(sock.try_clone()?)),
+        callbacks,
         arena,
         build_cache,
     });
@@ -201,7 +204,7 @@ pub fn run(
             .spawn(move || {
                 let (req, rep) = region.lane(lane).expect("lane within layout");
                 let link = ShmLink::new(rep, req, Arc::new(FutexWaiter), policy, Arc::new(|| true));
-                if let Err(e) = serve_lane(backend, link) {
+                if let Err(e) = serve_lane(backend, lane as usize, link) {
                     tracing::error!(lane, "ending session: {e}");
                     std::process::exit(3);
                 }
@@ -331,9 +334,11 @@ pub fn run_guest(
     // thread.
     let (ev_req, ev_rep) = region.lane(call_lanes).expect("event lane");
     let events = ShmLink::new(ev_rep, ev_req, waiter.clone(), policy, alive.clone());
+    let callbacks: CallbackSink = Arc::new(Mutex::new(LinkWriter(events)));
+    capture_output(&callbacks, call_lanes);
     backend.begin(SessionSetup {
         limits: limits().clone(),
-        callbacks: Arc::new(Mutex::new(LinkWriter(events))),
+        callbacks,
         arena: None,
         build_cache,
     });
@@ -352,7 +357,7 @@ pub fn run_guest(
                         let (req, rep) = region.lane(lane).expect("lane within layout");
                         // The lane lives until the worker ends the session (below).
                         let link = ShmLink::new(rep, req, waiter, policy, Arc::new(|| true));
-                        if let Err(e) = serve_lane(backend, link) {
+                        if let Err(e) = serve_lane(backend, lane as usize, link) {
                             tracing::error!(lane, "ending guest session: {e}");
                             std::process::exit(3);
                         }
@@ -406,11 +411,30 @@ struct Outgoing {
     trailer: Option<Box<dyn crate::backend::Trailer>>,
 }
 
+/// Starts forwarding the driver's output (fd 1) to the session's client on `sink`.
+fn capture_output(sink: &CallbackSink, lanes: u32) {
+    if let Err(e) = crate::output::capture(sink.clone(), lanes as usize) {
+        tracing::warn!("device output (kernel printf) stays in the worker's stdout: {e}");
+    }
+}
+
+/// The flag a reply to `h` on lane `lane` carries for the driver's output: FLAG_OUTPUT when
+/// its request was a synchronisation point with output the lane has not waited for yet (the
+/// MARK the client then waits for has just gone out), else none.
+fn output_flag(lane: usize, h: &FrameHeader) -> u8 {
+    match crate::output::take_synced() {
+        Some(sent) if crate::output::mark(lane, h.seq, sent) => FLAG_OUTPUT,
+        _ => 0,
+    }
+}
+
 /// Runs one request, writing the reply frame into `out` (whose allocation is reused): the one
-/// path every transport's requests take. Returns the bulk data to send after the frame, or
-/// None when no reply goes out (the client asked for none with FLAG_ASYNC).
+/// path every transport's requests take. `lane` is the lane it came on. Returns the bulk data
+/// to send after the frame, or None when no reply goes out (the client asked for none with
+/// FLAG_ASYNC).
 fn handle(
     backend: &dyn Backend,
+    lane: usize,
     h: &FrameHeader,
     body: &[u8],
     out: &mut Vec<u8>,
@@ -425,6 +449,8 @@ fn handle(
             source,
         })?;
     if h.flags & FLAG_ASYNC != 0 {
+        // No reply to mark: nobody waits for this call.
+        crate::output::take_synced();
         // The client sent this without waiting because it had ruled out every error; a failure
         // here is a gap in that validation (or a resource failure): say so, and count it.
         if reply.status != 0 {
@@ -440,7 +466,8 @@ fn handle(
         *out = w.finish_on(h.lane, 0, h.seq).unwrap_or_default();
         return Ok(None);
     }
-    match w.finish_on(h.lane, FLAG_REPLY, h.seq) {
+    let flag = output_flag(lane, h);
+    match w.finish_on(h.lane, FLAG_REPLY | flag, h.seq) {
         Ok(frame) => {
             *out = frame;
             Ok(Some(Outgoing {
@@ -452,6 +479,7 @@ fn handle(
             // call instead, as any call may fail for want of memory, and the session goes on.
             tracing::error!(opcode = h.opcode, "{e}: answering out-of-memory instead");
             *out = status_reply(h, backend.out_of_memory());
+            wormhole_wire::add_flag(out, flag);
             Ok(Some(Outgoing { trailer: None }))
         }
     }
@@ -477,7 +505,11 @@ const KEEP_BUFFER: usize = 64 << 20;
 /// Requests at least this large are offered to the backend to stream from the ring.
 const STREAM_MIN: u64 = 64 * 1024;
 
-fn serve_lane(backend: &'static dyn Backend, mut link: ShmLink) -> Result<(), LaneError> {
+fn serve_lane(
+    backend: &'static dyn Backend,
+    lane: usize,
+    mut link: ShmLink,
+) -> Result<(), LaneError> {
     let mut body = Vec::new();
     let mut reply = Vec::new();
     loop {
@@ -498,7 +530,7 @@ fn serve_lane(backend: &'static dyn Backend, mut link: ShmLink) -> Result<(), La
             };
             if let Streamed::Done = streamed {
                 CALLS.fetch_add(1, Ordering::Relaxed);
-                reply = w.finish_on(h.lane, FLAG_REPLY, h.seq)?;
+                reply = w.finish_on(h.lane, FLAG_REPLY | output_flag(lane, &h), h.seq)?;
                 link.send(&reply)?;
                 continue;
             }
@@ -511,7 +543,7 @@ fn serve_lane(backend: &'static dyn Backend, mut link: ShmLink) -> Result<(), La
             }
             link.recv_exact(&mut body[..n])?;
         }
-        if let Some(out) = handle(backend, &h, &body[..h.len as usize], &mut reply)? {
+        if let Some(out) = handle(backend, lane, &h, &body[..h.len as usize], &mut reply)? {
             match &out.trailer {
                 Some(t) => link.send_parts(&[&reply, t.bytes()])?,
                 None => link.send(&reply)?,
@@ -572,9 +604,11 @@ pub fn run_tcp<S: Duplex>(
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .write_all(&welcome.encode(0))?;
+    let callbacks: CallbackSink = writer.clone();
+    capture_output(&callbacks, lanes);
     backend.begin(SessionSetup {
         limits: limits().clone(),
-        callbacks: writer.clone(),
+        callbacks,
         arena: None,
         build_cache,
     });
@@ -612,7 +646,7 @@ pub fn run_tcp<S: Duplex>(
                     .spawn(move || {
                         let mut reply = Vec::new();
                         for (h, body) in rx {
-                            match handle(backend, &h, &body, &mut reply) {
+                            match handle(backend, usize::from(h.lane), &h, &body, &mut reply) {
                                 Ok(Some(done)) => {
                                     let mut out = writer.lock().unwrap_or_else(|p| p.into_inner());
                                     let sent =
@@ -836,7 +870,7 @@ mod tests {
         };
         let mut out = Vec::new();
         let big = (wormhole_wire::MAX_BODY as u64).to_le_bytes();
-        assert!(handle(&Echo, &h, &big, &mut out).unwrap().is_some());
+        assert!(handle(&Echo, 2, &h, &big, &mut out).unwrap().is_some());
         let got =
             FrameHeader::decode(out[..wormhole_wire::HEADER_LEN].try_into().unwrap()).unwrap();
         assert_eq!(
@@ -847,7 +881,7 @@ mod tests {
         assert_eq!(r.i32().unwrap(), -6);
         r.finish().unwrap();
         // A reply within the limit goes out as written.
-        assert!(handle(&Echo, &h, &8u64.to_le_bytes(), &mut out)
+        assert!(handle(&Echo, 2, &h, &8u64.to_le_bytes(), &mut out)
             .unwrap()
             .is_some());
         let got =

@@ -22,7 +22,7 @@ use wormhole_transport::{
     Arena, FrameLink, FutexWaiter, Region, ShmLink, SpinPolicy, TransportError,
 };
 use wormhole_wire::handshake::{self, Hello};
-use wormhole_wire::{control, FrameHeader, Writer, FLAG_ASYNC, FLAG_REPLY};
+use wormhole_wire::{control, FrameHeader, Writer, FLAG_ASYNC, FLAG_OUTPUT, FLAG_REPLY};
 
 /// What the session needs to know of the API it carries.
 #[derive(Clone, Copy)]
@@ -75,12 +75,118 @@ enum Transport {
     },
 }
 
+/// The device's output marks the callback channel has delivered (see `FLAG_OUTPUT`): per lane,
+/// the seq of the last reply whose preceding output has been written to the application's
+/// stdout.
+struct Marks {
+    seen: Vec<AtomicU32>,
+    lock: Mutex<()>,
+    passed: Condvar,
+}
+
+/// How long a call waits for the output that precedes its reply before it returns anyway.
+const MARK_TIMEOUT: Duration = Duration::from_secs(1);
+
+impl Marks {
+    fn new(lanes: usize) -> Arc<Marks> {
+        Arc::new(Marks {
+            seen: (0..lanes).map(|_| AtomicU32::new(0)).collect(),
+            lock: Mutex::new(()),
+            passed: Condvar::new(),
+        })
+    }
+
+    /// Whether the mark of reply `seq` on `lane`, or a later one, has been processed (a lane's
+    /// marks come in the order of its calls).
+    fn reached(&self, lane: usize, seq: u32) -> bool {
+        self.seen
+            .get(lane)
+            .is_none_or(|s| s.load(Ordering::Acquire).wrapping_sub(seq) as i32 >= 0)
+    }
+
+    /// The callback channel delivered MARK (`lane`, `seq`): the output before it is written.
+    fn record(&self, lane: usize, seq: u32) {
+        if let Some(s) = self.seen.get(lane) {
+            s.store(seq, Ordering::Release);
+            self.wake();
+        }
+    }
+
+    /// Wakes the waiting calls (a mark passed, or the session is gone).
+    fn wake(&self) {
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.passed.notify_all();
+    }
+
+    /// A reply with FLAG_OUTPUT arrived: waits until the output before it is written (bounded:
+    /// a stuck callback channel must not hang the application).
+    fn wait(&self, lane: usize, seq: u32, dead: &AtomicBool) {
+        static LATE: AtomicBool = AtomicBool::new(false);
+        let deadline = std::time::Instant::now() + MARK_TIMEOUT;
+        let mut g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        while !self.reached(lane, seq) {
+            let now = std::time::Instant::now();
+            if dead.load(Ordering::Relaxed) {
+                return;
+            }
+            if now >= deadline {
+                if !LATE.swap(true, Ordering::Relaxed) {
+                    log(&format!(
+                        "the device's output did not arrive within {MARK_TIMEOUT:?} of its call's reply; it follows when it does"
+                    ));
+                }
+                return;
+            }
+            g = self
+                .passed
+                .wait_timeout(g, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+}
+
+/// Writes the device's output (an OUTPUT frame's body) to the application's fd 1 itself, past
+/// any buffering of its own language's stdout, as the native driver does.
+fn write_output(mut bytes: &[u8]) {
+    static FAILED: AtomicBool = AtomicBool::new(false);
+    while !bytes.is_empty() {
+        // SAFETY: writes from a valid slice of `bytes.len()` bytes.
+        let n = unsafe { libc::write(1, bytes.as_ptr().cast(), bytes.len()) };
+        if n >= 0 {
+            bytes = &bytes[n as usize..];
+            continue;
+        }
+        let e = std::io::Error::last_os_error();
+        match e.kind() {
+            std::io::ErrorKind::Interrupted => {}
+            std::io::ErrorKind::WouldBlock => {
+                // The application made its stdout non-blocking: wait until it takes more.
+                let mut pfd = libc::pollfd {
+                    fd: 1,
+                    events: libc::POLLOUT,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd, for the duration of the call.
+                unsafe { libc::poll(&mut pfd, 1, 1000) };
+            }
+            _ => {
+                if !FAILED.swap(true, Ordering::Relaxed) {
+                    log(&format!("cannot write the device's output to stdout: {e}"));
+                }
+                return;
+            }
+        }
+    }
+}
+
 /// A client's session with the server.
 pub struct Connection {
     hooks: ApiHooks,
     transport: Transport,
     lanes: usize,
     dead: Arc<AtomicBool>,
+    marks: Arc<Marks>,
     /// A guest session's region: the worker serves a lane once it is marked used here.
     guest: Option<Arc<Region>>,
     /// Local sessions: where windowed buffers' bytes lie (see the server's `arena` module).
@@ -322,10 +428,10 @@ fn connect_guest(hooks: ApiHooks, spec: &str) -> Result<Connection, ConnectError
         SpinPolicy::default(),
         alive.clone(),
     );
-    {
-        let dead = dead.clone();
-        spawn_event_thread(hooks, dead, move |body| events.recv(body))?;
-    }
+    let marks = Marks::new(n as usize);
+    spawn_event_thread(hooks, dead.clone(), marks.clone(), move |body| {
+        events.recv(body)
+    })?;
     let lanes: Vec<Mutex<ShmLane>> = std::iter::once(lane0)
         .chain((1..n).map(link))
         .map(|link| Mutex::new(ShmLane { link, seq: 0 }))
@@ -338,6 +444,7 @@ fn connect_guest(hooks: ApiHooks, spec: &str) -> Result<Connection, ConnectError
         },
         lanes: n as usize,
         dead,
+        marks,
         guest: Some(region),
         arena: None,
     })
@@ -398,10 +505,10 @@ fn connect_local(hooks: ApiHooks) -> Result<Connection, ConnectError> {
         })
         .collect();
     let n = lanes.len();
-    {
-        let dead = dead.clone();
-        spawn_event_thread(hooks, dead, move |body| read_frame(&mut &sock, body))?;
-    }
+    let marks = Marks::new(n);
+    spawn_event_thread(hooks, dead.clone(), marks.clone(), move |body| {
+        read_frame(&mut &sock, body)
+    })?;
     Ok(Connection {
         hooks,
         transport: Transport::Shm {
@@ -410,6 +517,7 @@ fn connect_local(hooks: ApiHooks) -> Result<Connection, ConnectError> {
         },
         lanes: n,
         dead,
+        marks,
         guest: None,
         arena,
     })
@@ -482,17 +590,10 @@ fn connect_tcp(hooks: ApiHooks, addr: &str, tls: bool) -> Result<Connection, Con
     let slots: Arc<Vec<TcpSlot>> = Arc::new((0..n).map(|_| TcpSlot::default()).collect());
     let dead = Arc::new(AtomicBool::new(false));
     // Callbacks run on their own thread: they may call the API, whose replies the reader delivers.
-    let (cb_tx, cb_rx) = mpsc::channel::<Vec<u8>>();
-    std::thread::Builder::new()
-        .name("wormhole-callbacks".into())
-        .spawn(move || {
-            for body in cb_rx {
-                (hooks.deliver_callback)(&body);
-            }
-        })
-        .map_err(|e| ConnectError(format!("cannot start the callback thread: {e}")))?;
+    let callbacks = spawn_callback_thread(hooks)?;
+    let marks = Marks::new(n);
     {
-        let (dead, slots) = (dead.clone(), slots.clone());
+        let (dead, slots, marks) = (dead.clone(), slots.clone(), marks.clone());
         std::thread::Builder::new()
             .name("wormhole-tcp".into())
             .spawn(move || {
@@ -500,9 +601,7 @@ fn connect_tcp(hooks: ApiHooks, addr: &str, tls: bool) -> Result<Connection, Con
                 loop {
                     let mut body = Vec::new();
                     match read_frame(&mut reader, &mut body) {
-                        Ok(h) if h.opcode == control::CALLBACK => {
-                            let _ = cb_tx.send(body);
-                        }
+                        Ok(h) if h.flags & FLAG_REPLY == 0 => event(&h, body, &marks, &callbacks),
                         Ok(h) => match slots.get(usize::from(h.lane)) {
                             Some(slot) => {
                                 *slot.reply.lock().unwrap_or_else(|p| p.into_inner()) =
@@ -518,7 +617,8 @@ fn connect_tcp(hooks: ApiHooks, addr: &str, tls: bool) -> Result<Connection, Con
                     }
                 }
                 mark_dead(&hooks, &dead, || {
-                    slots.iter().for_each(|s| s.ready.notify_all())
+                    slots.iter().for_each(|s| s.ready.notify_all());
+                    marks.wake();
                 });
             })
             .map_err(|e| ConnectError(format!("cannot start the TCP reader: {e}")))?;
@@ -531,33 +631,61 @@ fn connect_tcp(hooks: ApiHooks, addr: &str, tls: bool) -> Result<Connection, Con
         },
         lanes: n,
         dead,
+        marks,
         guest: None,
         arena: None,
     })
 }
 
-/// Runs the callbacks the server sends (frames from `next`) on a thread of their own, until
-/// the channel ends, which ends the session.
+/// Runs the application's callbacks (CALLBACK bodies sent to the returned channel) on a
+/// thread of their own: a callback may call the API, or take its time, without holding up the
+/// frames behind it on the callback channel (the device's output, the marks calls wait for).
+fn spawn_callback_thread(hooks: ApiHooks) -> Result<mpsc::Sender<Vec<u8>>, ConnectError> {
+    let (tx, rx) = mpsc::channel::<Vec<u8>>();
+    std::thread::Builder::new()
+        .name("wormhole-callbacks".into())
+        .spawn(move || {
+            for body in rx {
+                (hooks.deliver_callback)(&body);
+            }
+        })
+        .map_err(|e| ConnectError(format!("cannot start the callback thread: {e}")))?;
+    Ok(tx)
+}
+
+/// One frame of the callback channel (not a reply). The device's output is written here, in
+/// the order it came, and before any callback behind it runs (natively a kernel's output is
+/// written before its event completes).
+fn event(h: &FrameHeader, body: Vec<u8>, marks: &Marks, callbacks: &mpsc::Sender<Vec<u8>>) {
+    match h.opcode {
+        control::CALLBACK => {
+            let _ = callbacks.send(body);
+        }
+        control::OUTPUT => write_output(&body),
+        control::MARK => marks.record(usize::from(h.lane), h.seq),
+        op => log(&format!(
+            "ignoring unexpected frame {op:#06x} from the server"
+        )),
+    }
+}
+
+/// Reads the callback channel (frames from `next`) on a thread of its own, until it ends,
+/// which ends the session.
 fn spawn_event_thread(
     hooks: ApiHooks,
     dead: Arc<AtomicBool>,
+    marks: Arc<Marks>,
     mut next: impl FnMut(&mut Vec<u8>) -> Result<FrameHeader, TransportError> + Send + 'static,
 ) -> Result<(), ConnectError> {
+    let callbacks = spawn_callback_thread(hooks)?;
     std::thread::Builder::new()
         .name("wormhole-events".into())
         .spawn(move || {
             let mut body = Vec::new();
-            loop {
-                match next(&mut body) {
-                    Ok(h) if h.opcode == control::CALLBACK => (hooks.deliver_callback)(&body),
-                    Ok(h) => log(&format!(
-                        "ignoring unexpected frame {:#06x} from the server",
-                        h.opcode
-                    )),
-                    Err(_) => break,
-                }
+            while let Ok(h) = next(&mut body) {
+                event(&h, std::mem::take(&mut body), &marks, &callbacks);
             }
-            mark_dead(&hooks, &dead, || {});
+            mark_dead(&hooks, &dead, || marks.wake());
         })
         .map(|_| ())
         .map_err(|e| ConnectError(format!("cannot start the callback thread: {e}")))
@@ -621,19 +749,24 @@ impl Connection {
                     let h = lane.link.recv_header()?;
                     check_reply(&h, seq)?;
                     let len = h.len as usize;
-                    match sink {
+                    let got = match sink {
                         Some((prefix, dst)) if len == prefix + dst.len() => {
                             let mut head = vec![0; prefix];
                             lane.link.recv_exact(&mut head)?;
                             lane.link.recv_exact(dst)?;
-                            Ok((head, true))
+                            (head, true)
                         }
                         _ => {
                             let mut body = vec![0; len];
                             lane.link.recv_exact(&mut body)?;
-                            Ok((body, false))
+                            (body, false)
                         }
+                    };
+                    // Still holding the lane: a later call on it must not overtake this wait.
+                    if h.flags & FLAG_OUTPUT != 0 {
+                        self.marks.wait(idx, seq, &self.dead);
                     }
+                    Ok(got)
                 })()
             }
             Transport::Tcp { writer, slots } => self
@@ -722,6 +855,12 @@ impl Connection {
         loop {
             if let Some((h, body)) = reply.take() {
                 check_reply(&h, seq)?;
+                if h.flags & FLAG_OUTPUT != 0 {
+                    drop(reply);
+                    // The reader handles the MARK before the reply behind it, so this
+                    // hardly ever waits.
+                    self.marks.wait(idx, seq, &self.dead);
+                }
                 return Ok(body);
             }
             if self.dead.load(Ordering::SeqCst) {
@@ -769,6 +908,38 @@ mod tests {
         when_gone: "",
     };
 
+    /// A call waits for its own lane's mark, or a later one, and no longer than it must.
+    #[test]
+    fn marks_release_the_calls_they_name() {
+        let marks = Marks::new(2);
+        let dead = AtomicBool::new(false);
+        assert!(!marks.reached(0, 1));
+        marks.record(0, 1);
+        assert!(marks.reached(0, 1) && !marks.reached(0, 2) && !marks.reached(1, 1));
+        // A later call's mark covers the earlier ones, across the wrap of the counter.
+        marks.record(1, u32::MAX);
+        assert!(marks.reached(1, u32::MAX - 5) && !marks.reached(1, 0));
+        marks.record(1, 2);
+        assert!(marks.reached(1, u32::MAX) && marks.reached(1, 0) && marks.reached(1, 2));
+        std::thread::scope(|s| {
+            let t = std::time::Instant::now();
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(50));
+                marks.record(0, 7);
+            });
+            marks.wait(0, 7, &dead);
+            assert!(marks.reached(0, 7) && t.elapsed() < MARK_TIMEOUT);
+        });
+        // A mark that never comes costs the bound; a session that dies ends the wait at once.
+        let t = std::time::Instant::now();
+        marks.wait(0, 9, &dead);
+        assert!(t.elapsed() >= MARK_TIMEOUT);
+        dead.store(true, Ordering::SeqCst);
+        let t = std::time::Instant::now();
+        marks.wait(0, 10, &dead);
+        assert!(t.elapsed() < MARK_TIMEOUT);
+    }
+
     fn oversize() -> Writer {
         let mut w = Writer::new(6);
         w.trailing_bytes(MAX_BODY as usize);
@@ -789,6 +960,7 @@ mod tests {
             },
             lanes: 1,
             dead: Arc::new(AtomicBool::new(false)),
+            marks: Marks::new(1),
             guest: None,
             arena: None,
         };
@@ -815,6 +987,7 @@ mod tests {
             },
             lanes: 1,
             dead: Arc::new(AtomicBool::new(false)),
+            marks: Marks::new(1),
             guest: None,
             arena: None,
         };

@@ -15,6 +15,10 @@ pub const MAX_BODY: u32 = 1 << 30;
 pub const FLAG_REPLY: u8 = 1;
 /// Flag: the sender does not wait for a reply.
 pub const FLAG_ASYNC: u8 = 2;
+/// Flag on a reply: output of the device (a kernel's `printf`) went to the client before it,
+/// on the session's callback channel, ending with a `MARK` naming this reply's lane and seq;
+/// the call returns only once the client has written everything up to that mark.
+pub const FLAG_OUTPUT: u8 = 4;
 
 /// Opcodes outside the API range: session control.
 pub mod control {
@@ -40,6 +44,13 @@ pub mod control {
     /// Supervisor → standby worker: serve this session (body: transport name; the session's
     /// socket attached).
     pub const HANDOFF: u16 = 0xF009;
+    /// Worker → client on the callback channel: bytes the session's driver wrote to its
+    /// standard output (a kernel's `printf`), for the application's own (body: the bytes).
+    pub const OUTPUT: u16 = 0xF00A;
+    /// Worker → client on the callback channel: every `OUTPUT` before this one precedes the
+    /// reply with `FLAG_OUTPUT` on lane `lane`, number `seq` (the frame's own header fields;
+    /// no body).
+    pub const MARK: u16 = 0xF00B;
 }
 
 /// `magic u16 | version u8 | flags u8 | opcode u16 | lane u16 | len u32 | seq u32`,
@@ -91,6 +102,13 @@ impl FrameHeader {
     }
 }
 
+/// Sets `flag` in the header of `frame`, an encoded frame (a reply already built).
+pub fn add_flag(frame: &mut [u8], flag: u8) {
+    if let Some(flags) = frame.get_mut(3) {
+        *flags |= flag;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,6 +126,17 @@ mod tests {
         assert_eq!(&b[0..2], b"WH");
         assert_eq!(b[4], 0x34);
         assert_eq!(FrameHeader::decode(&b).unwrap(), h);
+        let mut frame = b.to_vec();
+        add_flag(&mut frame, FLAG_OUTPUT);
+        let got = FrameHeader::decode(frame[..HEADER_LEN].try_into().unwrap()).unwrap();
+        assert_eq!(got.flags, FLAG_REPLY | FLAG_OUTPUT);
+        assert_eq!(
+            FrameHeader {
+                flags: h.flags,
+                ..got
+            },
+            h
+        );
     }
 
     #[test]

@@ -30,6 +30,8 @@ fn send(w: Writer) {
         }
     };
     if let Some(s) = SINK.get() {
+        // Natively a kernel's output is written before its event completes: it goes first.
+        wormhole_server::output::flush();
         let mut s = s.lock().unwrap_or_else(|p| p.into_inner());
         if let Err(e) = s.write_all(&frame) {
             tracing::debug!("callback not delivered, client gone: {e}");

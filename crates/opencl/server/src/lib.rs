@@ -12,6 +12,7 @@ mod custom;
 mod deferred;
 mod driver;
 mod info;
+mod output;
 pub mod program_cache;
 mod props;
 mod rt;
@@ -85,6 +86,10 @@ impl OpenCl {
                 None => Err(DecodeError::UnknownOp(other)),
             },
         }?;
+        if !asynchronous && output::waited(opcode, request.clone(), w.body()) {
+            // What the kernels waited for printed reaches the application before this reply.
+            wormhole_server::output::drain();
+        }
         // Every reply body begins with the call's cl_int status.
         let mut status = w
             .body()
@@ -210,7 +215,12 @@ impl wormhole_server::Backend for OpenCl {
         if h.opcode != Op::clEnqueueWriteBuffer as u16 {
             return Ok(Streamed::Declined);
         }
-        custom::stream_write(session(), link, h, body, w)
+        let streamed = custom::stream_write(session(), link, h, body, w)?;
+        if let Streamed::Done = streamed {
+            // A streamed write is a blocking one.
+            wormhole_server::output::drain();
+        }
+        Ok(streamed)
     }
 
     fn objects(&self) -> std::collections::BTreeMap<String, usize> {

@@ -29,7 +29,18 @@ pub fn clCreateProgramWithSource(
             context,
             wormhole_opencl_proto::Op::clCreateProgramWithSource,
         )?;
-        let ptrs: Vec<*const c_char> = parts.iter().map(|p| p.as_ptr() as *const c_char).collect();
+        // A length of 0 means "NUL-terminated" to the driver: an empty part must point at a
+        // NUL, not at whatever follows it in the request.
+        let ptrs: Vec<*const c_char> = parts
+            .iter()
+            .map(|p| {
+                if p.is_empty() {
+                    c"".as_ptr()
+                } else {
+                    p.as_ptr() as *const c_char
+                }
+            })
+            .collect();
         let lens: Vec<usize> = parts.iter().map(|p| p.len()).collect();
         let mut err = CL_SUCCESS;
         // SAFETY: `count` strings with explicit lengths, all borrowed from the request.

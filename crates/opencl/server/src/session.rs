@@ -59,6 +59,17 @@ pub struct Session {
     pub admission: crate::admission::Admission,
 }
 
+impl Session {
+    /// Keeps a non-blocking read's bytes (or where they will be) until the client collects
+    /// them under `id`.
+    pub fn defer_read(&self, id: u64, from: ReadFrom, event: Handle) {
+        self.pending_reads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, PendingRead { from, event });
+    }
+}
+
 /// One request being handled: the session it belongs to, and what the handler leaves for the
 /// reply besides its body (bulk data sent from a mapping of the driver's buffer). Handlers
 /// that need only the session take `&Session` (a `&Call` derefs to it).

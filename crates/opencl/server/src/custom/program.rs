@@ -342,25 +342,14 @@ fn from_cache(
     let context = crate::rt::handle_value(
         &crate::rt::program_info(source_program, CL_PROGRAM_CONTEXT).ok()?,
     )?;
-    let lens: Vec<usize> = entries.iter().map(|e| e.binary.len()).collect();
-    let bins: Vec<*const u8> = entries.iter().map(|e| e.binary.as_ptr()).collect();
-    let mut err = CL_SUCCESS;
-    // SAFETY: devices, lengths and binaries all hold `plan.devices.len()` entries.
-    let new = unsafe {
-        ffi::clCreateProgramWithBinary(
-            context,
-            plan.devices.len() as u32,
-            plan.devices.as_ptr() as *mut c_void,
-            lens.as_ptr() as *mut c_void,
-            bins.as_ptr() as *mut c_void,
-            std::ptr::null_mut(),
-            &mut err,
-        )
+    let binaries: Vec<&[u8]> = entries.iter().map(|e| e.binary.as_slice()).collect();
+    let new = match program_from_binaries(context, plan, &binaries) {
+        Ok(p) => p,
+        Err(err) => {
+            discard(&format!("the driver refused a cached binary ({err})"));
+            return None;
+        }
     };
-    if new.is_null() || err != CL_SUCCESS {
-        discard(&format!("the driver refused a cached binary ({err})"));
-        return None;
-    }
     let st = rebuild(new, Some(&plan.devices), req.options);
     if st != CL_SUCCESS {
         release_program(new);
@@ -386,6 +375,34 @@ fn from_cache(
     crate::program_cache::HITS.fetch_add(1, Ordering::Relaxed);
     crate::callbacks::program_built(req.user_data);
     Some(CL_SUCCESS)
+}
+
+/// A program created from one binary per device of `plan` (not built yet), or the driver's
+/// error.
+fn program_from_binaries(context: Handle, plan: &Plan, binaries: &[&[u8]]) -> Result<Handle, i32> {
+    if binaries.len() != plan.devices.len() {
+        return Err(CL_INVALID_VALUE);
+    }
+    let lens: Vec<usize> = binaries.iter().map(|b| b.len()).collect();
+    let bins: Vec<*const u8> = binaries.iter().map(|b| b.as_ptr()).collect();
+    let mut err = CL_SUCCESS;
+    // SAFETY: devices, lengths and binaries all hold `plan.devices.len()` entries.
+    let p = unsafe {
+        ffi::clCreateProgramWithBinary(
+            context,
+            plan.devices.len() as u32,
+            plan.devices.as_ptr() as *mut c_void,
+            lens.as_ptr() as *mut c_void,
+            bins.as_ptr() as *mut c_void,
+            std::ptr::null_mut(),
+            &mut err,
+        )
+    };
+    match (p.is_null(), err) {
+        (false, CL_SUCCESS) => Ok(p),
+        (_, CL_SUCCESS) => Err(CL_OUT_OF_RESOURCES),
+        (_, e) => Err(e),
+    }
 }
 
 /// Builds `program` for `devices` (all of its devices if None) with `options`, no callback.
@@ -493,24 +510,10 @@ fn binary_answers_alike(
     else {
         return false;
     };
-    let lens: Vec<usize> = binaries.iter().map(|b| b.len()).collect();
-    let bins: Vec<*const u8> = binaries.iter().map(|b| b.as_ptr()).collect();
-    let mut err = CL_SUCCESS;
-    // SAFETY: devices, lengths and binaries all hold `plan.devices.len()` entries.
-    let from_binary = unsafe {
-        ffi::clCreateProgramWithBinary(
-            context,
-            plan.devices.len() as u32,
-            plan.devices.as_ptr() as *mut c_void,
-            lens.as_ptr() as *mut c_void,
-            bins.as_ptr() as *mut c_void,
-            std::ptr::null_mut(),
-            &mut err,
-        )
-    };
-    if from_binary.is_null() || err != CL_SUCCESS {
+    let binaries: Vec<&[u8]> = binaries.iter().map(Vec::as_slice).collect();
+    let Ok(from_binary) = program_from_binaries(context, plan, &binaries) else {
         return false;
-    }
+    };
     let alike = rebuild(from_binary, Some(&plan.devices), options) == CL_SUCCESS
         && kernel_facts(from_binary).is_some_and(|f| Some(f) == kernel_facts(program));
     release_program(from_binary);

@@ -6,7 +6,7 @@
 //! driver sees it (a kernel dereferences SVM pointers as raw addresses).
 
 use super::*;
-use crate::session::{PendingRead, ReadFrom};
+use crate::session::ReadFrom;
 use std::ffi::c_void;
 use wormhole_opencl_proto::requests::{self as req, Message, Reply};
 use wormhole_opencl_proto::{cl::*, Writer, SVM_SYNC_BATCH};
@@ -249,16 +249,7 @@ pub fn clEnqueueSVMMemcpy(
                     if let Some(v) = staged {
                         crate::callbacks::on_event_complete(event, move || drop(v));
                     }
-                    s.pending_reads
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(
-                            read,
-                            PendingRead {
-                                from: ReadFrom::Staging(data),
-                                event,
-                            },
-                        );
+                    s.defer_read(read, ReadFrom::Staging(data), event);
                 } else {
                     let mark = w.mark();
                     Reply::Ok(req::SvmCopied {
@@ -390,19 +381,14 @@ pub fn clEnqueueSVMMap(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Resul
         }
         let event = ev.finish(s);
         if deferred {
-            s.pending_reads
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(
-                    read,
-                    PendingRead {
-                        from: ReadFrom::Svm {
-                            ptr: p as usize,
-                            len: size,
-                        },
-                        event,
-                    },
-                );
+            s.defer_read(
+                read,
+                ReadFrom::Svm {
+                    ptr: p as usize,
+                    len: size,
+                },
+                event,
+            );
         } else {
             release_own(event_id, event);
         }

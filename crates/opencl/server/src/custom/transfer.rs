@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::generated::ffi;
-use crate::session::{Call, Mapping, PendingRead, ReadFrom};
+use crate::session::{Call, Mapping, ReadFrom};
 use std::ffi::c_void;
 use wormhole_opencl_proto::geometry::{image_span, rect_span};
 use wormhole_opencl_proto::requests::{self as req, Message, Reply};
@@ -189,16 +189,7 @@ fn read_common(
         return Err(st);
     }
     let event = ev.finish(s);
-    s.pending_reads
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(
-            read_id,
-            PendingRead {
-                from: ReadFrom::Staging(data),
-                event,
-            },
-        );
+    s.defer_read(read_id, ReadFrom::Staging(data), event);
     Reply::Ok(req::ReadReply::Deferred).encode(w);
     Ok(())
 }
@@ -683,19 +674,14 @@ fn map_common(
         in_place.is_some() || ask.flags & CL_MAP_WRITE_INVALIDATE_REGION != 0 || len == 0;
     let deferred = !blocking && !no_bytes;
     if deferred {
-        s.pending_reads
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(
-                ask.token,
-                PendingRead {
-                    from: ReadFrom::Mapping {
-                        ptr: ptr as usize,
-                        len,
-                    },
-                    event,
-                },
-            );
+        s.defer_read(
+            ask.token,
+            ReadFrom::Mapping {
+                ptr: ptr as usize,
+                len,
+            },
+            event,
+        );
     } else {
         release_own(event_id, event);
     }

@@ -40,13 +40,17 @@ pub struct ApiHooks {
 }
 
 fn policy_for(hooks: &ApiHooks, opcode: u16) -> SpinPolicy {
-    SpinPolicy {
-        spin: if (hooks.waits_for_device)(opcode) {
-            Duration::ZERO
-        } else {
-            SpinPolicy::default().spin
-        },
-        ..SpinPolicy::default()
+    if (hooks.waits_for_device)(opcode) {
+        // A call that waits for the device (clFinish) takes at least the device's time: the
+        // caller sleeps at once and leaves its CPU to the driver's threads, which run the
+        // very work it waits for on a CPU device (a yield loop kept them from it on 2 cores).
+        SpinPolicy {
+            spin: Duration::ZERO,
+            yield_until: Duration::ZERO,
+            ..SpinPolicy::default()
+        }
+    } else {
+        SpinPolicy::default()
     }
 }
 

@@ -159,9 +159,46 @@ int main(int argc, char **argv) {
             CHECK(clReleaseEvent(ev));
             CHECK(clReleaseEvent(gate));
         }
+        /* A blocking SVM copy is a synchronisation point: a non-blocking read before it on
+         * the queue has landed when it returns (it was collected only at the next clFinish). */
+        cl_mem src = clCreateBuffer(ctx, CL_MEM_READ_WRITE, 4096, NULL, &err);
+        CHECK(err);
+        unsigned char eights[4096];
+        memset(eights, 8, sizeof eights);
+        CHECK(clEnqueueWriteBuffer(q, src, CL_TRUE, 0, sizeof eights, eights, 0, NULL, NULL));
+        unsigned char landed[4096] = {0};
+        CHECK(clEnqueueReadBuffer(q, src, CL_FALSE, 0, sizeof landed, landed, 0, NULL, NULL));
+        CHECK(clEnqueueSVMMemcpy(q, CL_TRUE, host, svm, 16, 0, NULL, NULL));
+        if (!check_bytes("read before a blocking SVM copy", landed, sizeof landed, 8)) return 1;
+        CHECK(clReleaseMemObject(src));
         clSVMFree(ctx, svm);
         free(host);
         printf("svm map and copy: gated, data OK\n");
+    }
+
+    /* A writing map unmapped before it was waited for leaves the buffer as it was (the client
+     * sent back memory that never received the buffer's bytes). */
+    {
+        size_t n = 64 << 10;
+        unsigned char *bytes = malloc(n);
+        EXPECT(bytes != NULL);
+        memset(bytes, 3, n);
+        cl_mem buf = clCreateBuffer(ctx, CL_MEM_READ_WRITE, n, NULL, &err);
+        CHECK(err);
+        CHECK(clEnqueueWriteBuffer(q, buf, CL_TRUE, 0, n, bytes, 0, NULL, NULL));
+        cl_event gate = clCreateUserEvent(ctx, &err);
+        CHECK(err);
+        void *m = clEnqueueMapBuffer(q, buf, CL_FALSE, CL_MAP_READ | CL_MAP_WRITE, 0, n, 1, &gate, NULL, &err);
+        CHECK(err);
+        CHECK(clEnqueueUnmapMemObject(q, buf, m, 0, NULL, NULL));
+        CHECK(clSetUserEventStatus(gate, CL_COMPLETE));
+        memset(bytes, 0, n);
+        CHECK(clEnqueueReadBuffer(q, buf, CL_TRUE, 0, n, bytes, 0, NULL, NULL));
+        if (!check_bytes("unwaited writing map", bytes, n, 3)) return 1;
+        CHECK(clReleaseEvent(gate));
+        CHECK(clReleaseMemObject(buf));
+        free(bytes);
+        printf("unwaited writing map: buffer kept\n");
     }
     printf("OK\n");
     return 0;

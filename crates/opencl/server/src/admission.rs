@@ -104,6 +104,11 @@ impl Admission {
     /// After a successful enqueue on `queue` (its real object `real`) under the limit `n`:
     /// counts it, and puts a marker in after every batch.
     pub fn after(&self, queue: u64, real: Handle, n: u64) {
+        // Not enforced in a session with user events (see `user_event`): no markers either,
+        // or they would pile up unreleased.
+        if self.user_events.load(Ordering::Relaxed) {
+            return;
+        }
         self.active.store(true, Ordering::Relaxed);
         let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
         let t = queues.entry(queue).or_default();
@@ -164,6 +169,11 @@ impl Admission {
     pub fn user_event(&self) {
         if !self.user_events.swap(true, Ordering::Relaxed) {
             tracing::info!("this session uses user events: max_queued is not enforced in it (a wait could hold up the call that completes one)");
+            // The markers outstanding now are never waited for: give them back.
+            let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+            for t in queues.values_mut() {
+                t.markers.drain(..).for_each(|(ev, _)| release(ev));
+            }
         }
     }
 }

@@ -494,6 +494,10 @@ pub unsafe extern "C" fn clEnqueueSVMMemcpy(
         }
         // SAFETY: as above.
         unsafe { set_event(event, ev) };
+        if blocking != 0 {
+            // A blocking copy has waited for the queue: earlier non-blocking reads land now.
+            rt::after_sync();
+        }
         Ok(CL_SUCCESS)
     })
 }
@@ -590,6 +594,10 @@ pub unsafe extern "C" fn clEnqueueSVMMap(
             .push((ptr as usize, size, writes, read));
         // SAFETY: as above.
         unsafe { set_event(event, ev) };
+        if blocking != 0 {
+            // A blocking map has waited for the queue: earlier non-blocking reads land now.
+            rt::after_sync();
+        }
         Ok(CL_SUCCESS)
     })
 }
@@ -612,10 +620,12 @@ pub unsafe extern "C" fn clEnqueueSVMUnmap(
                 .ok_or(ClErr(CL_INVALID_VALUE))?;
             maps.remove(i)
         };
-        // Bytes of the map not collected yet must not land after the unmap.
-        rt::pending::forget(read);
+        // Bytes of the map not collected yet must not land after the unmap, and the mirror
+        // (which never received them) does not go back either.
+        let uncollected = rt::pending::forget(read);
         // SAFETY: the mirror covers the mapped range.
-        let data = writes.then(|| unsafe { std::slice::from_raw_parts(addr as *const u8, size) });
+        let data = (writes && !uncollected)
+            .then(|| unsafe { std::slice::from_raw_parts(addr as *const u8, size) });
         // SAFETY: the application's wait list and event pointer.
         let (wait, ev) = unsafe { wait_and_event(n, list, event) }?;
         let w = encode(

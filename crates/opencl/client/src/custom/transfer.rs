@@ -844,11 +844,12 @@ pub unsafe extern "C" fn clEnqueueUnmapMemObject(
             maps.swap_remove(i)
         };
         // A non-blocking map's bytes not collected yet never land in the range once it is
-        // unmapped (and perhaps freed); the server drops them too.
-        rt::pending::forget(entry.token);
+        // unmapped (and perhaps freed); the server drops them too. Nor does the range go back:
+        // it never held the object's bytes, and the application never synchronised with the
+        // map, so it had no right to write there.
+        let uncollected = rt::pending::forget(entry.token);
         // SAFETY: the mapped range holds `len` bytes the application may have written.
-        let data = entry
-            .writes
+        let data = (entry.writes && !uncollected)
             .then(|| unsafe { std::slice::from_raw_parts(entry.ptr as *const u8, entry.len) });
         let res = (|| {
             // SAFETY: the application's wait list and event pointer.

@@ -30,13 +30,18 @@ pub fn defer(read_id: u64, s: Scatter) {
         .push((read_id, s));
 }
 
-/// Drops a read that must not land any more (its destination is going away).
-pub fn forget(read_id: u64) {
+/// Drops a read that must not land any more (its destination is going away); returns whether
+/// it was still pending (its bytes never reached the application).
+pub fn forget(read_id: u64) -> bool {
     // Not while a collection may be writing into it.
     let _serial = COLLECTING.lock().unwrap_or_else(|p| p.into_inner());
     let mut p = PENDING.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(i) = p.iter().position(|(id, _)| *id == read_id) {
-        p.swap_remove(i);
+    match p.iter().position(|(id, _)| *id == read_id) {
+        Some(i) => {
+            p.swap_remove(i);
+            true
+        }
+        None => false,
     }
 }
 

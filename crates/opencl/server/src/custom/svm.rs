@@ -435,10 +435,12 @@ pub fn clEnqueueSVMUnmap(
                 .collect();
             ids.iter().filter_map(|id| pending.remove(id)).collect()
         };
+        // What the client sends back for a map whose bytes it never received never held them.
+        let never_received = !uncollected.is_empty();
         for r in uncollected {
             release_own(0, r.event);
         }
-        if let Some(d) = data {
+        if let Some(d) = data.filter(|_| !never_received) {
             // SAFETY: the range lies in SVM and is mapped for the host.
             unsafe { std::ptr::copy_nonoverlapping(d.as_ptr(), p as *mut u8, d.len()) };
         }

@@ -853,17 +853,20 @@ pub fn clEnqueueUnmapMemObject(
             .unwrap_or_else(|p| p.into_inner())
             .remove(&token)
             .ok_or(CL_INVALID_VALUE)?;
+        let mut uncollected = false;
         if m.mem == t.mem {
             // A non-blocking map's bytes not collected yet are never read from an unmapped
             // range (the application unmapped without waiting for the map: native leaves
-            // such a mapping's contents undefined too).
-            let uncollected = s
+            // such a mapping's contents undefined too), and what the client sends back for it
+            // never held them: the object keeps its bytes.
+            let pending = s
                 .pending_reads
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&token);
-            if let Some(p) = uncollected {
+            if let Some(p) = pending {
                 release_own(0, p.event);
+                uncollected = true;
             }
         }
         if m.mem != t.mem {
@@ -873,7 +876,7 @@ pub fn clEnqueueUnmapMemObject(
                 .insert(token, m);
             return Err(CL_INVALID_VALUE);
         }
-        if let Some(d) = data {
+        if let Some(d) = data.filter(|_| !uncollected) {
             if d.len() > m.len {
                 return Err(CL_INVALID_VALUE);
             }

@@ -249,6 +249,19 @@ impl Session {
         }
     }
 
+    /// A copy of `len` bytes of SVM at `ptr`, if the range is allocated; the allocation table
+    /// stays locked during the copy, so a free on another lane cannot come in between.
+    pub fn read_svm(&self, ptr: usize, len: usize) -> Option<Vec<u8>> {
+        let svm = self.svm.lock().unwrap_or_else(|p| p.into_inner());
+        let (start, n) = svm.range(..=ptr).next_back()?;
+        if !ptr.checked_add(len).is_some_and(|end| end <= start + n) {
+            return None;
+        }
+        // SAFETY: the range lies in an SVM allocation, which stays allocated while `svm` is
+        // locked (frees take the lock).
+        Some(unsafe { std::slice::from_raw_parts(ptr as *const u8, len) }.to_vec())
+    }
+
     pub fn mem_bytes(&self) -> i64 {
         self.mem_bytes.load(Ordering::Relaxed)
     }

@@ -942,11 +942,8 @@ pub fn collect(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), De
                     (true, ReadFrom::Mapping { ptr, len }) => Outcome::Done(
                         unsafe { std::slice::from_raw_parts(ptr as *const u8, len) }.to_vec(),
                     ),
-                    (true, ReadFrom::Svm { ptr, len }) if s.svm_contains(ptr, len) => {
-                        // SAFETY: the map completed; the range is allocated SVM.
-                        Outcome::Done(
-                            unsafe { std::slice::from_raw_parts(ptr as *const u8, len) }.to_vec(),
-                        )
+                    (true, ReadFrom::Svm { ptr, len }) => {
+                        s.read_svm(ptr, len).map_or(Outcome::Failed, Outcome::Done)
                     }
                     _ => Outcome::Failed,
                 }

@@ -254,7 +254,7 @@ impl Session {
     pub fn read_svm(&self, ptr: usize, len: usize) -> Option<Vec<u8>> {
         let svm = self.svm.lock().unwrap_or_else(|p| p.into_inner());
         let (start, n) = svm.range(..=ptr).next_back()?;
-        if !ptr.checked_add(len).is_some_and(|end| end <= start + n) {
+        if ptr.checked_add(len).is_none_or(|end| end > start + n) {
             return None;
         }
         // SAFETY: the range lies in an SVM allocation, which stays allocated while `svm` is

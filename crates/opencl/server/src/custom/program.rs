@@ -249,7 +249,7 @@ fn build_through_cache(
     let st = build(source_program);
     if st == CL_SUCCESS {
         if let Some(plan) = plan {
-            store(cache, source_program, &plan, req.options);
+            store(cache, source_program, &plan);
         }
     }
     st
@@ -448,15 +448,17 @@ fn move_references(s: &Session, id: u64, from: Handle, to: Handle, keep: u32) ->
     Ok(())
 }
 
-/// What the application can learn of a program's kernels besides running them: per kernel
-/// (sorted by name) its attributes and its arguments' info, each an answer or the error.
-type KernelFacts = Vec<(Vec<u8>, Vec<Result<Vec<u8>, i32>>)>;
-
-fn kernel_facts(program: Handle) -> Option<KernelFacts> {
+/// Whether any kernel of `program` carries source attributes (`CL_KERNEL_ATTRIBUTES` not
+/// empty). Some drivers keep only what a kernel does in a binary, not what the source said of
+/// it (PoCL forgets `__attribute__`s), so a build served from a binary would answer
+/// differently from native; such builds are not cached. Asked of the compiled program itself:
+/// building from the binary to compare could crash the worker where the driver cannot build
+/// its own binary back (PoCL aborts on kernel names of 256 characters).
+fn kernels_have_attributes(program: Handle) -> bool {
     let mut n = 0u32;
     // SAFETY: a live, built program; the count goes to a local.
     if unsafe { ffi::clCreateKernelsInProgram(program, 0, std::ptr::null_mut(), &mut n) } != 0 {
-        return None;
+        return true;
     }
     let mut kernels = vec![std::ptr::null_mut(); n as usize];
     // SAFETY: `kernels` holds `n` handles.
@@ -464,76 +466,33 @@ fn kernel_facts(program: Handle) -> Option<KernelFacts> {
         ffi::clCreateKernelsInProgram(program, n, kernels.as_mut_ptr(), std::ptr::null_mut())
     };
     if st != 0 {
-        return None;
+        return true;
     }
-    let kernel_info = |k: Handle, param: u32| {
-        // SAFETY: a live kernel; `info_bytes` passes a buffer of the size it gives.
-        crate::rt::info_bytes(|n, p, r| unsafe { ffi::clGetKernelInfo(k, param, n, p, r) })
-    };
-    let mut facts = Vec::with_capacity(kernels.len());
+    let mut any = false;
     for &k in &kernels {
-        let name = kernel_info(k, CL_KERNEL_FUNCTION_NAME).unwrap_or_default();
-        let mut answers = vec![kernel_info(k, CL_KERNEL_ATTRIBUTES)];
-        let args = kernel_info(k, CL_KERNEL_NUM_ARGS)
-            .ok()
-            .and_then(|v| Some(u32::from_le_bytes(v.get(..4)?.try_into().ok()?)))
-            .unwrap_or(0);
-        for arg in 0..args {
-            for param in CL_KERNEL_ARG_ADDRESS_QUALIFIER..=CL_KERNEL_ARG_NAME {
-                // SAFETY: as above; `arg` is below the kernel's argument count.
-                answers.push(crate::rt::info_bytes(|n, p, r| unsafe {
-                    ffi::clGetKernelArgInfo(k, arg, param, n, p, r)
-                }));
-            }
-        }
-        facts.push((name, answers));
+        // SAFETY: a live kernel; `info_bytes` passes a buffer of the size it gives.
+        let attributes = crate::rt::info_bytes(|n, p, r| unsafe {
+            ffi::clGetKernelInfo(k, CL_KERNEL_ATTRIBUTES, n, p, r)
+        });
+        // An error is as good as attributes: nothing to promise a binary keeps.
+        any |= attributes.map_or(true, |a| a.iter().any(|&c| c != 0));
         // SAFETY: created above, released once.
         unsafe { ffi::clReleaseKernel(k) };
     }
-    facts.sort();
-    Some(facts)
-}
-
-/// Whether a program built from `binaries` answers about its kernels as `program` does. Some
-/// drivers keep only what a kernel does in a binary, not what the source said of it (PoCL
-/// loses `__attribute__`s, CL_KERNEL_ATTRIBUTES): such a build is not cached, or a hit would
-/// answer differently from native.
-fn binary_answers_alike(
-    program: Handle,
-    plan: &Plan,
-    binaries: &[Vec<u8>],
-    options: &[u8],
-) -> bool {
-    let Some(context) = crate::rt::program_info(program, CL_PROGRAM_CONTEXT)
-        .ok()
-        .and_then(|v| crate::rt::handle_value(&v))
-    else {
-        return false;
-    };
-    let binaries: Vec<&[u8]> = binaries.iter().map(Vec::as_slice).collect();
-    let Ok(from_binary) = program_from_binaries(context, plan, &binaries) else {
-        return false;
-    };
-    let alike = rebuild(from_binary, Some(&plan.devices), options) == CL_SUCCESS
-        && kernel_facts(from_binary).is_some_and(|f| Some(f) == kernel_facts(program));
-    release_program(from_binary);
-    alike
+    any
 }
 
 /// Stores what a successful build produced, one entry per device.
-fn store(cache: &ProgramCache, program: Handle, plan: &Plan, options: &[u8]) {
+fn store(cache: &ProgramCache, program: Handle, plan: &Plan) {
     let Ok(binaries) = crate::rt::program_binaries(program) else {
         return;
     };
     if binaries.len() != plan.devices.len() {
         return;
     }
-    if !binary_answers_alike(program, plan, &binaries, options) {
+    if kernels_have_attributes(program) {
         crate::program_cache::UNCACHEABLE.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(
-            "program cache: a build from the binary describes its kernels differently \
-             (attributes or argument info); not cached"
-        );
+        tracing::debug!("program cache: kernels with source attributes; not cached");
         return;
     }
     for ((&d, key), binary) in plan.devices.iter().zip(&plan.keys).zip(binaries) {

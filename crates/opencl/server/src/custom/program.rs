@@ -482,8 +482,25 @@ fn kernels_have_attributes(program: Handle) -> bool {
     any
 }
 
+/// The longest kernel name of a program the cache stores (see `store`).
+const MAX_CACHED_KERNEL_NAME: usize = 128;
+
 /// Stores what a successful build produced, one entry per device.
 fn store(cache: &ProgramCache, program: Handle, plan: &Plan) {
+    // Asking for the binaries makes the driver generate code for every kernel, which the
+    // application never asked for: PoCL aborts (the whole worker) where a kernel's name is too
+    // long for a file name in its own cache. Such programs are simply not cached.
+    let names = crate::rt::program_info(program, CL_PROGRAM_KERNEL_NAMES).unwrap_or_default();
+    if names
+        .split(|&c| c == b';' || c == 0)
+        .any(|n| n.len() > MAX_CACHED_KERNEL_NAME)
+    {
+        crate::program_cache::UNCACHEABLE.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(
+            "program cache: a kernel name too long for the driver's binaries; not cached"
+        );
+        return;
+    }
     let Ok(binaries) = crate::rt::program_binaries(program) else {
         return;
     };

@@ -167,7 +167,7 @@ def test_workers_end_on_sigterm_though_the_server_catches_it(tmp_path, c_program
 # {{{ two tenants flooding one device: the split follows their weights
 
 ITERS = "200000"  # a kernel of some 10 ms of CPU: the split is of CPU time, not of call gaps
-IN_FLIGHT = "8"  # kernels each flooding tenant keeps enqueued: never idle
+IN_FLIGHT = "32"  # kernels each flooding tenant keeps enqueued: never idle, even when its client waits for a CPU
 WINDOW = 6.0
 
 

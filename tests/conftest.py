@@ -33,7 +33,7 @@ class Server:
     """`wh serve` on a private socket, in its own process group (workers included)."""
 
     def __init__(self, tmp: pathlib.Path, extra_env=None, tcp=False, config=None, metrics=False, tls=False, guest=False,
-                 program_cache="own", wh=None):
+                 program_cache="own", wh=None, state_dir=None):
         self.dir = tmp
         self.wh = str(wh or WH)
         # Each server keeps built programs in a directory of its own ("own"), so no test sees
@@ -42,6 +42,8 @@ class Server:
         # A guest region (the backing file of an ivshmem device), reached here from the host
         # by mapping the file itself: the same transport a VM guest uses through the BAR.
         self.region = str(tmp / "guest.region") if guest else None
+        # Tenants made at run time are kept here (never in the user's own state directory).
+        self.state_dir = str(state_dir or tmp / "state")
         self.socket = str(tmp / "wh.sock")
         self.tcp = f"127.0.0.1:{free_port()}" if tcp else None
         self.log = tmp / "server.log"
@@ -75,7 +77,7 @@ class Server:
         if os.path.exists(self.socket):
             os.unlink(self.socket)
         self.proc = subprocess.Popen(
-            [self.wh, "serve", "--socket", self.socket]
+            [self.wh, "serve", "--socket", self.socket, "--state-dir", self.state_dir]
             + (["--tcp", self.tcp] if self.tcp else [])
             + (["--config", str(self.config)] if self.config else [])
             + (["--metrics", self.metrics] if self.metrics else [])
@@ -113,6 +115,14 @@ class Server:
     def status(self):
         out = subprocess.run([str(WH), "status", "--socket", self.socket], capture_output=True, text=True, timeout=10, check=True)
         return json.loads(out.stdout)
+
+    def tenant(self, *argv, check=True):
+        """`wh tenant ARGV...` against this server: its JSON answer (check) or the CompletedProcess."""
+        r = subprocess.run([str(WH), "tenant", *argv, "--socket", self.socket], capture_output=True, text=True, timeout=10)
+        if not check:
+            return r
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
 
     def worker_pids(self):
         return sorted(s["worker"] for s in self.status()["sessions"])

@@ -1,7 +1,9 @@
 /* Allocates buffers of the sizes given (MiB) and prints the status of each creation (kept
  * alive until the end), then waits for a line on stdin if asked to (argv[1] == "hold").
  * With argv[1] == "svm-cycle", allocates and frees shared virtual memory of each size in
- * turn instead (status 0, or -4 when clSVMAlloc returns NULL). */
+ * turn instead (status 0, or -4 when clSVMAlloc returns NULL). With argv[1] == "hold-call",
+ * holds as "hold" does, then creates one more 1 MiB buffer and prints "after <status>" (what a
+ * session's next call gets once the server ended it). */
 #include "common.h"
 #include <string.h>
 
@@ -25,7 +27,8 @@ int main(int argc, char **argv) {
         }
         return 0;
     }
-    int hold = argc > 1 && !strcmp(argv[1], "hold");
+    int call_after = argc > 1 && !strcmp(argv[1], "hold-call");
+    int hold = call_after || (argc > 1 && !strcmp(argv[1], "hold"));
     for (int i = hold ? 2 : 1; i < argc; i++) {
         size_t mib = (size_t)atol(argv[i]);
         cl_mem m = clCreateBuffer(ctx, CL_MEM_READ_WRITE, mib << 20, NULL, &err);
@@ -41,6 +44,11 @@ int main(int argc, char **argv) {
     if (hold) {
         char line[16];
         if (!fgets(line, sizeof line, stdin)) return 0;
+    }
+    if (call_after) {
+        clCreateBuffer(ctx, CL_MEM_READ_WRITE, 1 << 20, NULL, &err);
+        printf("after %d\n", err);
+        fflush(stdout);
     }
     return 0;
 }

@@ -60,6 +60,10 @@ enum Cmd {
         /// Compile every program (no program cache).
         #[arg(long)]
         no_program_cache: bool,
+        /// Keep tenants made at run time (`wh tenant add`) in DIR [default:
+        /// ~/.local/state/wormhole].
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
     },
     /// Write a self-signed certificate and key for testing TLS (cert.pem, key.pem in DIR).
     GenCert {
@@ -88,8 +92,8 @@ enum Cmd {
         #[arg(long)]
         socket: Option<PathBuf>,
     },
-    /// See or change the tenants' CPU weights and queue limits while the server runs (root or
-    /// the server's own user only; changes last until the server stops).
+    /// Add, remove, list or change tenants while the server runs (root or the server's own
+    /// user only).
     Tenant {
         #[command(subcommand)]
         cmd: TenantCmd,
@@ -131,6 +135,42 @@ enum Cmd {
 
 #[derive(Subcommand)]
 enum TenantCmd {
+    /// Make a tenant and mint its token (printed once, or written to --token-file). Sessions
+    /// that present the token (WORMHOLE_TOKEN) are the tenant's. Kept across restarts.
+    Add {
+        /// Its name: letters, digits, '.', '_', '-'.
+        name: String,
+        /// Device memory all its sessions may hold together, MiB.
+        #[arg(long)]
+        mem_quota_mib: Option<u64>,
+        /// Sessions it may have open at once.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        max_sessions: Option<u64>,
+        /// Objects one session may hold at once.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        max_objects: Option<u64>,
+        /// A device it may use (substring of its name); repeatable.
+        #[arg(long = "device")]
+        devices: Vec<String>,
+        /// Its share of the CPU against the other tenants (1..=10000; 100 is ordinary).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10000))]
+        cpu_weight: Option<u32>,
+        /// The most commands one session may have queued per command queue.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        max_queued: Option<u64>,
+        /// Write the token to this file (mode 0600, made anew) instead of printing it.
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        #[arg(long)]
+        socket: Option<PathBuf>,
+    },
+    /// Remove a tenant made with `add`: its token stops working and its sessions end (their
+    /// calls fail as when the server goes away, with a line saying why).
+    Remove {
+        name: String,
+        #[arg(long)]
+        socket: Option<PathBuf>,
+    },
     /// Every tenant's CPU weight, queue limit, sessions and cgroup (JSON).
     List {
         #[arg(long)]
@@ -227,6 +267,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             guest_regions,
             program_cache,
             no_program_cache,
+            state_dir,
         } => {
             let mut c = match config {
                 Some(p) => Config::load(&p)?,
@@ -261,6 +302,9 @@ fn run(cli: Cli) -> Result<(), CliError> {
             }
             if no_program_cache {
                 c.program_cache = wormhole_server::config::ProgramCacheSetting::On(false);
+            }
+            if state_dir.is_some() {
+                c.state_dir = state_dir;
             }
             c.validate()?;
             wormhole_server::supervisor::serve(c, BACKENDS)?;
@@ -329,6 +373,51 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 max_queued,
             }
             .encode(&mut w);
+            print_json(&ask(&socket_or_default(socket), w)?);
+            Ok(())
+        }
+        Cmd::Tenant {
+            cmd:
+                TenantCmd::Add {
+                    name,
+                    mem_quota_mib,
+                    max_sessions,
+                    max_objects,
+                    devices,
+                    cpu_weight,
+                    max_queued,
+                    token_file,
+                    socket,
+                },
+        } => {
+            let mut w = Writer::new(control::STATUS);
+            wormhole_server::admin::TenantAdd {
+                name,
+                mem_quota_mib,
+                max_sessions: max_sessions.map(|n| n as usize),
+                max_objects: max_objects.map(|n| n as usize),
+                devices,
+                cpu_weight,
+                max_queued,
+            }
+            .encode(&mut w);
+            let answer = ask(&socket_or_default(socket), w)?;
+            let mut added: serde_json::Value =
+                serde_json::from_slice(&answer).map_err(|e| CliError::Answer(e.to_string()))?;
+            if let Some(path) = token_file {
+                let token = added["token"].as_str().unwrap_or_default().to_string();
+                write_secret(&path, &token)?;
+                added["token"] =
+                    serde_json::Value::String(format!("(written to {})", path.display()));
+            }
+            print_json(&serde_json::to_vec(&added).unwrap_or_default());
+            Ok(())
+        }
+        Cmd::Tenant {
+            cmd: TenantCmd::Remove { name, socket },
+        } => {
+            let mut w = Writer::new(control::STATUS);
+            wormhole_server::admin::encode_remove(&mut w, &name);
             print_json(&ask(&socket_or_default(socket), w)?);
             Ok(())
         }
@@ -455,6 +544,23 @@ fn ask(path: &std::path::Path, request: Writer) -> Result<Vec<u8>, CliError> {
         )),
         other => Err(CliError::Answer(format!("opcode {other:#06x}"))),
     }
+}
+
+/// Writes a token to a new file only its owner may read (an existing file is replaced, never
+/// written through: it could be a link planted elsewhere).
+fn write_secret(path: &std::path::Path, secret: &str) -> Result<(), CliError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+        _ => {}
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    std::io::Write::write_all(&mut f, format!("{secret}\n").as_bytes())?;
+    Ok(())
 }
 
 /// Indented for people; still JSON for scripts.

@@ -14,6 +14,60 @@ pub const STATUS: u8 = 0;
 pub const TENANT_LIST: u8 = 1;
 /// Changes a tenant's settings ([`TenantChange`]); answers its [`TenantSettings`].
 pub const TENANT_SET: u8 = 2;
+/// Makes a tenant ([`TenantAdd`], JSON) and mints its token; answers [`TenantAdded`].
+pub const TENANT_ADD: u8 = 3;
+/// Removes a tenant made at run time (its name), revoking its token and ending its sessions;
+/// answers [`TenantRemoved`].
+pub const TENANT_REMOVE: u8 = 4;
+
+/// A tenant to make while the server runs. It is identified by the token minted for it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantAdd {
+    pub name: String,
+    pub mem_quota_mib: Option<u64>,
+    pub max_sessions: Option<usize>,
+    pub max_objects: Option<usize>,
+    #[serde(default)]
+    pub devices: Vec<String>,
+    pub cpu_weight: Option<u32>,
+    pub max_queued: Option<u64>,
+}
+
+impl TenantAdd {
+    pub fn encode(&self, w: &mut Writer) {
+        w.u8(TENANT_ADD);
+        w.bytes(&serde_json::to_vec(self).unwrap_or_default());
+    }
+
+    pub fn decode(r: &mut Reader<'_>) -> Result<TenantAdd, String> {
+        let json = r.bytes().map_err(|e| e.to_string())?;
+        r.finish().map_err(|e| e.to_string())?;
+        serde_json::from_slice(json).map_err(|e| e.to_string())
+    }
+}
+
+/// The answer to [`TENANT_ADD`]: the tenant, and its token (shown this once: the server keeps
+/// only its digest).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct TenantAdded {
+    pub tenant: TenantSettings,
+    pub token: String,
+}
+
+/// The answer to [`TENANT_REMOVE`].
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct TenantRemoved {
+    pub name: String,
+    /// Sessions that were open and are being ended.
+    pub sessions_ended: usize,
+}
+
+/// Encodes a removal request.
+pub fn encode_remove(w: &mut Writer, name: &str) {
+    w.u8(TENANT_REMOVE);
+    w.bytes(name.as_bytes());
+}
 
 /// A change of a tenant's settings while the server runs; what is None stays.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,6 +108,10 @@ impl TenantChange {
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct TenantSettings {
     pub name: String,
+    /// Made with `wh tenant add` (not in the configuration file).
+    pub added_at_run_time: bool,
+    pub mem_quota_mib: Option<u64>,
+    pub max_sessions: Option<usize>,
     pub cpu_weight: u32,
     pub max_queued: Option<u64>,
     /// Sessions open now.

@@ -47,6 +47,9 @@ pub struct Config {
     /// one process against the rest of the host: a change nobody should get unasked).
     #[serde(default)]
     pub cgroup: Option<CgroupSetting>,
+    /// Where tenants made at run time (`wh tenant add`) are kept across restarts; one server
+    /// per directory. Default: `$XDG_STATE_HOME/wormhole` (`~/.local/state/wormhole`).
+    pub state_dir: Option<PathBuf>,
 }
 
 /// `cgroup = true | false | "/sys/fs/cgroup/..."`.
@@ -171,6 +174,7 @@ impl Default for Config {
             program_cache: ProgramCacheSetting::On(true),
             program_cache_mib: wormhole_blobcache::DEFAULT_MAX_BYTES >> 20,
             cgroup: None,
+            state_dir: None,
         }
     }
 }
@@ -222,6 +226,7 @@ impl Config {
         }
         let mut names = std::collections::HashSet::new();
         for t in &self.tenants {
+            crate::tenants::valid_name(&t.name).map_err(ConfigError::Invalid)?;
             if !names.insert(&t.name) {
                 return Err(ConfigError::Invalid(format!(
                     "tenant {} is defined twice",
@@ -317,6 +322,11 @@ impl Config {
                 .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
                 .map(|d| d.join("wormhole").join("programs")),
         }
+    }
+
+    /// Where tenants made at run time are kept, if a directory is set or can be found.
+    pub fn state_dir(&self) -> Option<PathBuf> {
+        self.state_dir.clone().or_else(crate::tenants::default_dir)
     }
 
     pub fn layout(&self) -> wormhole_transport::Layout {

@@ -14,6 +14,7 @@ pub mod handles;
 pub mod output;
 pub mod quota;
 pub mod supervisor;
+pub mod tenants;
 pub mod worker;
 
 pub use backend::Backend;

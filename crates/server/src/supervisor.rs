@@ -5,6 +5,7 @@
 use crate::cgroup::CpuGroups;
 use crate::config::{CgroupSetting, Config, Guest, ProgramCacheSetting, Tenant};
 use crate::quota::Ledger;
+use crate::tenants::{Registry, StoredTenant};
 use crate::Backend;
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -43,6 +44,8 @@ pub enum ServeError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot read the tenants made at run time")]
+    State(#[source] crate::tenants::RegistryError),
     #[error("cannot prepare the runtime directory {path}")]
     Runtime {
         path: PathBuf,
@@ -76,10 +79,44 @@ impl Worker {
 /// A tenant's limits and the memory ledger its sessions share.
 struct TenantState {
     cfg: Tenant,
+    /// SHA-256 of its token, if it has one: presented tokens are compared by digest.
+    token_digest: Option<[u8; 32]>,
+    /// Made at run time (`wh tenant add`): stored in the state directory, removable.
+    stored: Option<StoredTenant>,
+    /// Removed at run time: kept until the server stops as a tombstone (workers and guests
+    /// name tenants by index), identifying no one and starting no workers.
+    removed: bool,
     ledger: Ledger,
     slots: Vec<bool>,
     /// Per API: when the tenant's next standby worker may start (None: one is up).
     standby_at: Vec<Option<Instant>>,
+}
+
+impl TenantState {
+    fn new(cfg: Tenant, stored: Option<StoredTenant>, apis: usize) -> std::io::Result<TenantState> {
+        let ledger = Ledger::create()?;
+        ledger.set_max_queued(cfg.max_queued.unwrap_or(0));
+        let token_digest = match &stored {
+            Some(st) => st.digest(),
+            None => cfg
+                .token
+                .as_deref()
+                .map(|t| crate::tenants::digest(t.as_bytes())),
+        };
+        Ok(TenantState {
+            cfg,
+            token_digest,
+            stored,
+            removed: false,
+            ledger,
+            slots: vec![false; crate::quota::SLOTS],
+            standby_at: vec![Some(Instant::now()); apis],
+        })
+    }
+
+    fn live(&self) -> bool {
+        !self.removed
+    }
 }
 
 /// A guest region and when its next worker may start.
@@ -100,6 +137,11 @@ struct State {
     guests: Vec<GuestState>,
     /// The tenants' cgroups (CPU weights), or why there are none.
     cpu: Result<CpuGroups, String>,
+    /// No tenants are configured: local users without a token are the tenant "default" (index
+    /// 0), without limits.
+    open: bool,
+    /// Where tenants made at run time are kept, or why there is no such place.
+    registry: Result<Registry, String>,
 }
 
 /// The APIs this server serves, and what each one's workers need in their environment.
@@ -165,19 +207,28 @@ pub fn serve(
     } else {
         config.tenants.clone()
     };
+    let runtime_err = |source| ServeError::Runtime {
+        path: dir.clone(),
+        source,
+    };
     let mut tenants = Vec::new();
     for cfg in tenant_cfgs {
-        let ledger = Ledger::create().map_err(|source| ServeError::Runtime {
-            path: dir.clone(),
-            source,
-        })?;
-        ledger.set_max_queued(cfg.max_queued.unwrap_or(0));
-        tenants.push(TenantState {
-            cfg,
-            ledger,
-            slots: vec![false; crate::quota::SLOTS],
-            standby_at: vec![Some(Instant::now()); backends.len()],
-        });
+        tenants.push(TenantState::new(cfg, None, backends.len()).map_err(runtime_err)?);
+    }
+    let registry = open_registry(&config);
+    if let Ok(reg) = &registry {
+        // A state file that cannot be read stops the server: serving on without those tenants
+        // would overwrite it at the next `wh tenant add`.
+        for st in reg.load().map_err(ServeError::State)? {
+            if tenants.iter().any(|t| t.cfg.name == st.name) {
+                tracing::warn!(tenant = %st.name, path = %reg.path().display(), "a tenant made at run time has the name of a configured tenant; the configured one is served");
+                continue;
+            }
+            tracing::info!(tenant = %st.name, "tenant made at run time");
+            tenants.push(
+                TenantState::new(st.settings(), Some(st), backends.len()).map_err(runtime_err)?,
+            );
+        }
     }
     let mut guests = Vec::new();
     for g in &config.guests {
@@ -216,6 +267,8 @@ pub fn serve(
         tenants,
         guests,
         cpu,
+        open: config.tenants.is_empty(),
+        registry,
     }));
     if workers
         .lock()
@@ -760,37 +813,22 @@ fn accept(config: &Config, vendors: &Apis, workers: &Workers, stream: Conn) -> s
         Conn::Tcp(_) => "tcp",
         Conn::Tls(_) => "tls",
     };
-    // Who is this? Local peers by uid, TCP peers by token.
+    // Who is this? Whoever presents a token is its tenant's (on any transport); local peers
+    // without one are known by uid; on a server without configured tenants they are "default".
     let mut state = workers.lock().unwrap_or_else(|p| p.into_inner());
-    let tenant = if config.tenants.is_empty() {
-        Some(0)
-    } else {
-        match (&stream, cred, &token) {
-            (Conn::Unix(_), Some(c), _) => state
-                .tenants
-                .iter()
-                .position(|t| t.cfg.uids.contains(&c.uid())),
-            (Conn::Tcp(_) | Conn::Tls(_), _, Some(tok)) => {
-                // Every tenant's token is compared, so the time taken tells nothing either.
-                let matches: Vec<bool> = state
-                    .tenants
-                    .iter()
-                    .map(|t| {
-                        t.cfg
-                            .token
-                            .as_deref()
-                            .is_some_and(|e| token_matches(e, tok))
-                    })
-                    .collect();
-                matches.iter().position(|&m| m)
-            }
-            _ => None,
-        }
+    let tenant = match (&token, cred) {
+        (Some(tok), _) => tenant_of_token(&state.tenants, tok),
+        (None, Some(c)) => state
+            .tenants
+            .iter()
+            .position(|t| t.live() && t.cfg.uids.contains(&c.uid()))
+            .or(state.open.then_some(0)),
+        (None, None) => state.open.then_some(0),
     };
     let Some(tenant) = tenant else {
         let who = match (cred, &token) {
-            (Some(c), _) => format!("uid {} is not a tenant of this server", c.uid()),
-            (None, Some(_)) => "unknown token".to_string(),
+            (_, Some(_)) => "unknown token".to_string(),
+            (Some(c), None) => format!("uid {} is not a tenant of this server", c.uid()),
             (None, None) => {
                 "no token: TCP sessions must present a tenant token (WORMHOLE_TOKEN)".to_string()
             }
@@ -799,20 +837,34 @@ fn accept(config: &Config, vendors: &Apis, workers: &Workers, stream: Conn) -> s
         refuse(&stream, &who);
         return Ok(());
     };
-    let open_sessions = state
-        .workers
-        .values()
-        .filter(|w| w.tenant == tenant && w.in_session())
-        .count();
-    let t = &mut state.tenants[tenant];
-    if t.cfg.max_sessions.is_some_and(|m| open_sessions >= m) {
-        let reason = format!(
-            "tenant {} is at its limit of {} sessions",
-            t.cfg.name, open_sessions
-        );
+    // A session whose client just left may still be ending (its worker exits on the client's
+    // EOF): a tenant at its limit waits a moment for that before it is refused, so one job
+    // run after another is not refused by the first one's shadow.
+    let deadline = Instant::now() + SESSION_END_WAIT;
+    loop {
+        // What ended sessions held is written off before the new one allocates.
+        reap_finished(&mut state);
+        let open_sessions = state
+            .workers
+            .values()
+            .filter(|w| w.tenant == tenant && w.in_session())
+            .count();
+        let t = &state.tenants[tenant];
+        if t.cfg.max_sessions.is_none_or(|m| open_sessions < m) {
+            break;
+        }
+        if Instant::now() >= deadline || !t.live() {
+            let reason = format!(
+                "tenant {} is at its limit of {} sessions",
+                t.cfg.name, open_sessions
+            );
+            drop(state);
+            refuse(&stream, &reason);
+            return Ok(());
+        }
         drop(state);
-        refuse(&stream, &reason);
-        return Ok(());
+        std::thread::sleep(Duration::from_millis(20));
+        state = workers.lock().unwrap_or_else(|p| p.into_inner());
     }
     // A standby worker has its driver loaded already: the session starts without waiting
     // for a process to start and find its devices.
@@ -855,19 +907,52 @@ fn accept(config: &Config, vendors: &Apis, workers: &Workers, stream: Conn) -> s
     Ok(())
 }
 
-/// Whether a presented token is `expected`, in a time that depends neither on where they
-/// differ nor on their lengths: both are hashed, and the digests compared without branching.
-fn token_matches(expected: &str, presented: &[u8]) -> bool {
-    let a = ring::digest::digest(&ring::digest::SHA256, expected.as_bytes());
-    let b = ring::digest::digest(&ring::digest::SHA256, presented);
-    let diff = a
-        .as_ref()
+/// The live tenant whose token was presented. Every tenant's digest is compared, each without
+/// branching, so the time taken tells nothing about which one matched or where they differ.
+fn tenant_of_token(tenants: &[TenantState], presented: &[u8]) -> Option<usize> {
+    let presented = crate::tenants::digest(presented);
+    let matches: Vec<bool> = tenants
         .iter()
-        .zip(b.as_ref())
-        .fold(0u8, |acc, (x, y)| acc | (x ^ y));
+        .map(|t| {
+            t.token_digest
+                .is_some_and(|d| digests_equal(&d, &presented))
+                && t.live()
+        })
+        .collect();
+    matches.iter().position(|&m| m)
+}
+
+fn digests_equal(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
     // Keeps the compiler from turning the fold back into an early-exit comparison.
     std::hint::black_box(diff) == 0
 }
+
+/// Whether a presented token is `expected` (compared as the server does: by digest).
+#[cfg(test)]
+fn token_matches(expected: &str, presented: &[u8]) -> bool {
+    digests_equal(
+        &crate::tenants::digest(expected.as_bytes()),
+        &crate::tenants::digest(presented),
+    )
+}
+
+/// The state directory for tenants made at run time, locked for this server; or why there is
+/// none (those tenants are then refused, the configured ones served as ever).
+fn open_registry(config: &Config) -> Result<Registry, String> {
+    let Some(dir) = config.state_dir() else {
+        let why = "no state directory (set state_dir, or HOME)".to_string();
+        tracing::warn!("tenants cannot be added at run time: {why}");
+        return Err(why);
+    };
+    Registry::open(&dir).map_err(|e| {
+        tracing::warn!("tenants cannot be added at run time: {e}");
+        e.to_string()
+    })
+}
+
+/// How long a session over its tenant's limit waits for one that is ending.
+const SESSION_END_WAIT: Duration = Duration::from_millis(500);
 
 /// How long after a standby worker takes a session its successor starts.
 const STANDBY_DELAY: Duration = Duration::from_millis(250);
@@ -1065,40 +1150,7 @@ fn reap(config: &Config, vendors: &Apis, workers: Workers) {
     loop {
         let mut guard = workers.lock().unwrap_or_else(|p| p.into_inner());
         let state = &mut *guard;
-        let tenants = &mut state.tenants;
-        let guests = &mut state.guests;
-        state.workers.retain(|pid, wk| {
-            let (done, failed) = match wk.child.try_wait() {
-                Ok(Some(st)) => {
-                    tracing::info!(worker = pid, status = %st, "session ended");
-                    (true, !st.success())
-                }
-                Ok(None) => (false, false),
-                Err(_) => (true, true),
-            };
-            if done {
-                // Whatever the session still held (a crash frees no driver objects one by one)
-                // no longer counts against its tenant.
-                let t = &mut tenants[wk.tenant];
-                t.ledger.write_off(wk.slot);
-                t.slots[wk.slot] = false;
-                if !wk.in_session() {
-                    // A standby worker that cannot even start is not restarted in a tight loop.
-                    tracing::warn!(worker = pid, "standby worker ended before any session");
-                    let quick = wk.started.elapsed() < Duration::from_secs(2);
-                    t.standby_at[wk.api] =
-                        Some(Instant::now() + Duration::from_secs(if quick { 5 } else { 0 }));
-                }
-                if let Some(g) = wk.guest {
-                    // A worker that dies at once (bad region, driver trouble) is not
-                    // restarted in a tight loop.
-                    let quick = failed && wk.started.elapsed() < Duration::from_secs(2);
-                    guests[g].start_at =
-                        Some(Instant::now() + Duration::from_secs(if quick { 2 } else { 0 }));
-                }
-            }
-            !done
-        });
+        reap_finished(state);
         for tenant in 0..state.tenants.len() {
             for api in 0..vendors.backends.len() {
                 start_standby(config, vendors, state, tenant, api);
@@ -1139,10 +1191,49 @@ fn reap(config: &Config, vendors: &Apis, workers: Workers) {
     }
 }
 
+/// Forgets the workers that have ended: their slots free, whatever their sessions still held
+/// written off their tenants' memory, their standby or guest successors scheduled.
+fn reap_finished(state: &mut State) {
+    let tenants = &mut state.tenants;
+    let guests = &mut state.guests;
+    state.workers.retain(|pid, wk| {
+        let (done, failed) = match wk.child.try_wait() {
+            Ok(Some(st)) => {
+                tracing::info!(worker = pid, status = %st, "session ended");
+                (true, !st.success())
+            }
+            Ok(None) => (false, false),
+            Err(_) => (true, true),
+        };
+        if done {
+            // Whatever the session still held (a crash frees no driver objects one by one)
+            // no longer counts against its tenant.
+            let t = &mut tenants[wk.tenant];
+            t.ledger.write_off(wk.slot);
+            t.slots[wk.slot] = false;
+            if !wk.in_session() {
+                // A standby worker that cannot even start is not restarted in a tight loop.
+                tracing::warn!(worker = pid, "standby worker ended before any session");
+                let quick = wk.started.elapsed() < Duration::from_secs(2);
+                t.standby_at[wk.api] =
+                    Some(Instant::now() + Duration::from_secs(if quick { 5 } else { 0 }));
+            }
+            if let Some(g) = wk.guest {
+                // A worker that dies at once (bad region, driver trouble) is not
+                // restarted in a tight loop.
+                let quick = failed && wk.started.elapsed() < Duration::from_secs(2);
+                guests[g].start_at =
+                    Some(Instant::now() + Duration::from_secs(if quick { 2 } else { 0 }));
+            }
+        }
+        !done
+    });
+}
+
 /// Starts the tenant's standby worker for `api` when it is due and a session slot is free.
 fn start_standby(config: &Config, vendors: &Apis, state: &mut State, tenant: usize, api: usize) {
     let t = &state.tenants[tenant];
-    if t.standby_at[api].is_none_or(|at| at > Instant::now()) {
+    if t.removed || t.standby_at[api].is_none_or(|at| at > Instant::now()) {
         return;
     }
     let Some(slot) = t.slots.iter().position(|u| !u) else {
@@ -1268,6 +1359,7 @@ fn snapshot(workers: &Workers) -> Snapshot {
             .tenants
             .iter()
             .enumerate()
+            .filter(|(_, t)| t.live())
             .map(|(i, t)| TenantStatus {
                 name: t.cfg.name.clone(),
                 sessions: state
@@ -1391,6 +1483,16 @@ fn control_request(workers: &Workers, stream: &UnixStream, body: &[u8]) -> std::
                 .map(|t| serde_json::to_value(t).unwrap_or_default()),
             Err(e) => Err(format!("malformed tenant change: {e}")),
         },
+        crate::admin::TENANT_ADD => match crate::admin::TenantAdd::decode(&mut r) {
+            Ok(add) => add_tenant(workers, &add, uid.unwrap_or(0))
+                .map(|t| serde_json::to_value(t).unwrap_or_default()),
+            Err(e) => Err(format!("malformed tenant: {e}")),
+        },
+        crate::admin::TENANT_REMOVE => match r.bytes().and_then(|n| r.finish().map(|()| n)) {
+            Ok(name) => remove_tenant(workers, &String::from_utf8_lossy(name), uid.unwrap_or(0))
+                .map(|t| serde_json::to_value(t).unwrap_or_default()),
+            Err(e) => Err(format!("malformed tenant removal: {e}")),
+        },
         other => Err(format!("unknown request {other} on the control socket")),
     };
     match answer {
@@ -1416,6 +1518,9 @@ fn tenant_settings(state: &State, index: usize) -> crate::admin::TenantSettings 
     let t = &state.tenants[index];
     crate::admin::TenantSettings {
         name: t.cfg.name.clone(),
+        added_at_run_time: t.stored.is_some(),
+        mem_quota_mib: t.cfg.mem_quota_mib,
+        max_sessions: t.cfg.max_sessions,
         cpu_weight: t.cfg.weight(),
         max_queued: t.cfg.max_queued,
         sessions: state
@@ -1433,6 +1538,7 @@ fn tenant_list(workers: &Workers) -> crate::admin::TenantList {
         cgroups: state.cpu.as_ref().ok().map(|g| g.dir().to_path_buf()),
         cgroups_off: state.cpu.as_ref().err().cloned(),
         tenants: (0..state.tenants.len())
+            .filter(|&i| state.tenants[i].live())
             .map(|i| tenant_settings(&state, i))
             .collect(),
     }
@@ -1448,18 +1554,7 @@ fn change_tenant(
 ) -> Result<crate::admin::TenantSettings, String> {
     let mut guard = workers.lock().unwrap_or_else(|p| p.into_inner());
     let state = &mut *guard;
-    let index = state
-        .tenants
-        .iter()
-        .position(|t| t.cfg.name == change.name)
-        .ok_or_else(|| {
-            let names: Vec<&str> = state.tenants.iter().map(|t| t.cfg.name.as_str()).collect();
-            format!(
-                "no tenant named {:?} (tenants: {})",
-                change.name,
-                names.join(", ")
-            )
-        })?;
+    let index = find_tenant(state, &change.name)?;
     if let Some(w) = change.cpu_weight {
         if !Tenant::CPU_WEIGHTS.contains(&w) {
             return Err(format!("cpu weight {w} must be 1..=10000"));
@@ -1483,7 +1578,177 @@ fn change_tenant(
         t.ledger.set_max_queued(q.unwrap_or(0));
         t.cfg.max_queued = q;
     }
+    // A tenant made at run time keeps its settings across restarts; configured ones keep
+    // those of the file.
+    if let Some(st) = &mut t.stored {
+        st.cpu_weight = t.cfg.cpu_weight;
+        st.max_queued = t.cfg.max_queued;
+        if let Err(e) = save_tenants(state) {
+            tracing::error!("the change holds until the server stops: {e}");
+        }
+    }
     Ok(tenant_settings(state, index))
+}
+
+/// The live tenant named `name`, or an error listing the names there are.
+fn find_tenant(state: &State, name: &str) -> Result<usize, String> {
+    state
+        .tenants
+        .iter()
+        .position(|t| t.live() && t.cfg.name == name)
+        .ok_or_else(|| {
+            let names: Vec<&str> = state
+                .tenants
+                .iter()
+                .filter(|t| t.live())
+                .map(|t| t.cfg.name.as_str())
+                .collect();
+            format!("no tenant named {name:?} (tenants: {})", names.join(", "))
+        })
+}
+
+/// Writes the live tenants made at run time to the state directory.
+fn save_tenants(state: &State) -> Result<(), String> {
+    let reg = state
+        .registry
+        .as_ref()
+        .map_err(|why| format!("tenants made at run time cannot be kept: {why}"))?;
+    let list: Vec<StoredTenant> = state
+        .tenants
+        .iter()
+        .filter(|t| t.live())
+        .filter_map(|t| t.stored.clone())
+        .collect();
+    reg.save(&list)
+        .map_err(|e| format!("cannot write {}: {e}", reg.path().display()))
+}
+
+/// `wh tenant add`: a tenant identified by a token minted now, stored before it is answered
+/// (a tenant the server could not keep is not made).
+fn add_tenant(
+    workers: &Workers,
+    add: &crate::admin::TenantAdd,
+    by: u32,
+) -> Result<crate::admin::TenantAdded, String> {
+    crate::tenants::valid_name(&add.name)?;
+    if let Some(w) = add.cpu_weight {
+        if !Tenant::CPU_WEIGHTS.contains(&w) {
+            return Err(format!("cpu weight {w} must be 1..=10000"));
+        }
+    }
+    if add.max_queued == Some(0) || add.max_sessions == Some(0) || add.max_objects == Some(0) {
+        return Err("max_queued, max_sessions and max_objects must be at least 1 (leave one out for no limit)".into());
+    }
+    let mut guard = workers.lock().unwrap_or_else(|p| p.into_inner());
+    let state = &mut *guard;
+    if let Err(why) = &state.registry {
+        return Err(format!("tenants cannot be added on this server: {why}"));
+    }
+    if state
+        .tenants
+        .iter()
+        .any(|t| t.live() && t.cfg.name == add.name)
+    {
+        return Err(format!("a tenant named {:?} exists already", add.name));
+    }
+    if let Some(w) = add.cpu_weight {
+        let groups = state
+            .cpu
+            .as_mut()
+            .map_err(|why| format!("CPU weights are off on this server: {why}"))?;
+        groups.set_weight(&add.name, w).map_err(|e| e.to_string())?;
+    }
+    let token = crate::tenants::mint_token()?;
+    let stored = StoredTenant {
+        name: add.name.clone(),
+        token_sha256: crate::tenants::hex(&crate::tenants::digest(token.as_bytes())),
+        mem_quota_mib: add.mem_quota_mib,
+        max_sessions: add.max_sessions,
+        max_objects: add.max_objects,
+        devices: add.devices.clone(),
+        cpu_weight: add.cpu_weight,
+        max_queued: add.max_queued,
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    };
+    let apis = state.tenants.first().map_or(1, |t| t.standby_at.len());
+    let t = TenantState::new(stored.settings(), Some(stored), apis)
+        .map_err(|e| format!("cannot make the tenant's memory ledger: {e}"))?;
+    state.tenants.push(t);
+    if let Err(e) = save_tenants(state) {
+        state.tenants.pop();
+        return Err(e);
+    }
+    let index = state.tenants.len() - 1;
+    tracing::info!(tenant = %add.name, mem_quota_mib = ?add.mem_quota_mib, max_sessions = ?add.max_sessions, by_uid = by, "tenant added");
+    Ok(crate::admin::TenantAdded {
+        tenant: tenant_settings(state, index),
+        token,
+    })
+}
+
+/// How long a removed tenant's sessions have to end by themselves before they are killed.
+const REVOKE_GRACE: Duration = Duration::from_secs(2);
+
+/// `wh tenant remove`: the token stops working at once, the tenant leaves the state file, and
+/// its sessions end: each worker tells its client why and exits (killed if it has not within
+/// [`REVOKE_GRACE`]); the reaper writes off their memory as for any ended session.
+fn remove_tenant(
+    workers: &Workers,
+    name: &str,
+    by: u32,
+) -> Result<crate::admin::TenantRemoved, String> {
+    let mut guard = workers.lock().unwrap_or_else(|p| p.into_inner());
+    let state = &mut *guard;
+    let index = find_tenant(state, name)?;
+    if state.tenants[index].stored.is_none() {
+        return Err(format!(
+            "tenant {name:?} is defined in the configuration file: remove it there and restart the server"
+        ));
+    }
+    state.tenants[index].removed = true;
+    if let Err(e) = save_tenants(state) {
+        state.tenants[index].removed = false;
+        return Err(e);
+    }
+    let reason = format!("tenant {name} was removed by the server's operator");
+    let mut ending = Vec::new();
+    for (pid, wk) in state.workers.iter_mut().filter(|(_, w)| w.tenant == index) {
+        if wk.in_session() {
+            let mut w = Writer::new(control::ENDED);
+            w.bytes(reason.as_bytes());
+            if let Ok(frame) = w.finish(0, 0) {
+                let _ = wk.stats.set_write_timeout(Some(Duration::from_secs(1)));
+                let _ = (&wk.stats).write_all(&frame);
+            }
+            ending.push(*pid);
+        } else {
+            let _ = wk.child.kill();
+        }
+    }
+    tracing::info!(tenant = %name, sessions = ending.len(), by_uid = by, "tenant removed; its token is revoked");
+    let sessions_ended = ending.len();
+    drop(guard);
+    if !ending.is_empty() {
+        let workers = workers.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(REVOKE_GRACE);
+            let mut state = workers.lock().unwrap_or_else(|p| p.into_inner());
+            for pid in ending {
+                if let Some(wk) = state.workers.get_mut(&pid) {
+                    if wk.child.try_wait().ok().flatten().is_none() {
+                        tracing::warn!(worker = pid, "a revoked session did not end; killing it");
+                        let _ = wk.child.kill();
+                    }
+                }
+            }
+        });
+    }
+    Ok(crate::admin::TenantRemoved {
+        name: name.to_string(),
+        sessions_ended,
+    })
 }
 
 /// The same state in Prometheus' text format.

@@ -183,6 +183,7 @@ pub fn run(
     send_frame_with_fds(&sock, &welcome.encode(0), &fds)?;
     let callbacks: CallbackSink = Arc::new(Mutex::new(sock.try_clone()?));
     capture_output(&callbacks, layout.lanes);
+    let callbacks_of_session = callbacks.clone();
     backend.begin(SessionSetup {
         limits: limits().clone(),
         callbacks,
@@ -211,9 +212,10 @@ pub fn run(
             })?;
     }
     if let Some(stats) = stats {
+        let sink = callbacks_of_session.clone();
         std::thread::Builder::new()
             .name("stats".into())
-            .spawn(move || serve_stats(backend, stats))?;
+            .spawn(move || serve_stats(backend, stats, Some(sink)))?;
     }
     // The control socket carries callbacks to the client; from the client it only ever carries
     // EOF, which ends the session.
@@ -271,7 +273,7 @@ pub fn run_guest(
         std::thread::Builder::new()
             .name("stats".into())
             .spawn(move || {
-                serve_stats(backend, stats);
+                serve_stats(backend, stats, None);
                 tracing::warn!("the supervisor is gone; ending the guest session");
                 std::process::exit(0);
             })?;
@@ -608,14 +610,14 @@ pub fn run_tcp<S: Duplex>(
     capture_output(&callbacks, lanes);
     backend.begin(SessionSetup {
         limits: limits().clone(),
-        callbacks,
+        callbacks: callbacks.clone(),
         arena: None,
         build_cache,
     });
     if let Some(stats) = stats {
         std::thread::Builder::new()
             .name("stats".into())
-            .spawn(move || serve_stats(backend, stats))?;
+            .spawn(move || serve_stats(backend, stats, Some(callbacks)))?;
     }
     let mut queues: Vec<Option<LaneQueue>> = (0..lanes).map(|_| None).collect();
     let mut reader = std::io::BufReader::with_capacity(1 << 16, stream);
@@ -708,10 +710,15 @@ fn detail(backend: &dyn Backend) -> SessionDetail {
     }
 }
 
-/// Answers the supervisor's status questions about this session.
-fn serve_stats(backend: &dyn Backend, mut sock: UnixStream) {
+/// Answers the supervisor's status questions about this session; ends the session when the
+/// supervisor says so (`ENDED`, its reason: the tenant was removed), telling the client why on
+/// the callback channel (`session`) first.
+fn serve_stats(backend: &dyn Backend, mut sock: UnixStream, session: Option<CallbackSink>) {
     let mut body = Vec::new();
-    while read_frame(&mut sock, &mut body).is_ok() {
+    while let Ok(h) = read_frame(&mut sock, &mut body) {
+        if h.opcode == control::ENDED {
+            end_session(session.as_ref(), &body);
+        }
         let json = serde_json::to_vec(&detail(backend)).unwrap_or_default();
         let mut w = Writer::new(control::STATUS);
         w.bytes(&json);
@@ -723,6 +730,29 @@ fn serve_stats(backend: &dyn Backend, mut sock: UnixStream) {
             return;
         }
     }
+}
+
+/// Ends this session at the supervisor's word: the device's output so far and an `ENDED` frame
+/// with the reason go to the client, then the process exits (the driver's objects die with it,
+/// and the supervisor writes off the session's memory).
+fn end_session(session: Option<&CallbackSink>, body: &[u8]) -> ! {
+    let reason = Reader::new(body)
+        .bytes()
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .unwrap_or_else(|_| "ended by the server".into());
+    tracing::warn!("ending the session: {reason}");
+    if let Some(sink) = session {
+        crate::output::flush();
+        let mut w = Writer::new(control::ENDED);
+        w.bytes(reason.as_bytes());
+        if let Ok(frame) = w.finish(0, 0) {
+            let _ = sink
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .write_all(&frame);
+        }
+    }
+    std::process::exit(0);
 }
 
 /// How the supervisor starts a worker (`wh worker ...`): what it serves and for whom. The

@@ -667,6 +667,14 @@ fn event(h: &FrameHeader, body: Vec<u8>, marks: &Marks, callbacks: &mpsc::Sender
         }
         control::OUTPUT => write_output(&body),
         control::MARK => marks.record(usize::from(h.lane), h.seq),
+        // The worker exits right after: the channel's end then fails the session's calls.
+        control::ENDED => log(&format!(
+            "the server ended this session: {}",
+            wormhole_wire::Reader::new(&body)
+                .bytes()
+                .map(String::from_utf8_lossy)
+                .unwrap_or_default()
+        )),
         op => log(&format!(
             "ignoring unexpected frame {op:#06x} from the server"
         )),

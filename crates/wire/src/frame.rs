@@ -51,6 +51,9 @@ pub mod control {
     /// reply with `FLAG_OUTPUT` on lane `lane`, number `seq` (the frame's own header fields;
     /// no body).
     pub const MARK: u16 = 0xF00B;
+    /// Supervisor → worker on its stats line, then worker → client on the callback channel:
+    /// the server ends this session (body: the reason, e.g. the tenant was removed).
+    pub const ENDED: u16 = 0xF00C;
 }
 
 /// `magic u16 | version u8 | flags u8 | opcode u16 | lane u16 | len u32 | seq u32`,

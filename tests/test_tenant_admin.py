@@ -1,0 +1,165 @@
+"""Tenants made and removed while the server runs (`wh tenant add|remove`): a minted token is
+its tenant's identity with exactly the limits asked for, tenants outlive a restart, and removal
+revokes the token and ends the tenant's sessions with a clear error."""
+
+import os
+import pathlib
+import shutil
+import tempfile
+import stat
+import subprocess
+import time
+
+import pytest
+import wire
+from conftest import WH, Server, wait_for
+
+CL_SUCCESS = wire.CL["CL_SUCCESS"]
+CL_OUT_OF_RESOURCES = wire.CL["CL_OUT_OF_RESOURCES"]
+CL_MEM_OBJECT_ALLOCATION_FAILURE = wire.CL["CL_MEM_OBJECT_ALLOCATION_FAILURE"]
+
+
+def statuses(out):
+    return [int(line.split()[1]) for line in out.strip().splitlines()]
+
+
+def test_added_tenant_gets_its_quota_and_outlives_a_restart(tmp_path, c_programs):
+    s = Server(tmp_path, tcp=True).start()
+    try:
+        added = s.tenant("add", "job-1", "--mem-quota-mib", "64", "--max-sessions", "1")
+        token = added["token"]
+        assert added["tenant"]["name"] == "job-1" and added["tenant"]["added_at_run_time"]
+        assert added["tenant"]["mem_quota_mib"] == 64
+        # The secret is not in the server's state file, only its digest.
+        state = (tmp_path / "state" / "tenants.json").read_text()
+        assert token not in state and "job-1" in state
+        assert stat.S_IMODE(os.stat(tmp_path / "state" / "tenants.json").st_mode) == 0o600
+        # Over TCP and locally alike, the token is the tenant, with exactly its quota.
+        for server in ("", None):
+            env = {"WORMHOLE_TOKEN": token}
+            if server is not None:
+                env["WORMHOLE_SERVER"] = server
+            r = s.run([c_programs["alloc"], "32", "16", "32"], **env)
+            assert r.returncode == 0, r.stderr
+            assert statuses(r.stdout) == [CL_SUCCESS, CL_SUCCESS, CL_MEM_OBJECT_ALLOCATION_FAILURE]
+        # Its session limit holds too.
+        holder = s.popen([c_programs["alloc"], "hold", "8"], WORMHOLE_TOKEN=token, WORMHOLE_SERVER="")
+        assert holder.stdout.readline().split() == ["8", "0"]
+        r = s.run([c_programs["alloc"], "8"], WORMHOLE_TOKEN=token, WORMHOLE_SERVER="")
+        assert r.returncode != 0 and "limit of 1 sessions" in r.stderr
+        holder.communicate("\n", timeout=30)
+        # A name taken, a bad name, and the wrong token are refused with reasons.
+        r = s.tenant("add", "job-1", check=False)
+        assert r.returncode != 0 and "exists already" in r.stderr
+        r = s.tenant("add", "../etc", check=False)
+        assert r.returncode != 0 and "tenant name" in r.stderr
+        r = s.run([c_programs["alloc"], "8"], WORMHOLE_TOKEN=token + "x")
+        assert r.returncode != 0 and "unknown token" in r.stderr
+
+        s.stop()
+        s.start()
+        listed = {t["name"]: t for t in s.tenant("list")["tenants"]}
+        assert listed["job-1"]["mem_quota_mib"] == 64 and listed["job-1"]["added_at_run_time"]
+        assert not listed["default"]["added_at_run_time"]
+        r = s.run([c_programs["alloc"], "32", "16", "32"], WORMHOLE_TOKEN=token)
+        assert r.returncode == 0, r.stderr
+        assert statuses(r.stdout) == [CL_SUCCESS, CL_SUCCESS, CL_MEM_OBJECT_ALLOCATION_FAILURE]
+    finally:
+        s.stop()
+
+
+def test_removal_revokes_the_token_and_ends_its_sessions(tmp_path, c_programs):
+    s = Server(tmp_path, tcp=True).start()
+    try:
+        token_file = tmp_path / "job.token"
+        added = s.tenant("add", "job-2", "--mem-quota-mib", "32", "--token-file", str(token_file))
+        assert "written to" in added["token"]
+        assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
+        token = token_file.read_text().strip()
+        other = s.tenant("add", "job-3")["token"]
+        # One session over shared memory, one over TCP, and one of another tenant.
+        local = s.popen([c_programs["alloc"], "hold-call", "16"], WORMHOLE_TOKEN=token, WORMHOLE_SERVER="")
+        remote = s.popen([c_programs["alloc"], "hold-call", "16"], WORMHOLE_TOKEN=token)
+        bystander = s.popen([c_programs["alloc"], "hold-call", "16"], WORMHOLE_TOKEN=other, WORMHOLE_SERVER="")
+        for p in (local, remote, bystander):
+            assert p.stdout.readline().split() == ["16", "0"]
+        wait_for(lambda: {t["name"]: t["mem_bytes"] for t in s.status()["tenants"]}.get("job-2") == 32 << 20)
+
+        removed = s.tenant("remove", "job-2")
+        assert removed == {"name": "job-2", "sessions_ended": 2}
+        started = time.monotonic()
+        for p in (local, remote):
+            out, err = p.communicate("\n", timeout=30)
+            assert out.split() == ["after", str(CL_OUT_OF_RESOURCES)], (out, err)
+            assert "tenant job-2 was removed" in err
+        assert time.monotonic() - started < 5
+        out, err = bystander.communicate("\n", timeout=30)
+        assert out.split() == ["after", str(CL_SUCCESS)], err
+
+        # The token is refused from now on, and the tenant and its memory are gone.
+        r = s.run([c_programs["alloc"], "8"], WORMHOLE_TOKEN=token)
+        assert r.returncode != 0 and "unknown token" in r.stderr
+        assert "job-2" not in [t["name"] for t in s.status()["tenants"]]
+        assert "job-2" not in [t["name"] for t in s.tenant("list")["tenants"]]
+        r = s.tenant("remove", "job-2", check=False)
+        assert r.returncode != 0 and "no tenant named" in r.stderr
+        # Configured tenants are the file's to remove.
+        r = s.tenant("remove", "default", check=False)
+        assert r.returncode != 0 and "configuration file" in r.stderr
+        # A removed name can be given again, to a new token.
+        again = s.tenant("add", "job-2")["token"]
+        assert again != token
+
+        s.stop()
+        s.start()
+        r = s.run([c_programs["alloc"], "8"], WORMHOLE_TOKEN=token)
+        assert r.returncode != 0 and "unknown token" in r.stderr
+        r = s.run([c_programs["alloc"], "8"], WORMHOLE_TOKEN=again)
+        assert r.returncode == 0 and statuses(r.stdout) == [CL_SUCCESS], r.stderr
+    finally:
+        s.stop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="asking as another user needs root")
+def test_only_the_servers_user_may_manage_tenants():
+    # A directory another user can reach (pytest's tmp_path is under a 0700 one), with wh.
+    shared = pathlib.Path(tempfile.mkdtemp(prefix="wh-test-"))
+    shared.chmod(0o755)
+    shutil.copy(WH, shared)
+    s = Server(shared).start()
+    try:
+        r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(shared / "wh"), "tenant", "add", "intruder", "--socket", s.socket],
+                           capture_output=True, text=True, timeout=10)
+        assert r.returncode != 0 and "only root or the server's own user" in r.stderr
+        assert "intruder" not in [t["name"] for t in s.tenant("list")["tenants"]]
+    finally:
+        s.stop()
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_second_server_on_a_state_directory_serves_without_run_time_tenants(tmp_path, c_programs):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = Server(tmp_path / "a", state_dir=tmp_path / "state").start()
+    second = Server(tmp_path / "b", state_dir=tmp_path / "state").start()
+    try:
+        r = second.tenant("add", "x", check=False)
+        assert r.returncode != 0 and "in use by another server" in r.stderr
+        assert first.tenant("add", "x")["token"]
+        r = second.run([c_programs["alloc"], "8"])
+        assert r.returncode == 0, r.stderr
+    finally:
+        second.stop()
+        first.stop()
+
+
+def test_unreadable_state_stops_the_server_rather_than_overwriting_it(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "tenants.json").write_text("{not json")
+    s = Server(tmp_path)
+    with pytest.raises(AssertionError):
+        s.start()
+    assert "tenants.json" in s.log.read_text()
+    assert (state / "tenants.json").read_text() == "{not json"
+    s.stop()

@@ -9,7 +9,9 @@ cd "$(dirname "$0")/.."
 PYOPENCL_VERSION=2026.1.4
 
 apt_packages=(pocl-opencl-icd ocl-icd-libopencl1 ocl-icd-opencl-dev opencl-headers clinfo
-              gcc libc6-dev make python3 python3-venv python3-pip ca-certificates curl procps)
+              gcc libc6-dev make python3 python3-venv python3-pip ca-certificates curl procps
+              # Slurm's own daemons, for the tests of scripts/slurm (they run a private cluster)
+              munge slurmctld slurmd slurm-client)
 missing=()
 for p in "${apt_packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

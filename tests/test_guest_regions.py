@@ -84,7 +84,7 @@ def test_guest_tenant_quota_and_one_server_per_region(tmp_path, c_programs):
         assert t["name"] == "vm1"
         # A second server must not reset a region the first one serves.
         other = subprocess.run(
-            [str(WH), "serve", "--socket", str(tmp_path / "other.sock"), "--config", str(cfg)],
+            [str(WH), "serve", "--socket", str(tmp_path / "other.sock"), "--config", str(cfg), "--state-dir", str(tmp_path / "other-state")],
             capture_output=True, text=True, timeout=30,
         )
         assert other.returncode != 0

@@ -39,11 +39,13 @@ class Slurm:
         # munged wants every directory above its socket searchable by all.
         (d / "sock").chmod(0o755)
         self.munge_sock = d / "sock" / "munge.sock"
-        # The scripts as an operator installs them: wrappers that say where wh and the server are.
-        env = f'export WH="{WH}" WORMHOLE_SOCKET="{server.socket}" WORMHOLE_SLURM_TOKENS="{d / "tokens"}"\n'
+        # The scripts as an operator installs them, their settings in a file of plain assignments
+        # (as /etc/wormhole/slurm.env would be).
+        settings = d / "slurm.env"
+        settings.write_text(f'WH="{WH}"\nWORMHOLE_SOCKET="{server.socket}"\nWORMHOLE_SLURM_TOKENS="{d / "tokens"}"\n')
         for name in ["prolog", "task_prolog", "epilog"]:
             w = d / f"{name}.sh"
-            w.write_text(f"#!/bin/sh\n{env}exec {ROOT / 'scripts' / 'slurm' / (name + '.sh')}\n")
+            w.write_text(f"#!/bin/sh\nexport WORMHOLE_SLURM_ENV={settings}\nexec {ROOT / 'scripts' / 'slurm' / (name + '.sh')}\n")
             w.chmod(0o755)
         self.conf = d / "slurm.conf"
         self.conf.write_text("\n".join([
@@ -130,7 +132,11 @@ def cluster(tmp_path):
     d.chmod(0o755)
     (tmp_path / "wh").mkdir()
     (d / "slurm").mkdir()
-    server = Server(tmp_path / "wh").start()
+    # A closed server (tenants configured, none of them the jobs' user): a job is a tenant only
+    # through its whmem token, so no job runs outside the quota Slurm gave it.
+    cfg = tmp_path / "wormhole.toml"
+    cfg.write_text('[[tenant]]\nname = "staff"\nuids = [65534]\n')
+    server = Server(tmp_path / "wh", config=cfg).start()
     slurm = Slurm(d / "slurm", server)
     try:
         yield slurm.start(), server
@@ -146,10 +152,12 @@ def tenants(server):
 
 def test_jobs_get_their_gres_as_a_quota_that_holds(cluster, c_programs):
     slurm, server = cluster
-    go = slurm.d / "go"
-    # The job records its token, then allocates: 11 GiB is over its 10 GiB, 1 GiB twice is not.
-    job = slurm.sbatch(f'echo "$WORMHOLE_TOKEN" > {slurm.d}/token; while [ ! -e {go} ]; do sleep 0.1; done; '
-                       f'{WH} run {c_programs["alloc"]} 11264 1024 1024', "--gres=whmem:10G")
+    fifo = slurm.d / "go"
+    os.mkfifo(fifo)
+    # The job records its token, then allocates (11 GiB is over its 10 GiB, 1 GiB twice is
+    # not) and holds its memory until the test writes a line into the fifo.
+    job = slurm.sbatch(f'echo "$WORMHOLE_TOKEN" > {slurm.d}/token; {WH} run {c_programs["alloc"]} hold 11264 1024 1024 < {fifo}',
+                       "--gres=whmem:10G")
     name = f"slurm-job-{job}"
     wait_for(lambda: slurm.state(job).startswith("RUNNING"), timeout=60)
     t = wait_for(lambda: tenants(server).get(name))
@@ -157,13 +165,17 @@ def test_jobs_get_their_gres_as_a_quota_that_holds(cluster, c_programs):
     # A second 10G job does not fit beside it in the 16G pool: it waits for the first.
     second = slurm.sbatch(f"{WH} run {c_programs['alloc']} 64", "--gres=whmem:10G")
     wait_for(lambda: slurm.state(second) == "PENDING Resources", timeout=60)
-    time.sleep(1)
-    assert slurm.state(second) == "PENDING Resources", slurm.state(second)
     # More than the node has is refused at once.
     r = slurm.run(["sbatch", "--gres=whmem:32G", "--wrap", "true"], check=False)
     assert r.returncode != 0 and "Requested node configuration is not available" in r.stderr
 
-    go.touch()
+    with open(fifo, "w") as go:
+        # The job's session is its tenant's, with the quota, holding what it allocated.
+        session = wait_for(lambda: [x["detail"] for x in server.status()["sessions"]
+                                    if x["tenant"] == name and (x["detail"] or {}).get("tenant_mem_bytes") == 2 << 30], timeout=60)
+        assert session[0]["mem_quota"] == 10 << 30
+        assert slurm.state(second) == "PENDING Resources"
+        go.write("\n")
     wait_for(lambda: slurm.state(job) == "GONE", timeout=60)
     lines = [line.split() for line in slurm.output(job).strip().splitlines()]
     assert lines == [["11264", str(CL_MEM_OBJECT_ALLOCATION_FAILURE)], ["1024", "0"], ["1024", "0"]], (lines, (slurm.d / f"job-{job}.err").read_text())
@@ -182,7 +194,9 @@ def test_jobs_get_their_gres_as_a_quota_that_holds(cluster, c_programs):
 
 def test_jobs_without_whmem_get_no_tenant(cluster, c_programs):
     slurm, server = cluster
-    job = slurm.sbatch('echo "token=[$WORMHOLE_TOKEN]"')
+    job = slurm.sbatch(f'echo "token=[$WORMHOLE_TOKEN]"; {WH} run {c_programs["alloc"]} 8')
     wait_for(lambda: slurm.state(job) == "GONE", timeout=60)
     assert slurm.output(job).strip() == "token=[]"
+    # Outside any tenant the server serves it nothing.
+    assert "is not a tenant of this server" in (slurm.d / f"job-{job}.err").read_text()
     assert [n for n in tenants(server) if n.startswith("slurm-job-")] == []

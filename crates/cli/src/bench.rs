@@ -74,6 +74,9 @@ impl Server {
         cmd.args(["serve", "--socket"])
             .arg(&socket)
             .args(["--tcp", &tcp])
+            // The bench's own state: it makes no tenants, and must not take the user's.
+            .arg("--state-dir")
+            .arg(dir.join("state"))
             .stderr(Stdio::null());
         if guest {
             cmd.arg("--guest-region").arg(&region);

@@ -844,6 +844,12 @@ fn accept(config: &Config, vendors: &Apis, workers: &Workers, stream: Conn) -> s
     loop {
         // What ended sessions held is written off before the new one allocates.
         reap_finished(&mut state);
+        if !state.tenants[tenant].live() {
+            // Removed while this session waited: its token is no longer good.
+            drop(state);
+            refuse(&stream, "unknown token");
+            return Ok(());
+        }
         let open_sessions = state
             .workers
             .values()
@@ -853,7 +859,7 @@ fn accept(config: &Config, vendors: &Apis, workers: &Workers, stream: Conn) -> s
         if t.cfg.max_sessions.is_none_or(|m| open_sessions < m) {
             break;
         }
-        if Instant::now() >= deadline || !t.live() {
+        if Instant::now() >= deadline {
             let reason = format!(
                 "tenant {} is at its limit of {} sessions",
                 t.cfg.name, open_sessions
@@ -1675,12 +1681,26 @@ fn add_tenant(
     let apis = state.tenants.first().map_or(1, |t| t.standby_at.len());
     let t = TenantState::new(stored.settings(), Some(stored), apis)
         .map_err(|e| format!("cannot make the tenant's memory ledger: {e}"))?;
-    state.tenants.push(t);
+    // A removed tenant whose last worker is gone gives its place (and its ledger's memory
+    // and descriptor) to the new one: a server that makes a tenant per job stays bounded.
+    let free = (0..state.tenants.len())
+        .find(|&i| state.tenants[i].removed && !state.workers.values().any(|w| w.tenant == i));
+    let (index, previous) = match free {
+        Some(i) => (i, Some(std::mem::replace(&mut state.tenants[i], t))),
+        None => {
+            state.tenants.push(t);
+            (state.tenants.len() - 1, None)
+        }
+    };
     if let Err(e) = save_tenants(state) {
-        state.tenants.pop();
+        match previous {
+            Some(p) => state.tenants[index] = p,
+            None => {
+                state.tenants.pop();
+            }
+        }
         return Err(e);
     }
-    let index = state.tenants.len() - 1;
     tracing::info!(tenant = %add.name, mem_quota_mib = ?add.mem_quota_mib, max_sessions = ?add.max_sessions, by_uid = by, "tenant added");
     Ok(crate::admin::TenantAdded {
         tenant: tenant_settings(state, index),
@@ -1693,7 +1713,7 @@ const REVOKE_GRACE: Duration = Duration::from_secs(2);
 
 /// `wh tenant remove`: the token stops working at once, the tenant leaves the state file, and
 /// its sessions end: each worker tells its client why and exits (killed if it has not within
-/// [`REVOKE_GRACE`]); the reaper writes off their memory as for any ended session.
+/// [`REVOKE_GRACE`]), and their memory is written off, all before the answer.
 fn remove_tenant(
     workers: &Workers,
     name: &str,
@@ -1716,13 +1736,7 @@ fn remove_tenant(
     let mut ending = Vec::new();
     for (pid, wk) in state.workers.iter_mut().filter(|(_, w)| w.tenant == index) {
         if wk.in_session() {
-            let mut w = Writer::new(control::ENDED);
-            w.bytes(reason.as_bytes());
-            if let Ok(frame) = w.finish(0, 0) {
-                let _ = wk.stats.set_write_timeout(Some(Duration::from_secs(1)));
-                let _ = (&wk.stats).write_all(&frame);
-            }
-            ending.push(*pid);
+            ending.push((*pid, wk.stats.try_clone().ok()));
         } else {
             let _ = wk.child.kill();
         }
@@ -1730,20 +1744,44 @@ fn remove_tenant(
     tracing::info!(tenant = %name, sessions = ending.len(), by_uid = by, "tenant removed; its token is revoked");
     let sessions_ended = ending.len();
     drop(guard);
-    if !ending.is_empty() {
-        let workers = workers.clone();
-        std::thread::spawn(move || {
-            std::thread::sleep(REVOKE_GRACE);
-            let mut state = workers.lock().unwrap_or_else(|p| p.into_inner());
-            for pid in ending {
-                if let Some(wk) = state.workers.get_mut(&pid) {
-                    if wk.child.try_wait().ok().flatten().is_none() {
-                        tracing::warn!(worker = pid, "a revoked session did not end; killing it");
-                        let _ = wk.child.kill();
-                    }
-                }
+    // Not under the lock: a worker that does not read its stats line must not hold up
+    // everyone else's sessions.
+    let mut w = Writer::new(control::ENDED);
+    w.bytes(reason.as_bytes());
+    if let Ok(frame) = w.finish(0, 0) {
+        for stats in ending.iter().filter_map(|(_, s)| s.as_ref()) {
+            let _ = stats.set_write_timeout(Some(Duration::from_secs(1)));
+            let _ = (&*stats).write_all(&frame);
+        }
+    }
+    // The answer comes once the sessions are over (a script that revokes a job's tenant can
+    // count on its memory being free): each ends by itself, or is killed after the grace.
+    let deadline = Instant::now() + REVOKE_GRACE;
+    loop {
+        let mut state = workers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut left = 0;
+        for (pid, _) in &ending {
+            // The same worker, not one that got its pid since.
+            let Some(wk) = state.workers.get_mut(pid).filter(|w| w.tenant == index) else {
+                continue;
+            };
+            if wk.child.try_wait().ok().flatten().is_some() {
+                continue;
             }
-        });
+            if Instant::now() >= deadline {
+                tracing::warn!(worker = pid, "a revoked session did not end; killing it");
+                let _ = wk.child.kill();
+                let _ = wk.child.wait();
+            } else {
+                left += 1;
+            }
+        }
+        reap_finished(&mut state);
+        if left == 0 {
+            break;
+        }
+        drop(state);
+        std::thread::sleep(Duration::from_millis(10));
     }
     Ok(crate::admin::TenantRemoved {
         name: name.to_string(),

@@ -9,7 +9,7 @@ use crate::config::Tenant;
 use nix::fcntl::{Flock, FlockArg};
 use std::fs::File;
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// The state file's name in the state directory.
@@ -94,11 +94,22 @@ impl Registry {
             .mode(0o700)
             .create(dir)
             .map_err(io)?;
+        // Whoever may write the directory could plant tenants (digests of their own tokens) or
+        // links: it must be the server's own and no one else's to write.
+        let meta = std::fs::symlink_metadata(dir).map_err(io)?;
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        if !meta.is_dir() || meta.uid() != me || meta.mode() & 0o022 != 0 {
+            return Err(io(std::io::Error::other(format!(
+                "it must be a directory of uid {me} that no one else may write"
+            ))));
+        }
         let lock = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
             .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(dir.join("tenants.lock"))
             .map_err(io)?;
         let lock = Flock::lock(lock, FlockArg::LockExclusiveNonblock)
@@ -154,11 +165,17 @@ impl Registry {
         })
         .map_err(std::io::Error::other)?;
         let tmp = self.dir.join(format!("{FILE}.{}", std::process::id()));
+        // A leftover of a crashed save is ours to replace; a new file is made, never one
+        // written through (it could be a link).
+        match std::fs::remove_file(&tmp) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
         let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .write(true)
             .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&tmp)?;
         f.write_all(&json)?;
         f.sync_all()?;
@@ -262,6 +279,13 @@ mod tests {
         let reg = Registry::open(&dir).unwrap();
         std::fs::write(reg.path(), b"{\"version\": 99, \"tenants\": []}").unwrap();
         assert!(matches!(reg.load(), Err(RegistryError::Corrupt { .. })));
+        drop(reg);
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o770)).unwrap();
+        assert!(matches!(
+            Registry::open(&dir),
+            Err(RegistryError::Dir { .. })
+        ));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

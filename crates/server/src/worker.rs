@@ -752,7 +752,9 @@ fn end_session(session: Option<&CallbackSink>, body: &[u8]) -> ! {
                 .write_all(&frame);
         }
     }
-    std::process::exit(0);
+    // No exit handlers or driver destructors: other threads may be inside the driver.
+    // SAFETY: _exit has no preconditions; it ends the process at once.
+    unsafe { libc::_exit(0) }
 }
 
 /// How the supervisor starts a worker (`wh worker ...`): what it serves and for whom. The

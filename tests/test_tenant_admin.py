@@ -163,3 +163,24 @@ def test_unreadable_state_stops_the_server_rather_than_overwriting_it(tmp_path):
     assert "tenants.json" in s.log.read_text()
     assert (state / "tenants.json").read_text() == "{not json"
     s.stop()
+
+
+def test_a_tenant_per_job_leaves_nothing_behind(tmp_path, c_programs):
+    """A server that makes and removes a tenant per job (Slurm) does not grow: a removed
+    tenant's place, ledger and descriptors go to the next one."""
+    s = Server(tmp_path).start()
+    try:
+        fds = lambda: len(os.listdir(f"/proc/{s.proc.pid}/fd"))
+        counts = []
+        for i in range(24):
+            token = s.tenant("add", f"job-{i}", "--mem-quota-mib", "16")["token"]
+            r = s.run([c_programs["alloc"], "8"], WORMHOLE_TOKEN=token)
+            assert r.returncode == 0 and statuses(r.stdout) == [CL_SUCCESS], r.stderr
+            s.tenant("remove", f"job-{i}")
+            counts.append(fds())
+        # Descriptors come and go with sessions and standby workers; kept ledgers would add
+        # one per tenant (20 more by the end).
+        assert max(counts[-4:]) <= max(counts[:4]) + 4, counts
+        assert [t["name"] for t in s.tenant("list")["tenants"]] == ["default"]
+    finally:
+        s.stop()

@@ -103,6 +103,21 @@ class Slurm:
             if p.poll() is None:
                 os.killpg(p.pid, 9)
                 p.wait()
+        # A job still running (a failed test) lives on under its slurmstepd, outside the
+        # daemons' process groups: end this cluster's jobs and their steps.
+        for pid in os.listdir("/proc"):
+            try:
+                cmd = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
+                ppid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+                parent = open(f"/proc/{ppid}/comm").read().strip()
+            except (OSError, ValueError, IndexError):
+                continue
+            if str(self.d) in cmd:
+                for victim in [int(pid)] + ([ppid] if parent == "slurmstepd" else []):
+                    try:
+                        os.kill(victim, 9)
+                    except OSError:
+                        pass
 
     def run(self, argv, check=True):
         r = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=60)

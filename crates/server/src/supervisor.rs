@@ -137,9 +137,6 @@ struct State {
     guests: Vec<GuestState>,
     /// The tenants' cgroups (CPU weights), or why there are none.
     cpu: Result<CpuGroups, String>,
-    /// No tenants are configured: local users without a token are the tenant "default" (index
-    /// 0), without limits.
-    open: bool,
     /// Where tenants made at run time are kept, or why there is no such place.
     registry: Result<Registry, String>,
 }
@@ -157,6 +154,16 @@ impl Apis {
 
     fn index(&self, api: &str) -> Option<usize> {
         self.backends.iter().position(|b| b.api() == api)
+    }
+}
+
+impl State {
+    /// Sessions the tenant at `index` has open (its standby worker is none).
+    fn sessions_of(&self, index: usize) -> usize {
+        self.workers
+            .values()
+            .filter(|w| w.tenant == index && w.in_session())
+            .count()
     }
 }
 
@@ -220,11 +227,11 @@ pub fn serve(
         // A state file that cannot be read stops the server: serving on without those tenants
         // would overwrite it at the next `wh tenant add`.
         for st in reg.load().map_err(ServeError::State)? {
-            if tenants.iter().any(|t| t.cfg.name == st.name) {
-                tracing::warn!(tenant = %st.name, path = %reg.path().display(), "a tenant made at run time has the name of a configured tenant; the configured one is served");
+            if tenants.iter().any(|t| t.cfg.name == st.name()) {
+                tracing::warn!(tenant = %st.name(), path = %reg.path().display(), "a tenant made at run time has the name of a configured tenant; the configured one is served");
                 continue;
             }
-            tracing::info!(tenant = %st.name, "tenant made at run time");
+            tracing::info!(tenant = %st.name(), "tenant made at run time");
             tenants.push(
                 TenantState::new(st.settings(), Some(st), backends.len()).map_err(runtime_err)?,
             );
@@ -267,7 +274,6 @@ pub fn serve(
         tenants,
         guests,
         cpu,
-        open: config.tenants.is_empty(),
         registry,
     }));
     if workers
@@ -816,14 +822,16 @@ fn accept(config: &Config, vendors: &Apis, workers: &Workers, stream: Conn) -> s
     // Who is this? Whoever presents a token is its tenant's (on any transport); local peers
     // without one are known by uid; on a server without configured tenants they are "default".
     let mut state = workers.lock().unwrap_or_else(|p| p.into_inner());
+    // No tenants configured: local users without a token are "default" (index 0), no limits.
+    let open = config.tenants.is_empty();
     let tenant = match (&token, cred) {
         (Some(tok), _) => tenant_of_token(&state.tenants, tok),
         (None, Some(c)) => state
             .tenants
             .iter()
             .position(|t| t.live() && t.cfg.uids.contains(&c.uid()))
-            .or(state.open.then_some(0)),
-        (None, None) => state.open.then_some(0),
+            .or(open.then_some(0)),
+        (None, None) => open.then_some(0),
     };
     let Some(tenant) = tenant else {
         let who = match (cred, &token) {
@@ -850,11 +858,7 @@ fn accept(config: &Config, vendors: &Apis, workers: &Workers, stream: Conn) -> s
             refuse(&stream, "unknown token");
             return Ok(());
         }
-        let open_sessions = state
-            .workers
-            .values()
-            .filter(|w| w.tenant == tenant && w.in_session())
-            .count();
+        let open_sessions = state.sessions_of(tenant);
         let t = &state.tenants[tenant];
         if t.cfg.max_sessions.is_none_or(|m| open_sessions < m) {
             break;
@@ -1368,11 +1372,7 @@ fn snapshot(workers: &Workers) -> Snapshot {
             .filter(|(_, t)| t.live())
             .map(|(i, t)| TenantStatus {
                 name: t.cfg.name.clone(),
-                sessions: state
-                    .workers
-                    .values()
-                    .filter(|w| w.tenant == i && w.in_session())
-                    .count(),
+                sessions: state.sessions_of(i),
                 mem_bytes: t.ledger.total(),
                 mem_quota: t.cfg.mem_quota_mib.map(|q| q << 20),
                 standby_worker: state
@@ -1529,11 +1529,7 @@ fn tenant_settings(state: &State, index: usize) -> crate::admin::TenantSettings 
         max_sessions: t.cfg.max_sessions,
         cpu_weight: t.cfg.weight(),
         max_queued: t.cfg.max_queued,
-        sessions: state
-            .workers
-            .values()
-            .filter(|w| w.tenant == index && w.in_session())
-            .count(),
+        sessions: state.sessions_of(index),
         cgroup: state.cpu.as_ref().ok().map(|g| g.group_of(&t.cfg.name)),
     }
 }
@@ -1587,8 +1583,8 @@ fn change_tenant(
     // A tenant made at run time keeps its settings across restarts; configured ones keep
     // those of the file.
     if let Some(st) = &mut t.stored {
-        st.cpu_weight = t.cfg.cpu_weight;
-        st.max_queued = t.cfg.max_queued;
+        st.spec.cpu_weight = t.cfg.cpu_weight;
+        st.spec.max_queued = t.cfg.max_queued;
         if let Err(e) = save_tenants(state) {
             tracing::error!("the change holds until the server stops: {e}");
         }
@@ -1666,14 +1662,8 @@ fn add_tenant(
     }
     let token = crate::tenants::mint_token()?;
     let stored = StoredTenant {
-        name: add.name.clone(),
+        spec: add.clone(),
         token_sha256: crate::tenants::hex(&crate::tenants::digest(token.as_bytes())),
-        mem_quota_mib: add.mem_quota_mib,
-        max_sessions: add.max_sessions,
-        max_objects: add.max_objects,
-        devices: add.devices.clone(),
-        cpu_weight: add.cpu_weight,
-        max_queued: add.max_queued,
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),

@@ -5,6 +5,7 @@
 //! One server owns a state directory at a time (an exclusive lock on `tenants.lock`); a second
 //! server started on the same directory serves its configured tenants only and says why.
 
+use crate::admin::TenantAdd;
 use crate::config::Tenant;
 use nix::fcntl::{Flock, FlockArg};
 use std::fs::File;
@@ -17,36 +18,35 @@ const FILE: &str = "tenants.json";
 /// Bumped when the file's meaning changes; an unknown version is refused, not guessed at.
 const VERSION: u32 = 1;
 
-/// A tenant made at run time, as stored.
+/// A tenant made at run time, as stored: what `wh tenant add` asked for (changed since by
+/// `wh tenant set`), and its token's digest.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct StoredTenant {
-    pub name: String,
+    pub spec: TenantAdd,
     /// SHA-256 of the token, hex.
     pub token_sha256: String,
-    pub mem_quota_mib: Option<u64>,
-    pub max_sessions: Option<usize>,
-    pub max_objects: Option<usize>,
-    #[serde(default)]
-    pub devices: Vec<String>,
-    pub cpu_weight: Option<u32>,
-    pub max_queued: Option<u64>,
     /// Seconds since the epoch; for the operator's eyes.
     pub created: u64,
 }
 
 impl StoredTenant {
+    pub fn name(&self) -> &str {
+        &self.spec.name
+    }
+
     /// The tenant's settings as the rest of the server knows them (identified by token only).
     pub fn settings(&self) -> Tenant {
+        let s = &self.spec;
         Tenant {
-            name: self.name.clone(),
+            name: s.name.clone(),
             uids: Vec::new(),
             token: None,
-            mem_quota_mib: self.mem_quota_mib,
-            max_sessions: self.max_sessions,
-            max_objects: self.max_objects,
-            devices: self.devices.clone(),
-            cpu_weight: self.cpu_weight,
-            max_queued: self.max_queued,
+            mem_quota_mib: s.mem_quota_mib,
+            max_sessions: s.max_sessions,
+            max_objects: s.max_objects,
+            devices: s.devices.clone(),
+            cpu_weight: s.cpu_weight,
+            max_queued: s.max_queued,
         }
     }
 
@@ -149,8 +149,8 @@ impl Registry {
             )));
         }
         for t in &file.tenants {
-            if t.digest().is_none() || valid_name(&t.name).is_err() {
-                return Err(corrupt(format!("bad entry for tenant {:?}", t.name)));
+            if t.digest().is_none() || valid_name(t.name()).is_err() {
+                return Err(corrupt(format!("bad entry for tenant {:?}", t.name())));
             }
         }
         Ok(file.tenants)
@@ -248,14 +248,13 @@ mod tests {
 
     fn stored(name: &str, token: &str) -> StoredTenant {
         StoredTenant {
-            name: name.into(),
+            spec: TenantAdd {
+                name: name.into(),
+                mem_quota_mib: Some(10240),
+                max_sessions: Some(2),
+                ..TenantAdd::default()
+            },
             token_sha256: hex(&digest(token.as_bytes())),
-            mem_quota_mib: Some(10240),
-            max_sessions: Some(2),
-            max_objects: None,
-            devices: vec![],
-            cpu_weight: None,
-            max_queued: None,
             created: 1,
         }
     }

@@ -2,6 +2,7 @@
 its tenant's identity with exactly the limits asked for, tenants outlive a restart, and removal
 revokes the token and ends the tenant's sessions with a clear error."""
 
+import json
 import os
 import pathlib
 import shutil
@@ -182,5 +183,31 @@ def test_a_tenant_per_job_leaves_nothing_behind(tmp_path, c_programs):
         # one per tenant (20 more by the end).
         assert max(counts[-4:]) <= max(counts[:4]) + 4, counts
         assert [t["name"] for t in s.tenant("list")["tenants"]] == ["default"]
+    finally:
+        s.stop()
+
+
+def test_devices_are_listed_and_a_token_file_identifies_the_tenant(tmp_path, c_programs):
+    s = Server(tmp_path, tcp=True).start()
+    try:
+        # What a cluster integration publishes: every device, its memory, where to connect.
+        r = subprocess.run([str(WH), "devices", "--socket", s.socket], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        inv = json.loads(r.stdout)
+        assert inv["socket"] == s.socket and inv["tcp"] == s.tcp and inv["tls"] is False
+        (api,) = inv["apis"]
+        assert api["api"] == "opencl" and "error" not in api
+        assert api["devices"] and all(d["memory_bytes"] > 0 and d["name"] for d in api["devices"])
+        assert api["devices"][0]["kind"] == "cpu" and "OpenCL" in api["devices"][0]["version"]
+
+        token = s.tenant("add", "job-f", "--mem-quota-mib", "48")["token"]
+        f = tmp_path / "token"
+        f.write_text(token + "\n")
+        r = s.run([c_programs["alloc"], "32", "32"], WORMHOLE_TOKEN_FILE=str(f), WORMHOLE_SERVER="")
+        assert r.returncode == 0, r.stderr
+        assert statuses(r.stdout) == [CL_SUCCESS, CL_MEM_OBJECT_ALLOCATION_FAILURE]
+        # A token file that cannot be read is an error saying so, not an anonymous session.
+        r = s.run([c_programs["alloc"], "8"], WORMHOLE_TOKEN_FILE=str(tmp_path / "missing"), WORMHOLE_SERVER="")
+        assert r.returncode != 0 and "WORMHOLE_TOKEN_FILE" in r.stderr and "cannot read the token" in r.stderr
     finally:
         s.stop()

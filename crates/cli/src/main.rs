@@ -92,6 +92,11 @@ enum Cmd {
         #[arg(long)]
         socket: Option<PathBuf>,
     },
+    /// The devices the server offers, per API, and where sessions connect (JSON).
+    Devices {
+        #[arg(long)]
+        socket: Option<PathBuf>,
+    },
     /// Add, remove, list or change tenants while the server runs (root or the server's own
     /// user only).
     Tenant {
@@ -349,6 +354,12 @@ fn run(cli: Cli) -> Result<(), CliError> {
         }
         Cmd::Run { socket, program } => run_program(socket, program),
         Cmd::Status { socket } => status(socket_or_default(socket)),
+        Cmd::Devices { socket } => {
+            let mut w = Writer::new(control::STATUS);
+            w.u8(wormhole_server::admin::DEVICES);
+            print_json(&ask(&socket_or_default(socket), w)?);
+            Ok(())
+        }
         Cmd::Tenant {
             cmd: TenantCmd::List { socket },
         } => {

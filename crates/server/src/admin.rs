@@ -20,6 +20,30 @@ pub const TENANT_ADD: u8 = 3;
 /// answers [`TenantRemoved`].
 pub const TENANT_REMOVE: u8 = 4;
 
+/// The devices each API's driver offers and where the server listens ([`Devices`]); for
+/// everyone, like [`STATUS`].
+pub const DEVICES: u8 = 5;
+
+/// The answer to [`DEVICES`]: what a cluster integration publishes about this server.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Devices {
+    pub apis: Vec<ApiDevices>,
+    /// The local socket sessions connect to.
+    pub socket: PathBuf,
+    /// The TCP address sessions may connect to, if any, and whether it speaks TLS.
+    pub tcp: Option<String>,
+    pub tls: bool,
+}
+
+/// One API's devices, or why they could not be listed.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct ApiDevices {
+    pub api: String,
+    pub devices: Vec<crate::backend::DeviceInventory>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
 /// A tenant to make while the server runs. It is identified by the token minted for it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -58,6 +58,22 @@ pub enum StreamError {
     Malformed(#[from] DecodeError),
 }
 
+/// One device a backend offers, as `wh devices` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DeviceInventory {
+    /// The device's name as the API reports it (what tenants' `devices` filters match).
+    pub name: String,
+    pub vendor: String,
+    /// gpu, cpu, accelerator or other.
+    pub kind: String,
+    /// Device memory, bytes.
+    pub memory_bytes: u64,
+    /// The API's version string for the device (e.g. "OpenCL 3.0 ...").
+    pub version: String,
+    /// The platform (OpenCL) or driver the device belongs to.
+    pub platform: String,
+}
+
 /// One API the server serves.
 pub trait Backend: Sync {
     /// The API's name in HELLO (`"opencl"`, `"cuda"`).
@@ -82,6 +98,16 @@ pub trait Backend: Sync {
     /// Worker: load the driver and find the devices. A standby worker does this before any
     /// tenant waits, so a session's start pays none of it.
     fn warm_up(&self) {}
+
+    /// Inventory worker: the devices the driver offers, for `wh devices` and the cluster
+    /// integrations that publish them (Kubernetes DRA). Runs in a worker process of its own,
+    /// never in the supervisor, like every other call into the driver.
+    fn inventory(&self) -> Result<Vec<DeviceInventory>, String> {
+        Err(format!(
+            "the {} backend cannot list its devices",
+            self.api()
+        ))
+    }
 
     /// Worker: the session starts (once per process).
     fn begin(&self, setup: SessionSetup);

@@ -766,6 +766,9 @@ fn accept(config: &Config, vendors: &Apis, workers: &Workers, stream: Conn) -> s
     stream.set_read_timeout(None)?;
     match h.opcode {
         control::STATUS => match &stream {
+            Conn::Unix(s) if body.first() == Some(&crate::admin::DEVICES) => {
+                return answer_json(s, &devices(config, vendors));
+            }
             Conn::Unix(s) => return control_request(workers, s, &body),
             Conn::Tcp(_) | Conn::Tls(_) => {
                 refuse(&stream, "status is only served on the local socket");
@@ -1508,6 +1511,97 @@ fn control_request(workers: &Workers, stream: &UnixStream, body: &[u8]) -> std::
             Ok(())
         }
     }
+}
+
+/// The devices every API offers, each listed by an inventory worker of its own (the
+/// supervisor never loads a driver), and where sessions connect.
+fn devices(config: &Config, vendors: &Apis) -> crate::admin::Devices {
+    let apis = vendors
+        .backends
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            let (devices, error) = match list_devices(config, vendors, i) {
+                Ok(d) => (d, None),
+                Err(e) => {
+                    tracing::warn!(api = b.api(), "cannot list the devices: {e}");
+                    (Vec::new(), Some(e))
+                }
+            };
+            crate::admin::ApiDevices {
+                api: b.api().to_string(),
+                devices,
+                error,
+            }
+        })
+        .collect();
+    crate::admin::Devices {
+        apis,
+        socket: config.socket.clone(),
+        tcp: config.tcp.clone(),
+        tls: config.tls_cert.is_some(),
+    }
+}
+
+/// Runs `wh worker --transport inventory` for one API and reads its JSON answer; a worker
+/// that takes longer than `INVENTORY_TIME` (a driver stuck at start) is killed.
+fn list_devices(
+    config: &Config,
+    vendors: &Apis,
+    api: usize,
+) -> Result<Vec<crate::backend::DeviceInventory>, String> {
+    const INVENTORY_TIME: Duration = Duration::from_secs(30);
+    let mut cmd = Command::new("/proc/self/exe");
+    if let Ok(path) = std::env::current_exe() {
+        cmd.arg0(path);
+    }
+    let mut child = cmd
+        .args(["worker", "--api", vendors.backends[api].api()])
+        .args([
+            "--lanes",
+            "1",
+            "--ring-kib",
+            "64",
+            "--transport",
+            "inventory",
+        ])
+        .envs(vendors.env[api].iter().map(|(k, v)| (k, v)))
+        .env("WORMHOLE_NAME_PREFIX", &config.name_prefix)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start an inventory worker: {e}"))?;
+    let mut out = child.stdout.take().expect("piped");
+    let reader = std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut out, &mut bytes).map(|_| bytes)
+    });
+    let started = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if started.elapsed() < INVENTORY_TIME => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            Ok(None) | Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "the inventory worker did not answer within {INVENTORY_TIME:?}"
+                ));
+            }
+        }
+    };
+    let bytes = reader
+        .join()
+        .map_err(|_| "the inventory reader failed".to_string())?
+        .map_err(|e| format!("cannot read the inventory worker: {e}"))?;
+    if !status.success() {
+        return Err(format!(
+            "the inventory worker failed ({status}); its log says why"
+        ));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| format!("malformed inventory: {e}"))
 }
 
 /// Answers a control request with one JSON document.

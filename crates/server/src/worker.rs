@@ -783,6 +783,15 @@ pub struct WorkerArgs {
 /// A worker process's life: take the descriptors the supervisor passed, set the tenant's
 /// limits, and serve one session of `backend`.
 pub fn main(args: WorkerArgs, backend: &'static dyn Backend) -> Result<(), WorkerError> {
+    if args.transport == "inventory" {
+        // No session: the devices as JSON on stdout, for the supervisor that asked.
+        let devices = backend
+            .inventory()
+            .map_err(|e| WorkerError::Io(std::io::Error::other(e)))?;
+        serde_json::to_writer(std::io::stdout().lock(), &devices)
+            .map_err(|e| WorkerError::Io(e.into()))?;
+        return Ok(());
+    }
     let build_cache = args.build_cache.as_deref().and_then(|dir| {
         wormhole_blobcache::BlobCache::open(dir, args.build_cache_bytes)
             .inspect_err(|e| tracing::warn!("build cache off in this session: {e}"))

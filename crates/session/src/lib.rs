@@ -243,10 +243,28 @@ impl Connection {
 }
 
 fn hello(hooks: &ApiHooks) -> Result<Vec<u8>, ConnectError> {
-    // TCP tenants identify themselves with a token (local ones by their uid).
-    let token = std::env::var("WORMHOLE_TOKEN")
+    // TCP tenants identify themselves with a token (local ones by their uid). A token file
+    // (WORMHOLE_TOKEN_FILE, as a cluster integration mounts it) keeps the token out of the
+    // environment, where other processes of the same user could read it.
+    let token = match std::env::var("WORMHOLE_TOKEN")
         .ok()
-        .filter(|t| !t.is_empty());
+        .filter(|t| !t.is_empty())
+    {
+        Some(t) => Some(t),
+        None => match std::env::var_os("WORMHOLE_TOKEN_FILE").filter(|p| !p.is_empty()) {
+            Some(path) => Some(
+                std::fs::read_to_string(&path)
+                    .map(|t| t.trim().to_string())
+                    .map_err(|e| {
+                        ConnectError(format!(
+                            "WORMHOLE_TOKEN_FILE={}: cannot read the token: {e}",
+                            std::path::Path::new(&path).display()
+                        ))
+                    })?,
+            ),
+            None => None,
+        },
+    };
     Hello::new(hooks.api, token.as_deref().map(str::as_bytes))
         .encode()
         .map_err(|e| ConnectError(format!("cannot send HELLO: {e}")))

@@ -185,6 +185,11 @@ impl wormhole_server::Backend for OpenCl {
         }
     }
 
+    fn inventory(&self) -> Result<Vec<wormhole_server::backend::DeviceInventory>, String> {
+        driver::load().map_err(str::to_string)?;
+        custom::inventory()
+    }
+
     fn begin(&self, setup: SessionSetup) {
         session().set_limits(setup.limits);
         if let Some(arena) = setup.arena {

@@ -168,3 +168,75 @@ pub fn warm_up() {
         }
     }
 }
+
+/// Every device of every platform the driver offers, for `wh devices` (no tenant filter: the
+/// operator asks, in an inventory worker of its own).
+pub fn inventory() -> Result<Vec<wormhole_server::backend::DeviceInventory>, String> {
+    use std::ptr::null_mut;
+    let text = |v: Result<Vec<u8>, i32>| {
+        String::from_utf8_lossy(&v.unwrap_or_default())
+            .trim_end_matches('\0')
+            .trim()
+            .to_string()
+    };
+    let number = |v: Result<Vec<u8>, i32>| {
+        v.ok()
+            .and_then(|b| Some(u64::from_le_bytes(b.get(..8)?.try_into().ok()?)))
+            .unwrap_or(0)
+    };
+    let mut n = 0u32;
+    // SAFETY: count query into a local.
+    let st = unsafe { ffi::clGetPlatformIDs(0, null_mut(), &mut n) };
+    if st == CL_PLATFORM_NOT_FOUND_KHR || (st == CL_SUCCESS && n == 0) {
+        return Ok(Vec::new());
+    }
+    if st != CL_SUCCESS {
+        return Err(format!("clGetPlatformIDs failed ({st})"));
+    }
+    let mut platforms = vec![null_mut(); n as usize];
+    // SAFETY: `platforms` holds n entries.
+    unsafe { ffi::clGetPlatformIDs(n, platforms.as_mut_ptr(), null_mut()) };
+    let mut found = Vec::new();
+    for p in platforms {
+        let platform = text(crate::rt::platform_info(p, CL_PLATFORM_NAME));
+        let mut count = 0u32;
+        // SAFETY: count query into a local.
+        if unsafe { ffi::clGetDeviceIDs(p, CL_DEVICE_TYPE_ALL, 0, null_mut(), &mut count) }
+            != CL_SUCCESS
+        {
+            continue;
+        }
+        let mut devices: Vec<Handle> = vec![null_mut(); count as usize];
+        // SAFETY: `devices` holds count entries.
+        unsafe {
+            ffi::clGetDeviceIDs(
+                p,
+                CL_DEVICE_TYPE_ALL,
+                count,
+                devices.as_mut_ptr(),
+                null_mut(),
+            )
+        };
+        for d in devices {
+            let kind = number(crate::rt::device_info(d, CL_DEVICE_TYPE));
+            found.push(wormhole_server::backend::DeviceInventory {
+                name: device_name(d),
+                vendor: text(crate::rt::device_info(d, CL_DEVICE_VENDOR)),
+                kind: if kind & CL_DEVICE_TYPE_GPU != 0 {
+                    "gpu"
+                } else if kind & CL_DEVICE_TYPE_ACCELERATOR != 0 {
+                    "accelerator"
+                } else if kind & CL_DEVICE_TYPE_CPU != 0 {
+                    "cpu"
+                } else {
+                    "other"
+                }
+                .to_string(),
+                memory_bytes: number(crate::rt::device_info(d, CL_DEVICE_GLOBAL_MEM_SIZE)),
+                version: text(crate::rt::device_info(d, CL_DEVICE_VERSION)),
+                platform: platform.clone(),
+            });
+        }
+    }
+    Ok(found)
+}

@@ -11,7 +11,9 @@ PYOPENCL_VERSION=2026.1.4
 apt_packages=(pocl-opencl-icd ocl-icd-libopencl1 ocl-icd-opencl-dev opencl-headers clinfo
               gcc libc6-dev make python3 python3-venv python3-pip ca-certificates curl procps
               # Slurm's own daemons, for the tests of scripts/slurm (they run a private cluster)
-              munge slurmctld slurmd slurm-client)
+              munge slurmctld slurmd slurm-client
+              # Kubernetes' store and the keys of its test cluster (tests/test_k8s.py)
+              etcd-server openssl)
 missing=()
 for p in "${apt_packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
@@ -42,12 +44,12 @@ if [ ! -x .venv/bin/python ]; then
 else
     echo "install: skipped the venv: .venv exists"
 fi
-if ! .venv/bin/python -c "import pyopencl, pytest, pytest_timeout, mako" >/dev/null 2>&1 \
+if ! .venv/bin/python -c "import pyopencl, pytest, pytest_timeout, mako, yaml" >/dev/null 2>&1 \
    || [ "$(.venv/bin/python -c 'import pyopencl; print(pyopencl.VERSION_TEXT)')" != "$PYOPENCL_VERSION" ]; then
     echo "install: PyOpenCL $PYOPENCL_VERSION, pytest"
-    .venv/bin/python -m pip install -q "pyopencl==$PYOPENCL_VERSION" pytest pytest-timeout mako numpy
+    .venv/bin/python -m pip install -q "pyopencl==$PYOPENCL_VERSION" pytest pytest-timeout mako numpy pyyaml
 else
-    echo "install: skipped pip: PyOpenCL $PYOPENCL_VERSION, pytest, pytest-timeout and mako import"
+    echo "install: skipped pip: PyOpenCL $PYOPENCL_VERSION, pytest, pytest-timeout, mako and yaml import"
 fi
 
 .venv/bin/python scripts/fetch_pyopencl_tests.py "$PYOPENCL_VERSION" target/pyopencl-src
@@ -77,4 +79,11 @@ else
     echo "install: skipped the benchmark client: target/release/wh-bench-client is newer than its source"
 fi
 ./scripts/vm/prepare.sh   # QEMU, kernel and initramfs for the guest tests (target/vm)
+# Go (for the Kubernetes DRA driver, and Kubernetes itself for its tests): the machine's if new
+# enough, else the toolchain module fetched by Debian's golang-go.
+if ! scripts/k8s/go.sh >/dev/null 2>&1 && ! command -v go >/dev/null 2>&1; then
+    echo "install: apt golang-go (to fetch a newer Go toolchain as a module)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq golang-go >/dev/null
+fi
+./scripts/k8s/build.sh    # wh-dra, and kube-apiserver/-scheduler/-controller-manager (target/k8s)
 echo "install: done ($(pwd)/target/release/wh)"

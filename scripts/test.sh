@@ -32,5 +32,10 @@ echo "== fuzzing the decoders and the server's request path (bounded)"
 # Objects the fuzzed requests create are never released: leaks are expected, not bugs.
 (cd fuzz && ASAN_OPTIONS=detect_leaks=0 cargo +nightly fuzz run frame_decode -- -max_total_time=30 2>&1 | tail -n 2)
 (cd fuzz && ASAN_OPTIONS=detect_leaks=0 cargo +nightly fuzz run server_request -- -max_total_time=90 -rss_limit_mb=4096 2>&1 | tail -n 2)
+echo "== the Kubernetes DRA driver: gofmt, go vet, go test"
+go=$(scripts/k8s/go.sh)
+unformatted=$(cd kubernetes && "$(dirname "$go")/gofmt" -l .)
+if [ -n "$unformatted" ]; then echo "gofmt: not formatted: $unformatted" >&2; exit 1; fi
+(cd kubernetes && GOFLAGS=-mod=mod "$go" vet ./... && GOFLAGS=-mod=mod "$go" test ./... 2>&1 | tail -n 20)
 echo "== integration tests (pytest)"
 .venv/bin/python -m pytest -v --timeout=1800 tests

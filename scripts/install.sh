@@ -83,7 +83,8 @@ fi
 # enough, else the toolchain module fetched by Debian's golang-go.
 if ! scripts/k8s/go.sh >/dev/null 2>&1 && ! command -v go >/dev/null 2>&1; then
     echo "install: apt golang-go (to fetch a newer Go toolchain as a module)"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq golang-go >/dev/null
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq golang-go
 fi
 ./scripts/k8s/build.sh    # wh-dra, and kube-apiserver/-scheduler/-controller-manager (target/k8s)
 echo "install: done ($(pwd)/target/release/wh)"

@@ -36,6 +36,6 @@ echo "== the Kubernetes DRA driver: gofmt, go vet, go test"
 go=$(scripts/k8s/go.sh)
 unformatted=$(cd kubernetes && "$(dirname "$go")/gofmt" -l .)
 if [ -n "$unformatted" ]; then echo "gofmt: not formatted: $unformatted" >&2; exit 1; fi
-(cd kubernetes && GOFLAGS=-mod=mod "$go" vet ./... && GOFLAGS=-mod=mod "$go" test ./... 2>&1 | tail -n 20)
+(cd kubernetes && GOFLAGS=-mod=readonly "$go" vet ./... && GOFLAGS=-mod=readonly "$go" test ./... 2>&1 | tail -n 20)
 echo "== integration tests (pytest)"
 .venv/bin/python -m pytest -v --timeout=1800 tests

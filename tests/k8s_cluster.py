@@ -20,12 +20,13 @@ from conftest import ROOT, free_port
 BIN = ROOT / "target" / "k8s" / "bin"
 COMPONENTS = ("kube-apiserver", "kube-scheduler", "kube-controller-manager", "wh-dra", "kubelet-sim")
 
-# Users of the static token file: the test's admin, and the DRA driver under the service
-# account name that deploy manifests bind their ClusterRole to (so the test runs the driver
+# Users of the static token file: the test's admin, and the DRA driver's two parts under the
+# service account names the deploy manifests bind their roles to (so the test runs the driver
 # with exactly the rights the manifests grant).
 ADMIN_TOKEN = "wh-test-admin"
-DRIVER_TOKEN = "wh-test-driver"
-DRIVER_USER = "system:serviceaccount:wormhole-system:wh-dra"
+CONTROLLER_TOKEN = "wh-test-controller"
+PLUGIN_TOKEN = "wh-test-plugin"
+SA = "system:serviceaccount:wormhole-system"
 
 
 def missing():
@@ -87,7 +88,6 @@ class Cluster:
         self.port = free_port()
         self.url = f"https://127.0.0.1:{self.port}"
         self.admin = Api(self.url, ADMIN_TOKEN)
-        self.driver = Api(self.url, DRIVER_TOKEN)
 
     def kubeconfig(self, name, token):
         path = self.dir / f"{name}.kubeconfig"
@@ -122,7 +122,8 @@ class Cluster:
         subprocess.run(["openssl", "rsa", "-in", str(d / "sa.key"), "-pubout", "-out", str(d / "sa.pub")], check=True, capture_output=True)
         (d / "tokens.csv").write_text(
             f'{ADMIN_TOKEN},admin,admin-uid,"system:masters"\n'
-            f'{DRIVER_TOKEN},{DRIVER_USER},driver-uid,"system:serviceaccounts,system:serviceaccounts:wormhole-system"\n')
+            f'{CONTROLLER_TOKEN},{SA}:wh-dra-controller,controller-uid,"system:serviceaccounts"\n'
+            f'{PLUGIN_TOKEN},{SA}:wh-dra-plugin,plugin-uid,"system:serviceaccounts"\n')
         self.spawn("kube-apiserver", [
             str(BIN / "kube-apiserver"), "--etcd-servers", f"http://127.0.0.1:{client}",
             "--bind-address", "127.0.0.1", "--secure-port", str(self.port), "--cert-dir", str(d / "certs"),

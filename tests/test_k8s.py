@@ -24,7 +24,7 @@ import pytest
 import wire
 import yaml
 from conftest import ROOT, WH, Server
-from k8s_cluster import BIN, Cluster, missing
+from k8s_cluster import BIN, CONTROLLER_TOKEN, PLUGIN_TOKEN, Cluster, missing
 
 CL_SUCCESS = wire.CL["CL_SUCCESS"]
 CL_MEM_OBJECT_ALLOCATION_FAILURE = wire.CL["CL_MEM_OBJECT_ALLOCATION_FAILURE"]
@@ -43,6 +43,8 @@ PATHS = {
     "ConfigMap": "/api/v1/namespaces/{ns}/configmaps",
     "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
     "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+    "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
+    "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
     "DeviceClass": "/apis/resource.k8s.io/v1/deviceclasses",
     "DaemonSet": "/apis/apps/v1/namespaces/{ns}/daemonsets",
 }
@@ -74,10 +76,17 @@ def cluster():
 
 
 def closed_server(d: pathlib.Path, tcp=False):
-    # Tenants configured: only tokens (and the operator's uid) get in.
+    """A server that knows sessions by token only, its session socket alone in its directory,
+    and tenant administration on an admin socket of its own (as deployed)."""
+    (d / "sock").mkdir(parents=True)
+    admin = d / "admin.sock"
     cfg = d / "server.toml"
-    cfg.write_text('[[tenant]]\nname = "operator"\nuids = [4242]\n')
-    return Server(d, tcp=tcp, config=cfg).start()
+    cfg.write_text(f'admin_socket = "{admin}"\ntokens_only = true\n')
+    s = Server(d, tcp=tcp, config=cfg)
+    s.socket = str(d / "sock" / "wh.sock")
+    s.start()
+    s.admin = str(admin)
+    return s
 
 
 def pod(name):
@@ -105,7 +114,16 @@ def scheduled(c, pod_name):
 
 
 def tenants(server):
-    return {t["name"]: t for t in server.tenant("list")["tenants"]}
+    r = subprocess.run([str(WH), "tenant", "list", "--socket", server.admin], capture_output=True, text=True, timeout=10)
+    assert r.returncode == 0, r.stderr
+    return {t["name"]: t for t in json.loads(r.stdout)["tenants"] if t["name"].startswith("k8s-")}
+
+
+def one(ts, uid):
+    """The tenant of claim `uid` among `ts` (its name is k8s-<pool hash>-<uid>)."""
+    found = [t for n, t in ts.items() if n.endswith("-" + uid)]
+    assert len(found) <= 1, ts
+    return found[0] if found else None
 
 
 def client_env(spec_file, device_name):
@@ -131,7 +149,8 @@ def run_alloc(c_programs, env, *sizes):
 def test_claims_are_placed_by_memory_and_become_tenants_with_that_quota(cluster, c_programs):
     c = cluster
     d = c.dir
-    driver_cfg = c.kubeconfig("driver", c.driver.token)
+    controller_cfg = c.kubeconfig("controller", CONTROLLER_TOKEN)
+    plugin_cfg = c.kubeconfig("plugin", PLUGIN_TOKEN)
     (d / "server-a").mkdir()
     (d / "server-b").mkdir()
     a = closed_server(d / "server-a")
@@ -139,10 +158,16 @@ def test_claims_are_placed_by_memory_and_become_tenants_with_that_quota(cluster,
     servers = {"server-a": a, "server-b": b}
     procs = []
     try:
-        common = ["--kubeconfig", str(driver_cfg), "--wh", str(WH), "--memory", "1Gi"]
-        procs.append(c.spawn("ctl-a", [str(BIN / "wh-dra"), "controller", "--pool", "server-a", "--socket", a.socket,
-                                       "--node", "node-a", *common]))
-        procs.append(c.spawn("ctl-b", [str(BIN / "wh-dra"), "controller", "--pool", "server-b", "--socket", b.socket,
+        # Tenant administration is refused on a session socket beside an admin socket, and a
+        # local session without a token is refused whoever its uid (a container's root too).
+        r = a.tenant("list", check=False)
+        assert r.returncode != 0 and "admin socket only" in r.stderr
+        r = a.run([c_programs["alloc"], "8"], WORMHOLE_SERVER="")
+        assert r.returncode != 0 and "token only" in r.stderr
+        common = ["--kubeconfig", str(controller_cfg), "--wh", str(WH), "--memory", "1Gi"]
+        ctl_a = [str(BIN / "wh-dra"), "controller", "--pool", "server-a", "--socket", a.admin, "--node", "node-a", *common]
+        procs.append(c.spawn("ctl-a", ctl_a))
+        procs.append(c.spawn("ctl-b", [str(BIN / "wh-dra"), "controller", "--pool", "server-b", "--socket", b.admin,
                                        *common]))
 
         # Both pools published: shareable devices with 1 GiB of memory each.
@@ -191,11 +216,16 @@ def test_claims_are_placed_by_memory_and_become_tenants_with_that_quota(cluster,
         # Each claim is a tenant of the server it was given, with exactly the claimed quota.
         for p, cl in claims.items():
             server = servers[results[p]["pool"]]
-            name = f"k8s-{cl['metadata']['uid']}"
-            t = c.wait(lambda: tenants(server).get(name), 30, f"the tenant of {p}'s claim")
+            uid = cl["metadata"]["uid"]
+            t = c.wait(lambda: one(tenants(server), uid), 30, f"the tenant of {p}'s claim")
             assert t["mem_quota_mib"] == 600 and t["max_sessions"] == 1 and t["added_at_run_time"]
             other = [s for s in servers.values() if s is not server][0]
-            assert name not in tenants(other)
+            assert one(tenants(other), uid) is None
+        # The grants are the driver's, not in the claims' namespace, where its users could edit them.
+        grants = c.admin.get("/api/v1/namespaces/wormhole-system/secrets?labelSelector=wormhole.dev%2Fpool")["items"]
+        assert {g["metadata"]["labels"]["wormhole.dev/claim-uid"] for g in grants} == {
+            cl["metadata"]["uid"] for cl in claims.values()}
+        assert not c.admin.get(f"/api/v1/namespaces/{NS}/secrets?labelSelector=wormhole.dev%2Fpool")["items"]
 
         # The kubelet's side: each node's plugin, registered and called as the kubelet does.
         plugins = {}
@@ -203,7 +233,7 @@ def test_claims_are_placed_by_memory_and_become_tenants_with_that_quota(cluster,
             pd = d / f"plugin-{node}"
             plugins[node] = pd
             procs.append(c.spawn(f"plugin-{node}", [
-                str(BIN / "wh-dra"), "kubelet-plugin", "--kubeconfig", str(driver_cfg), "--node", node,
+                str(BIN / "wh-dra"), "kubelet-plugin", "--kubeconfig", str(plugin_cfg), "--node", node,
                 "--registry-dir", str(pd / "registry"), "--plugin-dir", str(pd / "plugin"),
                 "--cdi-dir", str(pd / "cdi"), "--state-dir", str(pd / "claims"),
                 "--client-lib", str(ROOT / "target" / "release" / "libwormhole_opencl.so")]))
@@ -237,6 +267,15 @@ def test_claims_are_placed_by_memory_and_become_tenants_with_that_quota(cluster,
                 assert env["WORMHOLE_SERVER"] == f"tcp://{b.tcp}"
             else:
                 assert env["WORMHOLE_SOCKET"] == a.socket
+                # The socket's directory, read-only: the container cannot replace the socket,
+                # and finds nothing there but it and the server's list of ICD vendor files.
+                (sock_mount,) = [m for m in edits["mounts"] if m["containerPath"] == os.path.dirname(a.socket)]
+                assert "ro" in sock_mount["options"]
+                assert set(os.listdir(sock_mount["hostPath"])) == {"wh.sock", ".wormhole-server-vendors"}
+            # No mount but the token's own file shows the plugin's state.
+            state = str(plugins[node] / "claims")
+            assert [m for m in edits["mounts"] if m["hostPath"].startswith(state)
+                    and not m["hostPath"].endswith(("/token", "wormhole.icd"))] == []
             # The client gets exactly the claimed 600 MiB: 512 + 64 fit, 64 more do not.
             r = run_alloc(c_programs, env, 512, 64, 64)
             assert r.returncode == 0, r.stderr
@@ -244,13 +283,26 @@ def test_claims_are_placed_by_memory_and_become_tenants_with_that_quota(cluster,
                 CL_SUCCESS, CL_SUCCESS, CL_MEM_OBJECT_ALLOCATION_FAILURE]
             used[p] = (node, env, spec_file)
 
+        # A controller restarted finds its tenants in place: nothing is minted again, and the
+        # tokens handed out keep working.
+        before = {**tenants(a), **tenants(b)}
+        c.procs["ctl-a"].terminate()
+        c.procs["ctl-a"].wait(timeout=10)
+        procs.append(c.spawn("ctl-a", ctl_a))
+        c.wait(lambda: "Publishing the server's devices" in c.log("ctl-a"), 60, "the restarted controller")
+        time.sleep(3)
+        assert {**tenants(a), **tenants(b)}.keys() == before.keys()
+        for p, (node, env, spec_file) in used.items():
+            r = run_alloc(c_programs, env, 512)
+            assert r.returncode == 0 and r.stdout.split() == ["512", "0"], r.stdout + r.stderr
+
         # The pod goes: its claim is freed, the tenant removed, and its token refused.
         gone = claims["p1"]
         gone_server = servers[results["p1"]["pool"]]
         c.admin.delete(f"/api/v1/namespaces/{NS}/pods/p1", {"gracePeriodSeconds": 0})
-        name = f"k8s-{gone['metadata']['uid']}"
-        c.wait(lambda: name not in tenants(gone_server), 60, "the freed claim's tenant to be removed")
-        secret = f"/api/v1/namespaces/{NS}/secrets/wormhole-{gone['metadata']['uid']}-{results['p1']['pool']}"
+        uid1 = gone["metadata"]["uid"]
+        c.wait(lambda: one(tenants(gone_server), uid1) is None, 60, "the freed claim's tenant to be removed")
+        secret = f"/api/v1/namespaces/wormhole-system/secrets/wormhole-{uid1}-{results['p1']['pool']}"
         c.wait(lambda: c.admin.get(secret, ok_missing=True) is None, 60, "the freed claim's Secret to go")
         node, env, spec_file = used["p1"]
         r = run_alloc(c_programs, env, 8)
@@ -265,9 +317,9 @@ def test_claims_are_placed_by_memory_and_become_tenants_with_that_quota(cluster,
                         "p3's claim")
         pool3 = claim3["status"]["allocation"]["devices"]["results"][0]["pool"]
         assert pool3 == results["p1"]["pool"]
-        c.wait(lambda: tenants(servers[pool3]).get(f"k8s-{claim3['metadata']['uid']}"), 30, "p3's tenant")
-        # The driver did all this with the rights the shipped ClusterRole grants, no more.
-        for log in ("ctl-a", "ctl-b"):
+        c.wait(lambda: one(tenants(servers[pool3]), claim3["metadata"]["uid"]), 30, "p3's tenant")
+        # The driver did all this with the rights the shipped roles grant, no more.
+        for log in ("ctl-a", "ctl-b", "plugin-node-a", "plugin-node-b"):
             assert "forbidden" not in c.log(log), c.log(log)[-3000:]
     finally:
         for p in procs:

@@ -211,3 +211,32 @@ def test_devices_are_listed_and_a_token_file_identifies_the_tenant(tmp_path, c_p
         assert r.returncode != 0 and "WORMHOLE_TOKEN_FILE" in r.stderr and "cannot read the token" in r.stderr
     finally:
         s.stop()
+
+
+def test_admin_socket_and_tokens_only_keep_a_shared_socket_to_sessions_with_tokens(tmp_path, c_programs):
+    # As deployed for containers: the session socket is handed out, so neither a peer's uid
+    # (a container's root is uid 0) nor the socket itself may administer or identify anyone.
+    admin = tmp_path / "admin.sock"
+    cfg = tmp_path / "server.toml"
+    cfg.write_text(f'admin_socket = "{admin}"\ntokens_only = true\n')
+    s = Server(tmp_path, config=cfg).start()
+    try:
+        assert stat.S_IMODE(os.stat(admin).st_mode) == 0o600
+        r = s.tenant("list", check=False)
+        assert r.returncode != 0 and "admin socket only" in r.stderr
+        r = s.run([c_programs["alloc"], "8"])
+        assert r.returncode != 0 and "token only" in r.stderr
+        added = subprocess.run([str(WH), "tenant", "add", "pod-1", "--mem-quota-mib", "16", "--socket", str(admin)],
+                               capture_output=True, text=True, timeout=10)
+        assert added.returncode == 0, added.stderr
+        token = json.loads(added.stdout)["token"]
+        r = s.run([c_programs["alloc"], "8", "16"], WORMHOLE_TOKEN=token)
+        assert r.returncode == 0, r.stderr
+        assert statuses(r.stdout) == [CL_SUCCESS, CL_MEM_OBJECT_ALLOCATION_FAILURE]
+        # Everyone may still ask what the server is and offers; the admin socket serves no sessions.
+        assert s.status()["tenants"]
+        r = subprocess.run([str(WH), "run", "--", c_programs["alloc"], "8"], capture_output=True, text=True,
+                           timeout=60, env=s.env(WORMHOLE_SOCKET=str(admin), WORMHOLE_TOKEN=token))
+        assert r.returncode != 0 and "serves no sessions" in r.stderr
+    finally:
+        s.stop()

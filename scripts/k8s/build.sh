@@ -12,13 +12,16 @@ KUBE_VERSION=${KUBE_VERSION:-v1.37.2}
 go=$(scripts/k8s/go.sh)
 out=$root/target/k8s
 mkdir -p "$out/bin"
-export GOFLAGS=-mod=mod
 
 echo "k8s: wh-dra and kubelet-sim ($("$go" version))"
-(cd kubernetes && "$go" build -trimpath -ldflags "-s -w" -o "$out/bin/" ./cmd/wh-dra ./test/kubelet-sim)
+# Our own module builds from its go.sum as committed.
+(cd kubernetes && GOFLAGS=-mod=readonly "$go" build -trimpath -ldflags "-s -w" -o "$out/bin/" ./cmd/wh-dra ./test/kubelet-sim)
 
+kube_bins=(kube-apiserver kube-scheduler kube-controller-manager)
 stamp=$out/bin/.kube-$KUBE_VERSION
-if [ -e "$stamp" ]; then
+built=1
+for b in "${kube_bins[@]}"; do [ -x "$out/bin/$b" ] || built=0; done
+if [ -e "$stamp" ] && [ "$built" = 1 ]; then
     echo "k8s: skipped Kubernetes $KUBE_VERSION: built already ($out/bin)"
     exit 0
 fi
@@ -27,7 +30,11 @@ echo "k8s: building kube-apiserver, kube-scheduler, kube-controller-manager $KUB
 # carry: a module of our own requires it and points them at their published versions instead.
 mod=$out/kube-build
 rm -rf "$mod" && mkdir -p "$mod"
-gomod=$(cd "$mod" && "$go" mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/^\t"GoMod": "\(.*\)",$/\1/p')
+gomod=$(cd "$mod" && GOFLAGS=-mod=mod "$go" mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/^\t"GoMod": "\(.*\)",$/\1/p')
+if [ ! -f "$gomod" ]; then
+    echo "k8s: the Go module proxy gave no go.mod for k8s.io/kubernetes@$KUBE_VERSION" >&2
+    exit 1
+fi
 staging_version=v0.${KUBE_VERSION#v1.}
 {
     echo "module wormhole.local/kube-build"
@@ -51,7 +58,8 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 )
 GO
-(cd "$mod" && "$go" mod tidy && "$go" build -ldflags "-s -w" -o "$out/bin/" \
+rm -f "$stamp"
+(cd "$mod" && export GOFLAGS=-mod=mod && "$go" mod tidy && "$go" build -ldflags "-s -w" -o "$out/bin/" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-controller-manager)
 touch "$stamp"
 echo "k8s: built $(ls "$out/bin" | tr '\n' ' ')"

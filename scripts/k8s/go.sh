@@ -26,13 +26,13 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 dir=$(cd "$tmp" && GOFLAGS=-mod=mod GO111MODULE=on "$base" mod download -json \
       "golang.org/toolchain@v0.0.1-$GO_TOOLCHAIN.linux-$("$base" env GOARCH)" \
-      | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
-if [ ! -f "$dir/bin/go" ]; then
+      | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p') || true
+if [ -z "$dir" ] || [ ! -f "$dir/bin/go" ]; then
     echo "go.sh: could not fetch the Go toolchain $GO_TOOLCHAIN as a module" >&2
     exit 1
 fi
 mkdir -p "$root/target/go"
-rm -rf "$local_go.tmp"
+rm -rf "$local_go.tmp" "$local_go"
 cp -r "$dir" "$local_go.tmp"
 chmod -R u+w "$local_go.tmp"
 chmod +x "$local_go.tmp"/bin/* "$local_go.tmp"/pkg/tool/*/*

@@ -64,6 +64,14 @@ enum Cmd {
         /// ~/.local/state/wormhole].
         #[arg(long)]
         state_dir: Option<PathBuf>,
+        /// Serve `wh tenant` on this socket only (mode 0600), not on the session socket: for a
+        /// session socket handed to containers, whose root must not administer the server.
+        #[arg(long)]
+        admin_socket: Option<PathBuf>,
+        /// Identify sessions by token only: a local peer's uid makes it no tenant (for a
+        /// socket handed to containers, whose tenants are minted with `wh tenant add`).
+        #[arg(long)]
+        tokens_only: bool,
     },
     /// Write a self-signed certificate and key for testing TLS (cert.pem, key.pem in DIR).
     GenCert {
@@ -273,6 +281,8 @@ fn run(cli: Cli) -> Result<(), CliError> {
             program_cache,
             no_program_cache,
             state_dir,
+            admin_socket,
+            tokens_only,
         } => {
             let mut c = match config {
                 Some(p) => Config::load(&p)?,
@@ -311,6 +321,10 @@ fn run(cli: Cli) -> Result<(), CliError> {
             if state_dir.is_some() {
                 c.state_dir = state_dir;
             }
+            if admin_socket.is_some() {
+                c.admin_socket = admin_socket;
+            }
+            c.tokens_only |= tokens_only;
             c.validate()?;
             wormhole_server::supervisor::serve(c, BACKENDS)?;
             Ok(())

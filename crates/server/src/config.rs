@@ -50,6 +50,14 @@ pub struct Config {
     /// Where tenants made at run time (`wh tenant add`) are kept across restarts; one server
     /// per directory. Default: `$XDG_STATE_HOME/wormhole` (`~/.local/state/wormhole`).
     pub state_dir: Option<PathBuf>,
+    /// Serve tenant administration (`wh tenant ...`) on this socket only (mode 0600: root and
+    /// the server's user); the session socket then refuses it. For servers whose session
+    /// socket is handed to containers, where uid 0 is a tenant's root, not the operator.
+    pub admin_socket: Option<PathBuf>,
+    /// Sessions are identified by their token only: a local peer's uid makes it no tenant
+    /// (not even "default"). For a session socket handed to containers, where uids are the
+    /// containers' and tenants are minted per workload (`wh tenant add`).
+    pub tokens_only: bool,
 }
 
 /// `cgroup = true | false | "/sys/fs/cgroup/..."`.
@@ -175,6 +183,8 @@ impl Default for Config {
             program_cache_mib: wormhole_blobcache::DEFAULT_MAX_BYTES >> 20,
             cgroup: None,
             state_dir: None,
+            admin_socket: None,
+            tokens_only: false,
         }
     }
 }

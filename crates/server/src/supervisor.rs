@@ -347,32 +347,46 @@ pub fn serve(
                         },
                         None => Conn::Tcp(stream),
                     };
-                    if let Err(e) = accept(&config, &vendors, &workers, conn) {
+                    if let Err(e) = accept(&config, &vendors, &workers, conn, Door::Sessions) {
                         tracing::warn!("session not started: {e}");
                     }
                 });
             }
         });
     }
-    // The Unix socket appears last: its existence tells scripts and tests that every
-    // listener (TCP, metrics) is already accepting.
-    // It is bound and listening under a temporary name and then renamed into place, so that
-    // it never exists without a listener (bind and listen are two steps: a client connecting
-    // between them is refused).
+    // The session socket appears last: its existence tells scripts and tests that every
+    // listener (TCP, metrics, admin) is already accepting.
     let listen_err = |source| ServeError::Listen {
         path: config.socket.clone(),
         source,
     };
-    let mut tmp = config.socket.clone().into_os_string();
-    tmp.push(format!(".{}", std::process::id()));
-    let tmp = PathBuf::from(tmp);
-    let _ = std::fs::remove_file(&tmp);
-    let listener = UnixListener::bind(&tmp).map_err(listen_err)?;
+    if let Some(path) = &config.admin_socket {
+        // Root and the server's user only: the peer-credential check stays, this keeps
+        // everyone else from even connecting.
+        let admin = bind_socket(path, 0o600).map_err(|source| ServeError::Listen {
+            path: path.clone(),
+            source,
+        })?;
+        let (config, vendors, workers) = (config.clone(), vendors.clone(), workers.clone());
+        std::thread::Builder::new()
+            .name("wh-admin".into())
+            .spawn(move || {
+                for stream in admin.incoming().flatten() {
+                    let (config, vendors, workers) =
+                        (config.clone(), vendors.clone(), workers.clone());
+                    spawn_handshake(move || {
+                        let conn = Conn::Unix(stream);
+                        if let Err(e) = accept(&config, &vendors, &workers, conn, Door::Admin) {
+                            tracing::warn!("admin request failed: {e}");
+                        }
+                    });
+                }
+            })
+            .map_err(listen_err)?;
+    }
     // Tenants are told apart by their peer uid, so any local user must be able to connect
     // (connecting needs write permission); the socket is otherwise created with the umask.
-    std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o666))
-        .map_err(listen_err)?;
-    std::fs::rename(&tmp, &config.socket).map_err(listen_err)?;
+    let listener = bind_socket(&config.socket, 0o666).map_err(listen_err)?;
     warn_if_unreachable(&config);
     tracing::info!(socket = %config.socket.display(), "wormhole server listening");
     for conn in listener.incoming() {
@@ -393,7 +407,13 @@ pub fn serve(
                 // up anyone else's session for the HELLO timeout.
                 spawn_handshake(move || {
                     let _slot = slot;
-                    if let Err(e) = accept(&config, &vendors, &workers, Conn::Unix(stream)) {
+                    if let Err(e) = accept(
+                        &config,
+                        &vendors,
+                        &workers,
+                        Conn::Unix(stream),
+                        Door::Sessions,
+                    ) {
                         tracing::warn!("session not started: {e}");
                     }
                 });
@@ -402,6 +422,20 @@ pub fn serve(
         }
     }
     Ok(())
+}
+
+/// Binds and listens on a Unix socket under a temporary name, then renames it into place: it
+/// never exists without a listener (bind and listen are two steps: a client connecting between
+/// them is refused).
+fn bind_socket(path: &std::path::Path, mode: u32) -> std::io::Result<UnixListener> {
+    let mut tmp = path.to_path_buf().into_os_string();
+    tmp.push(format!(".{}", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    let _ = std::fs::remove_file(&tmp);
+    let listener = UnixListener::bind(&tmp)?;
+    std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(mode))?;
+    std::fs::rename(&tmp, path)?;
+    Ok(listener)
 }
 
 /// Gives every tenant its cgroup with its CPU weight, if the `cgroup` setting and the system
@@ -753,7 +787,22 @@ fn warn_if_unreachable(config: &Config) {
     }
 }
 
-fn accept(config: &Config, vendors: &Apis, workers: &Workers, stream: Conn) -> std::io::Result<()> {
+/// Which of the server's sockets a connection came on.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Door {
+    /// The session socket, TCP or TLS.
+    Sessions,
+    /// The admin socket (`admin_socket`): tenant administration only.
+    Admin,
+}
+
+fn accept(
+    config: &Config,
+    vendors: &Apis,
+    workers: &Workers,
+    stream: Conn,
+    door: Door,
+) -> std::io::Result<()> {
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut body = Vec::new();
     let h = match stream.read_frame(&mut body) {
@@ -769,12 +818,27 @@ fn accept(config: &Config, vendors: &Apis, workers: &Workers, stream: Conn) -> s
             Conn::Unix(s) if body.first() == Some(&crate::admin::DEVICES) => {
                 return answer_json(s, &devices(config, vendors));
             }
-            Conn::Unix(s) => return control_request(workers, s, &body),
+            Conn::Unix(s) => {
+                // With an admin socket, the session socket serves only what everyone may ask.
+                let administering = !body.is_empty() && body[0] != crate::admin::STATUS;
+                if administering && config.admin_socket.is_some() && door == Door::Sessions {
+                    refuse(
+                        &stream,
+                        "tenant administration is served on the server's admin socket only",
+                    );
+                    return Ok(());
+                }
+                return control_request(workers, s, &body);
+            }
             Conn::Tcp(_) | Conn::Tls(_) => {
                 refuse(&stream, "status is only served on the local socket");
                 return Ok(());
             }
         },
+        control::HELLO if door == Door::Admin => {
+            refuse(&stream, "the admin socket serves no sessions");
+            return Ok(());
+        }
         control::HELLO => {}
         other => {
             refuse(
@@ -826,9 +890,10 @@ fn accept(config: &Config, vendors: &Apis, workers: &Workers, stream: Conn) -> s
     // without one are known by uid; on a server without configured tenants they are "default".
     let mut state = workers.lock().unwrap_or_else(|p| p.into_inner());
     // No tenants configured: local users without a token are "default" (index 0), no limits.
-    let open = config.tenants.is_empty();
+    let open = config.tenants.is_empty() && !config.tokens_only;
     let tenant = match (&token, cred) {
         (Some(tok), _) => tenant_of_token(&state.tenants, tok),
+        (None, Some(_)) if config.tokens_only => None,
         (None, Some(c)) => state
             .tenants
             .iter()
@@ -839,6 +904,9 @@ fn accept(config: &Config, vendors: &Apis, workers: &Workers, stream: Conn) -> s
     let Some(tenant) = tenant else {
         let who = match (cred, &token) {
             (_, Some(_)) => "unknown token".to_string(),
+            (Some(_), None) if config.tokens_only => {
+                "no token: this server identifies sessions by token only (WORMHOLE_TOKEN or WORMHOLE_TOKEN_FILE)".to_string()
+            }
             (Some(c), None) => format!("uid {} is not a tenant of this server", c.uid()),
             (None, None) => {
                 "no token: TCP sessions must present a tenant token (WORMHOLE_TOKEN)".to_string()
@@ -1514,27 +1582,41 @@ fn control_request(workers: &Workers, stream: &UnixStream, body: &[u8]) -> std::
 }
 
 /// The devices every API offers, each listed by an inventory worker of its own (the
-/// supervisor never loads a driver), and where sessions connect.
+/// supervisor never loads a driver), and where sessions connect. Anyone may ask, so one
+/// inventory runs at a time and a complete answer is reused for a minute.
 fn devices(config: &Config, vendors: &Apis) -> crate::admin::Devices {
-    let apis = vendors
-        .backends
-        .iter()
-        .enumerate()
-        .map(|(i, b)| {
-            let (devices, error) = match list_devices(config, vendors, i) {
-                Ok(d) => (d, None),
-                Err(e) => {
-                    tracing::warn!(api = b.api(), "cannot list the devices: {e}");
-                    (Vec::new(), Some(e))
-                }
-            };
-            crate::admin::ApiDevices {
-                api: b.api().to_string(),
-                devices,
-                error,
-            }
-        })
-        .collect();
+    const FRESH: Duration = Duration::from_secs(60);
+    static LAST: Mutex<Option<(Instant, Vec<crate::admin::ApiDevices>)>> = Mutex::new(None);
+    let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
+    let apis = match &*last {
+        Some((at, apis)) if at.elapsed() < FRESH => apis.clone(),
+        _ => {
+            let apis: Vec<_> = vendors
+                .backends
+                .iter()
+                .enumerate()
+                .map(|(i, b)| {
+                    let (devices, error) = match list_devices(config, vendors, i) {
+                        Ok(d) => (d, None),
+                        Err(e) => {
+                            tracing::warn!(api = b.api(), "cannot list the devices: {e}");
+                            (Vec::new(), Some(e))
+                        }
+                    };
+                    crate::admin::ApiDevices {
+                        api: b.api().to_string(),
+                        devices,
+                        error,
+                    }
+                })
+                .collect();
+            *last = apis
+                .iter()
+                .all(|a| a.error.is_none())
+                .then(|| (Instant::now(), apis.clone()));
+            apis
+        }
+    };
     crate::admin::Devices {
         apis,
         socket: config.socket.clone(),
@@ -1543,8 +1625,9 @@ fn devices(config: &Config, vendors: &Apis) -> crate::admin::Devices {
     }
 }
 
-/// Runs `wh worker --transport inventory` for one API and reads its JSON answer; a worker
-/// that takes longer than `INVENTORY_TIME` (a driver stuck at start) is killed.
+/// Runs `wh worker --transport inventory` for one API and reads its JSON answer. A worker
+/// that has not answered within `INVENTORY_TIME` (a driver stuck at start, or a process of
+/// the driver's keeping the pipe open) is killed with its process group.
 fn list_devices(
     config: &Config,
     vendors: &Apis,
@@ -1569,32 +1652,30 @@ fn list_devices(
         .env("WORMHOLE_NAME_PREFIX", &config.name_prefix)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
+        .process_group(0)
         .spawn()
         .map_err(|e| format!("cannot start an inventory worker: {e}"))?;
     let mut out = child.stdout.take().expect("piped");
-    let reader = std::thread::spawn(move || {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
         let mut bytes = Vec::new();
-        std::io::Read::read_to_end(&mut out, &mut bytes).map(|_| bytes)
+        let _ = tx.send(std::io::Read::read_to_end(&mut out, &mut bytes).map(|_| bytes));
     });
-    let started = Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if started.elapsed() < INVENTORY_TIME => {
-                std::thread::sleep(Duration::from_millis(10))
-            }
-            Ok(None) | Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "the inventory worker did not answer within {INVENTORY_TIME:?}"
-                ));
-            }
+    let answer = rx.recv_timeout(INVENTORY_TIME);
+    let status = match answer {
+        Ok(_) => child.wait(),
+        Err(_) => {
+            // SAFETY: kill has no memory preconditions; the group is the worker's own.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            let _ = child.wait();
+            return Err(format!(
+                "the inventory worker did not answer within {INVENTORY_TIME:?}"
+            ));
         }
-    };
-    let bytes = reader
-        .join()
-        .map_err(|_| "the inventory reader failed".to_string())?
+    }
+    .map_err(|e| format!("cannot wait for the inventory worker: {e}"))?;
+    let bytes = answer
+        .expect("checked above")
         .map_err(|e| format!("cannot read the inventory worker: {e}"))?;
     if !status.success() {
         return Err(format!(

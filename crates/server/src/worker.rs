@@ -784,12 +784,20 @@ pub struct WorkerArgs {
 /// limits, and serve one session of `backend`.
 pub fn main(args: WorkerArgs, backend: &'static dyn Backend) -> Result<(), WorkerError> {
     if args.transport == "inventory" {
-        // No session: the devices as JSON on stdout, for the supervisor that asked.
+        // No session: the devices as JSON on stdout, for the supervisor that asked. The driver
+        // may print too: its output goes to stderr (the log), the answer to the original stdout.
+        // SAFETY: dup and dup2 on the process's own standard descriptors.
+        let answer = unsafe {
+            let fd = libc::dup(1);
+            if fd < 0 || libc::dup2(2, 1) < 0 {
+                return Err(WorkerError::Io(std::io::Error::last_os_error()));
+            }
+            <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd)
+        };
         let devices = backend
             .inventory()
             .map_err(|e| WorkerError::Io(std::io::Error::other(e)))?;
-        serde_json::to_writer(std::io::stdout().lock(), &devices)
-            .map_err(|e| WorkerError::Io(e.into()))?;
+        serde_json::to_writer(answer, &devices).map_err(|e| WorkerError::Io(e.into()))?;
         return Ok(());
     }
     let build_cache = args.build_cache.as_deref().and_then(|dir| {

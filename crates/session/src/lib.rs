@@ -245,23 +245,30 @@ impl Connection {
 fn hello(hooks: &ApiHooks) -> Result<Vec<u8>, ConnectError> {
     // TCP tenants identify themselves with a token (local ones by their uid). A token file
     // (WORMHOLE_TOKEN_FILE, as a cluster integration mounts it) keeps the token out of the
-    // environment, where other processes of the same user could read it.
+    // environment, where other processes of the same user could read it; WORMHOLE_TOKEN, if
+    // set, comes first.
     let token = match std::env::var("WORMHOLE_TOKEN")
         .ok()
         .filter(|t| !t.is_empty())
     {
         Some(t) => Some(t),
         None => match std::env::var_os("WORMHOLE_TOKEN_FILE").filter(|p| !p.is_empty()) {
-            Some(path) => Some(
-                std::fs::read_to_string(&path)
+            Some(path) => {
+                let shown = std::path::Path::new(&path).display().to_string();
+                let token = std::fs::read_to_string(&path)
                     .map(|t| t.trim().to_string())
                     .map_err(|e| {
                         ConnectError(format!(
-                            "WORMHOLE_TOKEN_FILE={}: cannot read the token: {e}",
-                            std::path::Path::new(&path).display()
+                            "WORMHOLE_TOKEN_FILE={shown}: cannot read the token: {e}"
                         ))
-                    })?,
-            ),
+                    })?;
+                if token.is_empty() {
+                    return Err(ConnectError(format!(
+                        "WORMHOLE_TOKEN_FILE={shown}: the file holds no token"
+                    )));
+                }
+                Some(token)
+            }
             None => None,
         },
     };

@@ -39,6 +39,8 @@ const (
 type Plugin struct {
 	Driver string
 	Client kubernetes.Interface
+	// Namespace holds the grants (the driver's own: a claim's users cannot edit them).
+	Namespace string
 	// CDIDir is where the container runtime reads CDI specs (/var/run/cdi).
 	CDIDir string
 	// StateDir keeps the claims' token files (root only).
@@ -51,6 +53,13 @@ var _ kubeletplugin.DRAPlugin = (*Plugin)(nil)
 
 // Setup makes the plugin's directories and the ICD file every container mounts.
 func (p *Plugin) Setup() error {
+	for _, d := range []*string{&p.StateDir, &p.CDIDir} {
+		abs, err := filepath.Abs(*d)
+		if err != nil {
+			return err
+		}
+		*d = abs
+	}
 	for _, d := range []string{p.StateDir, p.CDIDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return err
@@ -81,6 +90,17 @@ func (p *Plugin) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 func (p *Plugin) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
 	spec := cdispec.Spec{Version: "0.6.0", Kind: CDIKind}
 	var devices []kubeletplugin.Device
+	pools := map[string]bool{}
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Driver == p.Driver {
+			pools[r.Pool] = true
+		}
+	}
+	// A process talks to one server: shares of two would hand it two tokens and endpoints
+	// under the same variables.
+	if len(pools) > 1 {
+		return nil, fmt.Errorf("claim %s/%s has shares of %d Wormhole servers; a claim may use one (split it into one claim per server)", claim.Namespace, claim.Name, len(pools))
+	}
 	for _, r := range claim.Status.Allocation.Devices.Results {
 		if r.Driver != p.Driver {
 			continue
@@ -114,10 +134,13 @@ func (p *Plugin) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 // grant writes the claim's token for one pool to the node and says what the container gets.
 func (p *Plugin) grant(ctx context.Context, claim *resourceapi.ResourceClaim, pool string) (cdispec.ContainerEdits, error) {
 	var edits cdispec.ContainerEdits
-	secret, err := p.Client.CoreV1().Secrets(claim.Namespace).Get(ctx, grant.SecretName(claim.UID, pool), metav1.GetOptions{})
+	secret, err := p.Client.CoreV1().Secrets(p.Namespace).Get(ctx, grant.SecretName(claim.UID, pool), metav1.GetOptions{})
 	if err != nil {
 		// The controller mints right after allocation; the kubelet asks again.
 		return edits, fmt.Errorf("no token for claim %s/%s on pool %s yet: %w", claim.Namespace, claim.Name, pool, err)
+	}
+	if string(secret.Data[grant.KeyPool]) != pool {
+		return edits, fmt.Errorf("the Secret %s/%s is not the grant of pool %s", secret.Namespace, secret.Name, pool)
 	}
 	if secret.Labels[grant.LabelClaimUID] != string(claim.UID) {
 		return edits, fmt.Errorf("the Secret %s/%s is not the grant of claim %s", secret.Namespace, secret.Name, claim.UID)
@@ -154,9 +177,15 @@ func (p *Plugin) grant(ctx context.Context, claim *resourceapi.ResourceClaim, po
 	}
 	switch {
 	case strings.HasPrefix(endpoint, "unix://"):
-		socket := strings.TrimPrefix(endpoint, "unix://")
+		socket := filepath.Clean(strings.TrimPrefix(endpoint, "unix://"))
+		dir := filepath.Dir(socket)
+		// The socket's directory is mounted into the container: it must hold nothing else of
+		// ours (tokens), and the container must not be able to replace the socket.
+		if !filepath.IsAbs(socket) || within(p.StateDir, dir) || within(p.CDIDir, dir) {
+			return edits, fmt.Errorf("the server's socket %s is not in a directory of its own (the plugin keeps %s and %s): give the server a socket directory of its own", socket, p.StateDir, p.CDIDir)
+		}
 		edits.Env = append(edits.Env, "WORMHOLE_SOCKET="+socket)
-		edits.Mounts = append(edits.Mounts, &cdispec.Mount{HostPath: filepath.Dir(socket), ContainerPath: filepath.Dir(socket), Options: []string{"rbind"}})
+		edits.Mounts = append(edits.Mounts, &cdispec.Mount{HostPath: dir, ContainerPath: dir, Options: []string{"rbind", "ro"}})
 	case strings.HasPrefix(endpoint, "tcp://"), strings.HasPrefix(endpoint, "tls://"):
 		edits.Env = append(edits.Env, "WORMHOLE_SERVER="+endpoint)
 	default:
@@ -191,6 +220,12 @@ func (p *Plugin) WatchHealthStatus(context.Context, chan<- kubeletplugin.DeviceH
 
 func (p *Plugin) specFile(claim types.UID) string {
 	return filepath.Join(p.CDIDir, fmt.Sprintf("wormhole.dev-%s.json", claim))
+}
+
+// within says whether path is dir or lies under it.
+func within(path, dir string) bool {
+	rel, err := filepath.Rel(dir, filepath.Clean(path))
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
 }
 
 func hasDevice(spec cdispec.Spec, name string) bool {

@@ -46,54 +46,71 @@ type Pool struct {
 // Quantum is the step memory requests are rounded up to: tenants' quotas are whole MiB.
 var Quantum = resource.MustParse("1Mi")
 
-// Resources is the pool's one slice: every device of every API the server offers.
-func Resources(p Pool, inv *wh.Inventory) (*resourceslice.DriverResources, error) {
+// MinMemory is the least a device must offer to be published (a default share and one more).
+var MinMemory = resource.MustParse("2Mi")
+
+// Resources is the pool's one slice: every device of every API the server offers. Devices
+// too small to share are left out, and said so in the returned notes.
+func Resources(p Pool, inv *wh.Inventory) (*resourceslice.DriverResources, []string) {
 	var devices []resourceapi.Device
+	var notes []string
 	for _, api := range inv.APIs {
 		for i, d := range api.Devices {
+			name := fmt.Sprintf("%s-%d", api.API, i)
 			mem := *resource.NewQuantity(int64(d.MemoryBytes), resource.BinarySI)
 			if !p.MemoryLimit.IsZero() && p.MemoryLimit.Cmp(mem) < 0 {
 				mem = p.MemoryLimit
 			}
 			// Whole MiB, as quotas are.
 			mem = *resource.NewQuantity(mem.Value()/Quantum.Value()*Quantum.Value(), resource.BinarySI)
-			def := p.DefaultMemory
+			if mem.Cmp(MinMemory) < 0 {
+				notes = append(notes, fmt.Sprintf("%s (%s) left out: %s of memory is too little to share", name, d.Name, mem.String()))
+				continue
+			}
+			// The default share: whole MiB, at least one, at most the device.
+			def := *resource.NewQuantity(max(roundUp(p.DefaultMemory.Value(), Quantum.Value()), Quantum.Value()), resource.BinarySI)
 			if def.Cmp(mem) > 0 {
 				def = mem
 			}
+			attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+				"api":       {StringValue: ptr.To(api.API)},
+				"model":     {StringValue: ptr.To(clip(d.Name))},
+				"vendor":    {StringValue: ptr.To(clip(d.Vendor))},
+				"kind":      {StringValue: ptr.To(d.Kind)},
+				"transport": {StringValue: ptr.To(transport(p.Endpoint))},
+				"server":    {StringValue: ptr.To(clip(p.Name))},
+			}
+			// Attributes hold 64 characters: a longer endpoint is only in the grants.
+			if len(p.Endpoint) <= 64 {
+				attrs["endpoint"] = resourceapi.DeviceAttribute{StringValue: ptr.To(p.Endpoint)}
+			}
+			capacity := map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+				Memory: {
+					Value: mem,
+					RequestPolicy: &resourceapi.CapacityRequestPolicy{
+						Default: &def,
+						ValidRange: &resourceapi.CapacityRequestPolicyRange{
+							Min:  ptr.To(Quantum),
+							Step: ptr.To(Quantum),
+						},
+					},
+				},
+				// One session unless asked: a device of one session has no policy to give.
+				Sessions: {Value: *resource.NewQuantity(max(p.Sessions, 1), resource.DecimalSI)},
+			}
+			if p.Sessions > 1 {
+				one := resource.NewQuantity(1, resource.DecimalSI)
+				c := capacity[Sessions]
+				c.RequestPolicy = &resourceapi.CapacityRequestPolicy{
+					Default:    one,
+					ValidRange: &resourceapi.CapacityRequestPolicyRange{Min: one, Step: one},
+				}
+				capacity[Sessions] = c
+			}
 			devices = append(devices, resourceapi.Device{
-				Name: fmt.Sprintf("%s-%d", api.API, i),
-				Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
-					"api":       {StringValue: ptr.To(api.API)},
-					"model":     {StringValue: ptr.To(clip(d.Name))},
-					"vendor":    {StringValue: ptr.To(clip(d.Vendor))},
-					"kind":      {StringValue: ptr.To(d.Kind)},
-					"endpoint":  {StringValue: ptr.To(p.Endpoint)},
-					"transport": {StringValue: ptr.To(transport(p.Endpoint))},
-					"server":    {StringValue: ptr.To(p.Name)},
-				},
-				Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
-					Memory: {
-						Value: mem,
-						RequestPolicy: &resourceapi.CapacityRequestPolicy{
-							Default: &def,
-							ValidRange: &resourceapi.CapacityRequestPolicyRange{
-								Min:  ptr.To(Quantum),
-								Step: ptr.To(Quantum),
-							},
-						},
-					},
-					Sessions: {
-						Value: *resource.NewQuantity(p.Sessions, resource.DecimalSI),
-						RequestPolicy: &resourceapi.CapacityRequestPolicy{
-							Default: resource.NewQuantity(1, resource.DecimalSI),
-							ValidRange: &resourceapi.CapacityRequestPolicyRange{
-								Min:  resource.NewQuantity(1, resource.DecimalSI),
-								Step: resource.NewQuantity(1, resource.DecimalSI),
-							},
-						},
-					},
-				},
+				Name:                     name,
+				Attributes:               attrs,
+				Capacity:                 capacity,
 				AllowMultipleAllocations: ptr.To(true),
 			})
 		}
@@ -111,7 +128,11 @@ func Resources(p Pool, inv *wh.Inventory) (*resourceslice.DriverResources, error
 	default:
 		pool.AllNodes = true
 	}
-	return &resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{p.Name: pool}}, nil
+	return &resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{p.Name: pool}}, notes
+}
+
+func roundUp(v, q int64) int64 {
+	return (v + q - 1) / q * q
 }
 
 // transport is the endpoint's scheme: unix, tcp or tls.

@@ -1,6 +1,7 @@
 package publish
 
 import (
+	"strings"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -21,9 +22,9 @@ func inventory(mem uint64) *wh.Inventory {
 func TestDevicesAreShareableWithWholeMiBOfMemory(t *testing.T) {
 	p := Pool{Name: "gpu-1", Node: "node-a", Endpoint: "unix:///run/wormhole/wormhole.sock", Sessions: 8,
 		DefaultMemory: resource.MustParse("256Mi")}
-	res, err := Resources(p, inventory(80<<30+12345))
-	if err != nil {
-		t.Fatal(err)
+	res, notes := Resources(p, inventory(80<<30+12345))
+	if len(notes) > 0 {
+		t.Fatal(notes)
 	}
 	pool := res.Pools["gpu-1"]
 	if pool.AllNodes || pool.NodeSelector == nil || pool.NodeSelector.NodeSelectorTerms[0].MatchFields[0].Values[0] != "node-a" {
@@ -48,9 +49,9 @@ func TestDevicesAreShareableWithWholeMiBOfMemory(t *testing.T) {
 func TestOperatorCapsMemoryAndNetworkPoolsServeAllNodes(t *testing.T) {
 	p := Pool{Name: "remote", Endpoint: "tls://10.0.0.5:7700", Sessions: 4,
 		MemoryLimit: resource.MustParse("1Gi"), DefaultMemory: resource.MustParse("4Gi")}
-	res, err := Resources(p, inventory(80<<30))
-	if err != nil {
-		t.Fatal(err)
+	res, notes := Resources(p, inventory(80<<30))
+	if len(notes) > 0 {
+		t.Fatal(notes)
 	}
 	pool := res.Pools["remote"]
 	if !pool.AllNodes || pool.NodeSelector != nil {
@@ -63,5 +64,26 @@ func TestOperatorCapsMemoryAndNetworkPoolsServeAllNodes(t *testing.T) {
 	// A default above the capacity would make every default claim unallocatable.
 	if mem.RequestPolicy.Default.Cmp(resource.MustParse("1Gi")) != 0 {
 		t.Fatalf("default %s", mem.RequestPolicy.Default.String())
+	}
+}
+
+func TestSmallDevicesAreLeftOutAndOddSettingsStayValid(t *testing.T) {
+	p := Pool{Name: "x", Endpoint: "tcp://" + strings.Repeat("h", 70) + ":1", Sessions: 1,
+		DefaultMemory: resource.MustParse("1.5Mi")}
+	res, notes := Resources(p, inventory(1<<20))
+	if len(notes) != 1 || len(res.Pools["x"].Slices[0].Devices) != 0 {
+		t.Fatalf("a 1 MiB device is too small to share: %v", notes)
+	}
+	res, _ = Resources(p, inventory(64<<20))
+	d := res.Pools["x"].Slices[0].Devices[0]
+	if _, ok := d.Attributes["endpoint"]; ok {
+		t.Fatal("an endpoint over 64 characters is no attribute")
+	}
+	sessions := d.Capacity[Sessions]
+	if sessions.RequestPolicy != nil || sessions.Value.Value() != 1 {
+		t.Fatalf("one session: %+v", d.Capacity[Sessions])
+	}
+	if def := d.Capacity[Memory].RequestPolicy.Default; def.Value() != 2<<20 {
+		t.Fatalf("the default rounds up to whole MiB: %s", def.String())
 	}
 }

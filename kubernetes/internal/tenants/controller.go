@@ -1,14 +1,16 @@
 // Package tenants keeps one server's tenants equal to the claims the scheduler allocated from
 // its pool: a claim allocated a share of a device gets a tenant whose memory quota is the
-// share's consumed capacity, with a token handed over in a Secret; a claim that loses its
-// allocation (or is deleted) has its tenant removed, which revokes the token and ends its
-// sessions. The loop is level-triggered: every pass compares all claims with all tenants,
-// so a missed event or a restart of either side is repaired by the next pass.
+// share's consumed capacity, with a token handed over in a Secret in the driver's namespace;
+// a claim that loses its allocation (or is deleted) has its tenant removed, which revokes the
+// token and ends its sessions. The loop is level-triggered: every pass compares all claims
+// with all of the pool's tenants, so a missed event or a restart of either side is repaired
+// by the next pass.
 package tenants
 
 import (
 	"context"
 	"fmt"
+	"sort"
 	"strings"
 	"time"
 
@@ -22,24 +24,41 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
-	"k8s.io/utils/ptr"
 
 	"wormhole/kubernetes/internal/grant"
 	"wormhole/kubernetes/internal/publish"
 	"wormhole/kubernetes/internal/wh"
 )
 
+// Server is what the controller needs of a Wormhole server (wh.Server; a fake in tests).
+type Server interface {
+	Tenants(ctx context.Context) ([]wh.Tenant, error)
+	Add(ctx context.Context, spec wh.TenantSpec) (string, error)
+	Remove(ctx context.Context, name string) error
+}
+
 // Controller mints and revokes the tenants of one pool (one server).
 type Controller struct {
 	Driver string
 	Pool   publish.Pool
-	Server wh.Server
+	Server Server
 	Client kubernetes.Interface
+	// Namespace holds the grants (the driver's own).
+	Namespace string
 	// CA is the certificate (PEM) a tls:// endpoint is checked against, handed over with
 	// the token; empty otherwise.
 	CA []byte
 	// Devices are the published devices: name in the slice -> what the server calls it.
 	Devices map[string]DeviceInfo
+
+	// backoff delays claims whose tenant could not be made, so one failing claim does not
+	// rewrite the server's state every pass.
+	backoff map[types.UID]retry
+}
+
+type retry struct {
+	at    time.Time
+	delay time.Duration
 }
 
 // DeviceInfo is what a tenant of a device needs to know about it.
@@ -52,11 +71,9 @@ type DeviceInfo struct {
 
 // share is one claim's part of this pool.
 type share struct {
-	claim    *resourceapi.ResourceClaim
-	memory   int64
-	sessions int64
-	api      string
-	models   []string
+	claim *resourceapi.ResourceClaim
+	api   string
+	grant.Share
 }
 
 // Resync bounds how long a missed event goes unnoticed.
@@ -67,6 +84,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	claimsFactory := informers.NewSharedInformerFactory(c.Client, 10*time.Minute)
 	secretsFactory := informers.NewSharedInformerFactoryWithOptions(c.Client, 10*time.Minute,
+		informers.WithNamespace(c.Namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.LabelSelector = grant.LabelPool + "=" + c.Pool.Name
 		}))
@@ -110,8 +128,15 @@ func (c *Controller) Run(ctx context.Context) error {
 		case <-kick:
 		case <-timer.C:
 		}
+		// Events come in bursts (a pod's claim is created, allocated, reserved): one pass
+		// for the burst.
+		time.Sleep(100 * time.Millisecond)
+		select {
+		case <-kick:
+		default:
+		}
 		wait := Resync
-		if err := c.reconcile(ctx, claims.Lister().List, secrets.Lister().List); err != nil {
+		if err := c.Reconcile(ctx, claims.Lister().List, secrets.Lister().List); err != nil {
 			logger.Error(err, "Reconciling the pool's tenants failed; trying again", "pool", c.Pool.Name)
 			wait = 2 * time.Second
 		}
@@ -119,17 +144,30 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 }
 
-func (c *Controller) reconcile(ctx context.Context,
+// Reconcile makes one pass: tenants for the claims allocated from the pool, none for others.
+func (c *Controller) Reconcile(ctx context.Context,
 	listClaims func(labels.Selector) ([]*resourceapi.ResourceClaim, error),
 	listSecrets func(labels.Selector) ([]*corev1.Secret, error)) error {
 	logger := klog.FromContext(ctx)
+	if c.backoff == nil {
+		c.backoff = map[types.UID]retry{}
+	}
 	all, err := listClaims(labels.Everything())
 	if err != nil {
 		return err
 	}
 	want := map[types.UID]*share{}
+	// Claims on devices this server does not (or no longer) lists: neither minted nor revoked.
+	keep := map[types.UID]bool{}
 	for _, claim := range all {
-		if s := c.shareOf(claim); s != nil {
+		s, unknown := c.shareOf(claim)
+		if unknown != "" {
+			logger.Info("Claim allocated a device the server does not list; its tenant is left as it is",
+				"claim", klog.KObj(claim), "device", unknown, "pool", c.Pool.Name)
+			keep[claim.UID] = true
+			continue
+		}
+		if s != nil {
 			want[claim.UID] = s
 		}
 	}
@@ -137,9 +175,10 @@ func (c *Controller) reconcile(ctx context.Context,
 	if err != nil {
 		return err
 	}
+	prefix := grant.TenantPrefix(c.Pool.Name)
 	have := map[string]wh.Tenant{}
 	for _, t := range tenants {
-		if t.AddedAtRunTime && strings.HasPrefix(t.Name, "k8s-") {
+		if t.AddedAtRunTime && strings.HasPrefix(t.Name, prefix) {
 			have[t.Name] = t
 		}
 	}
@@ -149,18 +188,34 @@ func (c *Controller) reconcile(ctx context.Context,
 	}
 	secrets := map[string]*corev1.Secret{}
 	for _, s := range granted {
-		secrets[s.Namespace+"/"+s.Name] = s
+		secrets[s.Name] = s
 	}
 	var failed []error
+	now := time.Now()
 	for uid, s := range want {
-		name := grant.TenantName(uid)
-		secretName := grant.SecretName(uid, c.Pool.Name)
-		secret := secrets[s.claim.Namespace+"/"+secretName]
-		if _, ok := have[name]; ok && secret != nil && string(secret.Data[grant.KeyTenant]) == name {
+		if r, ok := c.backoff[uid]; ok && now.Before(r.at) {
 			continue
 		}
-		if _, ok := have[name]; ok {
-			// Its token is lost (the Secret went): only a new one can be handed over.
+		name := grant.TenantName(c.Pool.Name, uid)
+		secretName := grant.SecretName(uid, c.Pool.Name)
+		secret := secrets[secretName]
+		tenant, minted := have[name]
+		if minted && secret == nil {
+			// The cache may lag behind a Secret made moments ago: ask before revoking.
+			live, err := c.Client.CoreV1().Secrets(c.Namespace).Get(ctx, secretName, metav1.GetOptions{})
+			if err == nil {
+				secret = live
+			} else if !apierrors.IsNotFound(err) {
+				failed = append(failed, err)
+				continue
+			}
+		}
+		if minted && secret != nil && c.current(secret, tenant, name, s) {
+			delete(c.backoff, uid)
+			continue
+		}
+		if minted {
+			// Its token is lost, or was minted for another share: only a new one will do.
 			if err := c.Server.Remove(ctx, name); err != nil {
 				failed = append(failed, err)
 				continue
@@ -168,16 +223,26 @@ func (c *Controller) reconcile(ctx context.Context,
 		}
 		if err := c.mint(ctx, s, name, secretName, secret); err != nil {
 			failed = append(failed, fmt.Errorf("claim %s/%s: %w", s.claim.Namespace, s.claim.Name, err))
+			r := c.backoff[uid]
+			r.delay = min(max(2*r.delay, 2*time.Second), 5*time.Minute)
+			r.at = now.Add(r.delay)
+			c.backoff[uid] = r
 			continue
 		}
+		delete(c.backoff, uid)
 		logger.Info("Tenant minted for claim", "claim", klog.KObj(s.claim), "tenant", name,
-			"memQuotaMiB", s.memory>>20, "sessions", s.sessions, "pool", c.Pool.Name)
+			"share", s.Share.String(), "pool", c.Pool.Name)
+	}
+	for uid := range c.backoff {
+		if _, ok := want[uid]; !ok {
+			delete(c.backoff, uid)
+		}
 	}
 	// Tenants whose removal failed keep their Secret, so the next pass still finds them.
 	stuck := map[string]bool{}
 	for name := range have {
-		uid := types.UID(strings.TrimPrefix(name, "k8s-"))
-		if _, ok := want[uid]; ok {
+		uid := types.UID(strings.TrimPrefix(name, prefix))
+		if _, ok := want[uid]; ok || keep[uid] {
 			continue
 		}
 		if err := c.Server.Remove(ctx, name); err != nil {
@@ -185,16 +250,14 @@ func (c *Controller) reconcile(ctx context.Context,
 			stuck[name] = true
 			continue
 		}
-		logger.Info("Tenant revoked: its claim is no longer allocated", "tenant", name, "pool", c.Pool.Name)
+		logger.Info("Tenant revoked: its claim is no longer allocated here", "tenant", name, "pool", c.Pool.Name)
 	}
 	for _, secret := range secrets {
-		if _, ok := want[types.UID(secret.Labels[grant.LabelClaimUID])]; ok {
+		uid := types.UID(secret.Labels[grant.LabelClaimUID])
+		if _, ok := want[uid]; ok || keep[uid] || stuck[string(secret.Data[grant.KeyTenant])] {
 			continue
 		}
-		if stuck[string(secret.Data[grant.KeyTenant])] {
-			continue
-		}
-		err := c.Client.CoreV1().Secrets(secret.Namespace).Delete(ctx, secret.Name, metav1.DeleteOptions{})
+		err := c.Client.CoreV1().Secrets(c.Namespace).Delete(ctx, secret.Name, metav1.DeleteOptions{})
 		if err != nil && !apierrors.IsNotFound(err) {
 			failed = append(failed, err)
 		}
@@ -205,10 +268,19 @@ func (c *Controller) reconcile(ctx context.Context,
 	return nil
 }
 
-// shareOf is the claim's part of this pool, or nil when the scheduler gave it none.
-func (c *Controller) shareOf(claim *resourceapi.ResourceClaim) *share {
+// current says whether the tenant and its Secret are what the share asks for.
+func (c *Controller) current(secret *corev1.Secret, tenant wh.Tenant, name string, s *share) bool {
+	return string(secret.Data[grant.KeyTenant]) == name &&
+		string(secret.Data[grant.KeyShare]) == s.Share.String() &&
+		tenant.MemQuotaMiB != nil && *tenant.MemQuotaMiB == s.MemoryMiB &&
+		tenant.MaxSessions != nil && *tenant.MaxSessions == s.Sessions
+}
+
+// shareOf is the claim's part of this pool (nil when the scheduler gave it none), or the
+// name of a device of this pool that the server does not list.
+func (c *Controller) shareOf(claim *resourceapi.ResourceClaim) (*share, string) {
 	if claim.Status.Allocation == nil {
-		return nil
+		return nil, ""
 	}
 	var s *share
 	for _, r := range claim.Status.Allocation.Devices.Results {
@@ -217,8 +289,7 @@ func (c *Controller) shareOf(claim *resourceapi.ResourceClaim) *share {
 		}
 		dev, ok := c.Devices[r.Device]
 		if !ok {
-			// A device this server no longer offers: the claim cannot be served here.
-			continue
+			return nil, r.Device
 		}
 		if s == nil {
 			s = &share{claim: claim, api: dev.API}
@@ -231,20 +302,23 @@ func (c *Controller) shareOf(claim *resourceapi.ResourceClaim) *share {
 		if q, ok := r.ConsumedCapacity[publish.Sessions]; ok {
 			sessions = q.Value()
 		}
-		s.memory += mem
-		s.sessions += sessions
-		s.models = append(s.models, dev.Model)
+		s.MemoryMiB += uint64(mem >> 20)
+		s.Sessions += uint64(sessions)
+		s.Devices = append(s.Devices, dev.Model)
 	}
-	return s
+	if s != nil {
+		sort.Strings(s.Devices)
+	}
+	return s, ""
 }
 
-// mint makes the claim's tenant and hands its token over in the claim's Secret.
+// mint makes the claim's tenant and hands its token over in the grant Secret.
 func (c *Controller) mint(ctx context.Context, s *share, tenant, secretName string, old *corev1.Secret) error {
 	token, err := c.Server.Add(ctx, wh.TenantSpec{
 		Name:        tenant,
-		MemQuotaMiB: uint64(s.memory >> 20),
-		MaxSessions: uint64(s.sessions),
-		Devices:     s.models,
+		MemQuotaMiB: s.MemoryMiB,
+		MaxSessions: s.Sessions,
+		Devices:     s.Devices,
 	})
 	if err != nil {
 		return err
@@ -252,19 +326,12 @@ func (c *Controller) mint(ctx context.Context, s *share, tenant, secretName stri
 	secret := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      secretName,
-			Namespace: s.claim.Namespace,
+			Namespace: c.Namespace,
 			Labels: map[string]string{
 				grant.LabelClaimUID: string(s.claim.UID),
 				grant.LabelPool:     c.Pool.Name,
 			},
-			// Deleted with the claim, whatever becomes of this controller.
-			OwnerReferences: []metav1.OwnerReference{{
-				APIVersion: "resource.k8s.io/v1",
-				Kind:       "ResourceClaim",
-				Name:       s.claim.Name,
-				UID:        s.claim.UID,
-				Controller: ptr.To(true),
-			}},
+			Annotations: map[string]string{grant.AnnotationClaim: s.claim.Namespace + "/" + s.claim.Name},
 		},
 		Type: corev1.SecretTypeOpaque,
 		Data: map[string][]byte{
@@ -273,13 +340,13 @@ func (c *Controller) mint(ctx context.Context, s *share, tenant, secretName stri
 			grant.KeyAPI:      []byte(s.api),
 			grant.KeyPool:     []byte(c.Pool.Name),
 			grant.KeyTenant:   []byte(tenant),
-			grant.KeyQuotaMiB: []byte(fmt.Sprint(s.memory >> 20)),
+			grant.KeyShare:    []byte(s.Share.String()),
 		},
 	}
 	if len(c.CA) > 0 {
 		secret.Data[grant.KeyCA] = c.CA
 	}
-	secrets := c.Client.CoreV1().Secrets(s.claim.Namespace)
+	secrets := c.Client.CoreV1().Secrets(c.Namespace)
 	if old != nil {
 		secret.ResourceVersion = old.ResourceVersion
 		_, err = secrets.Update(ctx, secret, metav1.UpdateOptions{})

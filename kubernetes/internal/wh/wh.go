@@ -64,11 +64,19 @@ type TenantSpec struct {
 	Devices     []string
 }
 
-// A remove waits for the tenant's sessions to end (their workers are killed after 2 s).
-const callTimeout = 30 * time.Second
+// A remove waits for the tenant's sessions to end (their workers are killed after 2 s); an
+// inventory may start a driver per API (each given 30 s by the server).
+const (
+	callTimeout      = 30 * time.Second
+	inventoryTimeout = 3 * time.Minute
+)
 
 func (s Server) run(ctx context.Context, args ...string) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	return s.runFor(ctx, callTimeout, args...)
+}
+
+func (s Server) runFor(ctx context.Context, limit time.Duration, args ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, s.Wh, args...)
 	var stdout, stderr bytes.Buffer
@@ -82,7 +90,7 @@ func (s Server) run(ctx context.Context, args ...string) ([]byte, error) {
 
 // Devices lists the server's devices.
 func (s Server) Devices(ctx context.Context) (*Inventory, error) {
-	out, err := s.run(ctx, "devices", "--socket", s.Socket)
+	out, err := s.runFor(ctx, inventoryTimeout, "devices", "--socket", s.Socket)
 	if err != nil {
 		return nil, err
 	}
@@ -139,7 +147,7 @@ func (s Server) Add(ctx context.Context, spec TenantSpec) (string, error) {
 // not an error (removal is retried until it sticks).
 func (s Server) Remove(ctx context.Context, name string) error {
 	_, err := s.run(ctx, "tenant", "remove", name, "--socket", s.Socket)
-	if err != nil && strings.Contains(err.Error(), "no tenant") {
+	if err != nil && strings.Contains(err.Error(), "no tenant named ") {
 		return nil
 	}
 	return err

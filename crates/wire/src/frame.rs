@@ -5,7 +5,7 @@ use crate::DecodeError;
 /// "WH" little-endian: the first two bytes of every frame.
 pub const MAGIC: u16 = 0x4857;
 /// Protocol version; a peer rejects frames of another version.
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 /// Size of [`FrameHeader`] on the wire.
 pub const HEADER_LEN: usize = 16;
 /// Largest body a peer accepts (bulk data beyond it is split by the sender).
@@ -54,6 +54,10 @@ pub mod control {
     /// Supervisor → worker on its stats line, then worker → client on the callback channel:
     /// the server ends this session (body: the reason, e.g. the tenant was removed).
     pub const ENDED: u16 = 0xF00C;
+    /// Client → worker: a piece of a transfer's data too large for one frame with its request,
+    /// kept under an id until the request that names it (body: id, total, offset, length, then
+    /// the bytes; reply: status).
+    pub const STAGE: u16 = 0xF00D;
 }
 
 /// `magic u16 | version u8 | flags u8 | opcode u16 | lane u16 | len u32 | seq u32`,

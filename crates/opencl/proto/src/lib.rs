@@ -27,3 +27,10 @@ pub const API: &str = "opencl";
 /// client splits larger synchronisations into batches, and the server refuses larger ones
 /// (a frame must stay far below `MAX_BODY`, whatever the application allocated).
 pub const SVM_SYNC_BATCH: usize = 32 << 20;
+
+/// Most bytes of a transfer's data one `STAGE` request or one `COLLECT` reply carries. A write
+/// whose data does not fit one frame with its request is staged beforehand in pieces of at
+/// most this size, and a read too large for its reply waits on the server and is collected in
+/// pieces of at most this size (a reply's data in all): no frame comes near `MAX_BODY`, and
+/// neither side holds more than this much of a transfer's bytes in a frame.
+pub const TRANSFER_CHUNK: usize = 32 << 20;

@@ -78,6 +78,7 @@ impl OpenCl {
         };
         match opcode {
             control::COLLECT => custom::collect(s, r, w),
+            control::STAGE => custom::stage(s, r, w),
             control::SVM_PUSH => custom::svm_push(s, r, w),
             control::SVM_PULL => custom::svm_pull(s, r, w),
             control::DIRECT => arena::direct(s, r, w),

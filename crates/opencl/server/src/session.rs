@@ -5,17 +5,21 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::sync::Mutex;
+use wormhole_opencl_proto::requests::Stage;
 use wormhole_opencl_proto::{cl::*, HandleKind, Writer};
 use wormhole_server::handles::{HandleTable, NewIdError};
 use wormhole_server::worker::Limits;
 
 pub type Handle = *mut c_void;
 
-/// A non-blocking read's bytes on the server, kept until the client collects them once the
-/// event completes.
+/// A non-blocking read's bytes on the server (or a blocking one's too large for its reply),
+/// kept until the client collects them once the event completes.
 pub struct PendingRead {
     pub from: ReadFrom,
+    /// The read's event; null: the read completed before its reply went (a blocking one).
     pub event: Handle,
+    /// Bytes the client has collected already (the parts of a read larger than one reply).
+    pub sent: usize,
 }
 
 /// Where a pending read's bytes are.
@@ -30,6 +34,24 @@ pub enum ReadFrom {
     Svm { ptr: usize, len: usize },
 }
 
+impl ReadFrom {
+    /// The read's length.
+    pub fn len(&self) -> usize {
+        match self {
+            ReadFrom::Staging(data) => data.len(),
+            ReadFrom::Mapping { len, .. } | ReadFrom::Svm { len, .. } => *len,
+        }
+    }
+}
+
+/// A write's data arriving in pieces (STAGE), kept until the request that names it.
+pub struct Staged {
+    /// The data's announced length.
+    pub total: u64,
+    /// What has arrived.
+    pub bytes: Vec<u8>,
+}
+
 /// A region the server mapped on behalf of the client.
 pub struct Mapping {
     pub mem: Handle,
@@ -42,6 +64,8 @@ pub struct Session {
     handles: HandleTable<HandleKind>,
     pub pending_reads: Mutex<HashMap<u64, PendingRead>>,
     pub mappings: Mutex<HashMap<u64, Mapping>>,
+    /// Data of writes too large for one frame, by the client's id, as its pieces arrive.
+    pub staged: Mutex<HashMap<u64, Staged>>,
     /// Shared virtual memory allocations of this session: start → length.
     pub svm: Mutex<std::collections::BTreeMap<usize, usize>>,
     /// Bytes of device memory held by live memory objects (tracked by destructor callbacks).
@@ -66,7 +90,59 @@ impl Session {
         self.pending_reads
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(id, PendingRead { from, event });
+            .insert(
+                id,
+                PendingRead {
+                    from,
+                    event,
+                    sent: 0,
+                },
+            );
+    }
+
+    /// Keeps a piece of a write's data (see `requests::Stage`): the first piece starts it,
+    /// each next one must follow the last. Anything else (a piece out of order, past the
+    /// announced length or larger than a chunk) drops what the id holds. Memory grows with
+    /// the bytes that arrive, never with the length a client announces.
+    pub fn stage(&self, piece: &Stage, data: &[u8]) -> Result<(), i32> {
+        let mut staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
+        if piece.offset == 0 {
+            staged.insert(
+                piece.id,
+                Staged {
+                    total: piece.total,
+                    bytes: Vec::new(),
+                },
+            );
+        }
+        let entry = staged.get_mut(&piece.id).ok_or(CL_INVALID_VALUE)?;
+        let in_order = piece.total == entry.total
+            && piece.offset == entry.bytes.len() as u64
+            && data.len() <= wormhole_opencl_proto::TRANSFER_CHUNK
+            && piece
+                .offset
+                .checked_add(data.len() as u64)
+                .is_some_and(|end| end <= entry.total);
+        if !in_order {
+            staged.remove(&piece.id);
+            return Err(CL_INVALID_VALUE);
+        }
+        if entry.bytes.try_reserve(data.len()).is_err() {
+            staged.remove(&piece.id);
+            return Err(CL_OUT_OF_HOST_MEMORY);
+        }
+        entry.bytes.extend_from_slice(data);
+        Ok(())
+    }
+
+    /// Takes the data staged under `id`, if all `len` bytes of it arrived.
+    pub fn take_staged(&self, id: u64, len: u64) -> Option<Vec<u8>> {
+        let staged = self
+            .staged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id)?;
+        (staged.total == len && staged.bytes.len() as u64 == len).then_some(staged.bytes)
     }
 }
 
@@ -305,5 +381,48 @@ mod tests {
         let dev = s.export(HandleKind::Device, 0x2000 as Handle);
         assert_ne!(dev & wormhole_opencl_proto::SERVER_ID_BIT, 0);
         assert_eq!(s.export(HandleKind::Device, 0x2000 as Handle), dev);
+    }
+
+    #[test]
+    fn staged_data_is_taken_whole_or_not_at_all() {
+        let s = Session::default();
+        let piece = |id, total, offset, len| Stage {
+            id,
+            total,
+            offset,
+            len,
+        };
+        // In order: taken once, with the length announced.
+        s.stage(&piece(1, 5, 0, 3), b"abc").unwrap();
+        s.stage(&piece(1, 5, 3, 2), b"de").unwrap();
+        assert_eq!(s.take_staged(1, 5).as_deref(), Some(&b"abcde"[..]));
+        assert_eq!(s.take_staged(1, 5), None);
+        // Incomplete, or named with another length: dropped all the same.
+        s.stage(&piece(2, 5, 0, 3), b"abc").unwrap();
+        assert_eq!(s.take_staged(2, 5), None);
+        s.stage(&piece(3, 2, 0, 2), b"ab").unwrap();
+        assert_eq!(s.take_staged(3, 3), None);
+        assert!(s.staged.lock().unwrap().is_empty());
+        // Out of order, past the end, another total, or nothing to follow: refused and dropped.
+        for bad in [
+            piece(4, 5, 1, 2),
+            piece(4, 5, 0, 6),
+            piece(4, 6, 3, 2),
+            piece(4, 5, 3, 3),
+        ] {
+            s.stage(&piece(4, 5, 0, 3), b"abc").unwrap();
+            let data = vec![0; bad.len as usize];
+            // (A piece at offset 0 starts anew: this one is too long for its total.)
+            assert_eq!(s.stage(&bad, &data), Err(CL_INVALID_VALUE));
+            assert_eq!(s.take_staged(4, 5), None);
+        }
+        assert_eq!(s.stage(&piece(5, 5, 3, 2), b"de"), Err(CL_INVALID_VALUE));
+        // A piece larger than a chunk.
+        let big = vec![0; wormhole_opencl_proto::TRANSFER_CHUNK + 1];
+        let p = piece(6, big.len() as u64, 0, big.len() as u64);
+        assert_eq!(s.stage(&p, &big), Err(CL_INVALID_VALUE));
+        // An announced length far beyond memory costs nothing until bytes arrive.
+        s.stage(&piece(7, u64::MAX, 0, 1), b"a").unwrap();
+        assert!(s.staged.lock().unwrap()[&7].bytes.capacity() < 1 << 20);
     }
 }

@@ -1,5 +1,6 @@
-//! Buffer and image creation: host data travels with the request, and the client remembers
-//! what it needs later (host pointer, flags, image geometry).
+//! Buffer and image creation: host data travels with the request (staged before it when the two
+//! do not fit one frame), and the client remembers what it needs later (host pointer, flags,
+//! image geometry).
 
 use super::*;
 use wormhole_opencl_proto::geometry::element_size;
@@ -39,23 +40,28 @@ unsafe fn create_buffer(
     } else {
         None
     };
-    let buffer = req::CreateBuffer {
-        new_id,
-        context: ctx.id,
-        flags,
-        size,
-        host_ptr: !host_ptr.is_null(),
-        svm_ptr: if svm { host_ptr as u64 } else { 0 },
-        data,
+    let head = |data| {
+        let buffer = req::CreateBuffer {
+            new_id,
+            context: ctx.id,
+            flags,
+            size,
+            host_ptr: !host_ptr.is_null(),
+            svm_ptr: if svm { host_ptr as u64 } else { 0 },
+            data,
+        };
+        match &props {
+            Some(props) => encode(
+                Op::clCreateBufferWithProperties,
+                &req::CreateBufferWithProperties {
+                    props: props.clone(),
+                    buffer,
+                },
+            ),
+            None => encode(Op::clCreateBuffer, &buffer),
+        }
     };
-    let w = match props {
-        Some(props) => encode(
-            Op::clCreateBufferWithProperties,
-            &req::CreateBufferWithProperties { props, buffer },
-        ),
-        None => encode(Op::clCreateBuffer, &buffer),
-    };
-    let reply = rt::call(w)?;
+    let reply = super::transfer::call_with_data(head, data)?;
     let reply = req::CreateBufferReply::decode_all(&reply)?;
     match reply.status {
         CL_SUCCESS => {
@@ -197,20 +203,22 @@ unsafe fn create_image(
         (true, _, None) if fmt.is_some() => return Err(ClErr(CL_IMAGE_FORMAT_NOT_SUPPORTED)),
         _ => None,
     };
-    let w = encode(
-        op,
-        &req::CreateImage {
-            new_id,
-            context: ctx.id,
-            props,
-            flags,
-            format: fmt,
-            desc: wire_desc,
-            host_ptr: !host_ptr.is_null(),
-            data,
-        },
-    );
-    let reply = rt::call(w)?;
+    let head = |data| {
+        encode(
+            op,
+            &req::CreateImage {
+                new_id,
+                context: ctx.id,
+                props: props.clone(),
+                flags,
+                format: fmt,
+                desc: wire_desc,
+                host_ptr: !host_ptr.is_null(),
+                data,
+            },
+        )
+    };
+    let reply = super::transfer::call_with_data(head, data)?;
     match Reader::new(&reply).i32()? {
         CL_SUCCESS => {
             let image = desc.map(|d| (d.image_type, elem.unwrap_or(0)));

@@ -1,28 +1,31 @@
 //! Reads, writes and mappings. Data travels inline in requests and replies; non-blocking reads
-//! are collected at the next synchronisation point (rt::pending).
+//! are collected at the next synchronisation point (rt::pending). Data too large for one frame
+//! travels in pieces: a write's is staged before its request, a read's is collected at once.
 
 use super::*;
 use crate::rt::pending::{self, Scatter};
 use std::alloc::Layout;
 use std::sync::Mutex;
 use wormhole_opencl_proto::geometry::{for_each_row, image_span, rect_span, Span};
-use wormhole_opencl_proto::{Op, Reader};
+use wormhole_opencl_proto::{control, Op, Reader, TRANSFER_CHUNK};
 
 /// Sends a read and puts its data where `scatter` says (now, or at the next sync point).
 fn finish_read(
     w: Writer,
+    blocking: u32,
     read_id: u64,
     event: *mut Handle,
     ev_id: u64,
     scatter: Scatter,
 ) -> Result<i32, ClErr> {
-    finish_read_into(w, read_id, event, ev_id, scatter, None)
+    finish_read_into(w, blocking, read_id, event, ev_id, scatter, None)
 }
 
 /// As `finish_read`; with `direct`, inline data is read from the transport straight into the
 /// application's buffer.
 fn finish_read_into(
     w: Writer,
+    blocking: u32,
     read_id: u64,
     event: *mut Handle,
     ev_id: u64,
@@ -58,6 +61,11 @@ fn finish_read_into(
             unsafe { pending::scatter(&scatter, data) };
             rt::after_sync();
         }
+        // A blocking read too large for its reply: complete on the server, fetched now.
+        None if blocking != 0 => {
+            pending::fetch(read_id, &scatter)?;
+            rt::after_sync();
+        }
         None => pending::defer(read_id, scatter),
     }
     // SAFETY: the application's `cl_event *` or NULL.
@@ -65,19 +73,67 @@ fn finish_read_into(
     Ok(CL_SUCCESS)
 }
 
-fn finish_write(w: Writer, event: *mut Handle, ev_id: u64, blocking: u32) -> Result<i32, ClErr> {
-    finish_write_bulk(w, &[], event, ev_id, blocking)
+/// Sends `data` under `id` ahead of the request that names it, in STAGE pieces of at most
+/// TRANSFER_CHUNK bytes; the status of the first piece the server refused, or CL_SUCCESS.
+fn stage(id: u64, data: &[u8]) -> Result<i32, ClErr> {
+    let total = data.len() as u64;
+    let mut offset = 0u64;
+    for piece in data.chunks(TRANSFER_CHUNK) {
+        let mut w = Writer::new(control::STAGE);
+        req::Stage {
+            id,
+            total,
+            offset,
+            len: piece.len() as u64,
+        }
+        .encode(&mut w);
+        w.trailer(piece.len());
+        let reply = rt::call_bulk(w, piece, None)?.0;
+        let st = Reader::new(&reply).i32()?;
+        if st != CL_SUCCESS {
+            return Ok(st);
+        }
+        offset += piece.len() as u64;
+    }
+    Ok(CL_SUCCESS)
 }
 
-fn finish_write_bulk(
-    w: Writer,
-    payload: &[u8],
+/// Sends the request that `encode` builds for the way its data travels, and returns its reply
+/// body: `data` (None: none travels) follows the request straight from the application's
+/// memory when one frame holds both, or is staged before it (if the server refuses a piece,
+/// the request is not sent and the reply is that status alone).
+pub(super) fn call_with_data(
+    encode: impl Fn(req::WriteData) -> Writer,
+    data: Option<&[u8]>,
+) -> Result<Vec<u8>, ClErr> {
+    let reply = match data {
+        None => rt::call(encode(req::WriteData::Absent))?,
+        Some(data) => {
+            let mut w = encode(req::WriteData::Inline(data.len() as u64));
+            match req::WriteData::for_len(w.body_len(), data.len(), rt::alloc_id) {
+                staged @ req::WriteData::Staged { id, .. } => match stage(id, data)? {
+                    CL_SUCCESS => rt::call(encode(staged))?,
+                    st => return Ok(st.to_le_bytes().to_vec()),
+                },
+                _ => {
+                    w.trailer(data.len());
+                    rt::call_bulk(w, data, None)?.0
+                }
+            }
+        }
+    };
+    Ok(reply)
+}
+
+/// Sends a write (see `call_with_data`) and finishes it.
+fn finish_write(
+    encode: impl Fn(req::WriteData) -> Writer,
+    data: Option<&[u8]>,
     event: *mut Handle,
     ev_id: u64,
     blocking: u32,
 ) -> Result<i32, ClErr> {
-    let reply = rt::call_bulk(w, payload, None)?.0;
-    let st = Reader::new(&reply).i32()?;
+    let st = Reader::new(&call_with_data(encode, data)?).i32()?;
     if st == CL_SUCCESS {
         // SAFETY: as above.
         unsafe { set_event(event, ev_id) };
@@ -202,6 +258,7 @@ pub unsafe extern "C" fn clEnqueueReadBuffer(
             .then(|| unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, size) });
         finish_read_into(
             w,
+            blocking,
             read_id,
             event,
             ev_id,
@@ -239,29 +296,25 @@ pub unsafe extern "C" fn clEnqueueWriteBuffer(
         }
         // SAFETY: the application's wait list and event pointer.
         let (wait, ev_id) = unsafe { wait_and_event(n, list, event) }?;
-        let mut w = encode(
-            Op::clEnqueueWriteBuffer,
-            &req::WriteBuffer {
-                queue: q.id,
-                mem: b.id,
-                blocking,
-                offset,
-                size,
-                wait,
-                event: ev_id,
-                data_len: (!ptr.is_null()).then_some(size as u64),
-            },
-        );
-        // The data follows the header straight from the application's memory into the
-        // transport.
-        let payload: &[u8] = if ptr.is_null() {
-            &[]
-        } else {
-            w.trailer(size);
-            // SAFETY: the application promises `size` readable bytes at `ptr`.
-            unsafe { std::slice::from_raw_parts(ptr as *const u8, size) }
+        // SAFETY: the application promises `size` readable bytes at `ptr`.
+        let data =
+            (!ptr.is_null()).then(|| unsafe { std::slice::from_raw_parts(ptr as *const u8, size) });
+        let head = |data| {
+            encode(
+                Op::clEnqueueWriteBuffer,
+                &req::WriteBuffer {
+                    queue: q.id,
+                    mem: b.id,
+                    blocking,
+                    offset,
+                    size,
+                    wait: wait.clone(),
+                    event: ev_id,
+                    data,
+                },
+            )
         };
-        finish_write_bulk(w, payload, event, ev_id, blocking)
+        finish_write(head, data, event, ev_id, blocking)
     })
 }
 
@@ -348,6 +401,7 @@ pub unsafe extern "C" fn clEnqueueReadBufferRect(
         let dst = ptr as usize + span.start;
         finish_read(
             w,
+            blocking,
             read_id,
             event,
             ev_id,
@@ -395,19 +449,21 @@ pub unsafe extern "C" fn clEnqueueWriteBufferRect(
             unsafe { std::slice::from_raw_parts((ptr as *const u8).add(span.start), span.len) };
         // SAFETY: the application's wait list and event pointer.
         let (wait, ev_id) = unsafe { wait_and_event(n, list, event) }?;
-        let w = encode(
-            Op::clEnqueueWriteBufferRect,
-            &req::WriteBufferRect {
-                queue,
-                mem,
-                blocking,
-                rect,
-                data,
-                wait,
-                event: ev_id,
-            },
-        );
-        finish_write(w, event, ev_id, blocking)
+        let head = |data| {
+            encode(
+                Op::clEnqueueWriteBufferRect,
+                &req::WriteBufferRect {
+                    queue,
+                    mem,
+                    blocking,
+                    rect,
+                    wait: wait.clone(),
+                    event: ev_id,
+                    data,
+                },
+            )
+        };
+        finish_write(head, Some(data), event, ev_id, blocking)
     })
 }
 
@@ -527,6 +583,7 @@ pub unsafe extern "C" fn clEnqueueReadImage(
         );
         finish_read(
             w,
+            blocking,
             read_id,
             event,
             ev_id,
@@ -567,19 +624,21 @@ pub unsafe extern "C" fn clEnqueueWriteImage(
         let data = unsafe { std::slice::from_raw_parts(ptr as *const u8, span.len) };
         // SAFETY: the application's wait list and event pointer.
         let (wait, ev_id) = unsafe { wait_and_event(n, list, event) }?;
-        let w = encode(
-            Op::clEnqueueWriteImage,
-            &req::WriteImage {
-                queue,
-                mem,
-                blocking,
-                image,
-                data,
-                wait,
-                event: ev_id,
-            },
-        );
-        finish_write(w, event, ev_id, blocking)
+        let head = |data| {
+            encode(
+                Op::clEnqueueWriteImage,
+                &req::WriteImage {
+                    queue,
+                    mem,
+                    blocking,
+                    image,
+                    wait: wait.clone(),
+                    event: ev_id,
+                    data,
+                },
+            )
+        };
+        finish_write(head, Some(data), event, ev_id, blocking)
     })
 }
 
@@ -702,7 +761,17 @@ fn finish_map(
         // SAFETY: `ptr` has room for `len` bytes (fresh, or the application's mapped range).
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr, len) };
     }
-    if mapped.deferred {
+    if mapped.deferred && blocking != 0 {
+        // A blocking map's bytes too large for one reply: complete on the server, fetched now.
+        let fetched = rt::pending::fetch(token, &rt::pending::Scatter::Plain { dst: ptr as usize });
+        if let Err(e) = fetched {
+            if let Some(layout) = owned {
+                // SAFETY: allocated just above with this layout; never handed out.
+                unsafe { std::alloc::dealloc(ptr, layout) };
+            }
+            return Err(e);
+        }
+    } else if mapped.deferred {
         // The mapping (and so `ptr`) lives until the unmap, which forgets an uncollected one.
         rt::pending::defer(token, rt::pending::Scatter::Plain { dst: ptr as usize });
     }
@@ -854,19 +923,20 @@ pub unsafe extern "C" fn clEnqueueUnmapMemObject(
         let res = (|| {
             // SAFETY: the application's wait list and event pointer.
             let (wait, ev_id) = unsafe { wait_and_event(n, list, event) }?;
-            let w = encode(
-                Op::clEnqueueUnmapMemObject,
-                &req::UnmapMemObject {
-                    queue: q.id,
-                    mem: m.id,
-                    token: entry.token,
-                    data,
-                    wait,
-                    event: ev_id,
-                },
-            );
-            let reply = rt::call(w)?;
-            let st = Reader::new(&reply).i32()?;
+            let head = |data| {
+                encode(
+                    Op::clEnqueueUnmapMemObject,
+                    &req::UnmapMemObject {
+                        queue: q.id,
+                        mem: m.id,
+                        token: entry.token,
+                        wait: wait.clone(),
+                        event: ev_id,
+                        data,
+                    },
+                )
+            };
+            let st = Reader::new(&call_with_data(head, data)?).i32()?;
             if st == CL_SUCCESS {
                 // SAFETY: as above.
                 unsafe { set_event(event, ev_id) };

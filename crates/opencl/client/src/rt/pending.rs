@@ -1,6 +1,9 @@
 //! Non-blocking reads: the server reads into a staging buffer and the data reaches the
 //! application's memory at its next synchronisation point (clFinish, clWaitForEvents, an event
 //! status query, a blocking call, an event callback) — before the application may look at it.
+//! Blocking reads too large for one reply wait on the server the same way and are fetched at
+//! once. A read larger than one COLLECT reply comes in parts, written where they belong as
+//! they arrive.
 
 use super::*;
 use std::sync::Mutex;
@@ -21,13 +24,25 @@ pub enum Scatter {
 // SAFETY: the addresses are the application's buffers, handed to OpenCL for this read.
 unsafe impl Send for Scatter {}
 
-static PENDING: Mutex<Vec<(u64, Scatter)>> = Mutex::new(Vec::new());
+/// A read whose data has not all arrived.
+struct Pending {
+    id: u64,
+    scatter: Scatter,
+    /// Bytes of the data written out already (from parts).
+    at: usize,
+}
+
+static PENDING: Mutex<Vec<Pending>> = Mutex::new(Vec::new());
 
 pub fn defer(read_id: u64, s: Scatter) {
     PENDING
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .push((read_id, s));
+        .push(Pending {
+            id: read_id,
+            scatter: s,
+            at: 0,
+        });
 }
 
 /// Drops a read that must not land any more (its destination is going away); returns whether
@@ -36,7 +51,7 @@ pub fn forget(read_id: u64) -> bool {
     // Not while a collection may be writing into it.
     let _serial = COLLECTING.lock().unwrap_or_else(|p| p.into_inner());
     let mut p = PENDING.lock().unwrap_or_else(|p| p.into_inner());
-    match p.iter().position(|(id, _)| *id == read_id) {
+    match p.iter().position(|e| e.id == read_id) {
         Some(i) => {
             p.swap_remove(i);
             true
@@ -50,20 +65,34 @@ pub fn forget(read_id: u64) -> bool {
 /// # Safety
 /// The scatter's addresses must be the application's buffer for this read.
 pub unsafe fn scatter(s: &Scatter, data: &[u8]) {
+    // SAFETY: per the contract.
+    unsafe { scatter_at(s, 0, data) }
+}
+
+/// Writes `data`, the read's bytes from `at` on, where the read wanted them.
+///
+/// # Safety
+/// The scatter's addresses must be the application's buffer for this read, and the read's
+/// data at least `at + data.len()` bytes long.
+unsafe fn scatter_at(s: &Scatter, at: usize, data: &[u8]) {
+    let end = at.saturating_add(data.len());
     match s {
-        // SAFETY: the application's buffer holds the read's size, which is data.len().
+        // SAFETY: the application's buffer holds the read's size, at least `end`.
         Scatter::Plain { dst } => unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), *dst as *mut u8, data.len())
+            std::ptr::copy_nonoverlapping(data.as_ptr(), (*dst + at) as *mut u8, data.len())
         },
         Scatter::Rows { dst, rows } => {
-            for (off, n) in rows {
-                if off + n <= data.len() {
-                    // SAFETY: the row lies inside the read's host footprint.
+            for &(off, n) in rows {
+                // The part of the row that these bytes hold.
+                let (lo, hi) = (off.max(at), off.saturating_add(n).min(end));
+                if lo < hi {
+                    // SAFETY: the row lies inside the read's host footprint; `lo..hi` is in
+                    // both the row and `data`.
                     unsafe {
                         std::ptr::copy_nonoverlapping(
-                            data.as_ptr().add(*off),
-                            (*dst + *off) as *mut u8,
-                            *n,
+                            data.as_ptr().add(lo - at),
+                            (*dst + lo) as *mut u8,
+                            hi - lo,
                         )
                     };
                 }
@@ -78,34 +107,129 @@ static COLLECTING: Mutex<()> = Mutex::new(());
 
 pub fn collect() {
     let _serial = COLLECTING.lock().unwrap_or_else(|p| p.into_inner());
+    // Again at once while reads come in parts; every round but the last brings bytes or ends
+    // reads, so this ends.
+    while collect_round() {}
+}
+
+/// One COLLECT of every pending read; true if a part came and more is to be had now.
+fn collect_round() -> bool {
     let ids: Vec<u64> = {
         let p = PENDING.lock().unwrap_or_else(|p| p.into_inner());
         if p.is_empty() {
-            return;
+            return false;
         }
-        p.iter().map(|(id, _)| *id).collect()
+        p.iter().map(|e| e.id).collect()
     };
     let mut w = Writer::new(control::COLLECT);
     req::Collect { reads: ids }.encode(&mut w);
-    let Ok(reply) = call(w) else { return };
+    let Ok(reply) = call(w) else { return false };
     let Ok(collected) = req::CollectReply::decode_all(&reply) else {
-        return;
+        return false;
     };
+    let (mut parts, mut progress) = (false, false);
     for (id, state) in collected.reads {
-        let data = match state {
-            req::Collected::Pending => continue,
-            req::Collected::Done(data) => Some(data),
-            req::Collected::Failed => None,
+        let mut p = PENDING.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(i) = p.iter().position(|e| e.id == id) else {
+            continue;
         };
-        let entry = {
-            let mut p = PENDING.lock().unwrap_or_else(|p| p.into_inner());
-            p.iter()
-                .position(|(i, _)| *i == id)
-                .map(|i| p.swap_remove(i))
+        match state {
+            req::Collected::Pending => {}
+            req::Collected::Part(data) => {
+                // SAFETY: the scatter was recorded for exactly this read, whose data goes on
+                // past this part.
+                unsafe { scatter_at(&p[i].scatter, p[i].at, data) };
+                p[i].at += data.len();
+                parts = true;
+                progress |= !data.is_empty();
+            }
+            req::Collected::Done(data) => {
+                let e = p.swap_remove(i);
+                drop(p);
+                // SAFETY: as above; this is the rest of it.
+                unsafe { scatter_at(&e.scatter, e.at, data) };
+                progress = true;
+            }
+            req::Collected::Failed => {
+                p.swap_remove(i);
+                progress = true;
+            }
+        }
+    }
+    parts && progress
+}
+
+/// Fetches the data of a read that is complete on the server (a blocking one too large for its
+/// reply) and writes it where `s` says, now. The read is no pending one: no other thread
+/// collects it meanwhile.
+pub fn fetch(read_id: u64, s: &Scatter) -> Result<(), ClErr> {
+    let mut at = 0usize;
+    loop {
+        let mut w = Writer::new(control::COLLECT);
+        req::Collect {
+            reads: vec![read_id],
+        }
+        .encode(&mut w);
+        let reply = call(w)?;
+        let collected = req::CollectReply::decode_all(&reply)?;
+        let state = match collected.reads[..] {
+            [(id, state)] if id == read_id => state,
+            _ => return Err(ClErr(CL_OUT_OF_RESOURCES)),
         };
-        if let (Some((_, s)), Some(d)) = (entry, data) {
-            // SAFETY: the scatter was recorded for exactly this read.
-            unsafe { scatter(&s, d) };
+        match state {
+            // SAFETY: the scatter is this read's; the data goes on past this part.
+            req::Collected::Part(data) if !data.is_empty() => unsafe {
+                scatter_at(s, at, data);
+                at += data.len();
+            },
+            req::Collected::Done(data) => {
+                // SAFETY: as above; this is the rest of it.
+                unsafe { scatter_at(s, at, data) };
+                return Ok(());
+            }
+            // Complete before the reply came, so never pending; a part without bytes here
+            // would be no progress.
+            _ => return Err(ClErr(CL_OUT_OF_RESOURCES)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Data scattered in parts of any size lands exactly as when scattered whole.
+    #[test]
+    fn parts_land_where_the_whole_would() {
+        let data: Vec<u8> = (1..=200u8).collect();
+        // Rows of 7 bytes every 10 (the footprint's last row ends the data).
+        let rows: Vec<(usize, usize)> = (0..20).map(|i| (i * 10, 7)).collect();
+        let footprint = 19 * 10 + 7;
+        let whole = |s: &Scatter| {
+            // SAFETY: the scatter's buffer holds the footprint.
+            unsafe { scatter(s, &data[..footprint]) };
+        };
+        for part in [1, 3, 7, 10, 64, footprint] {
+            for plain in [false, true] {
+                let mut want = vec![0u8; footprint];
+                let mut got = vec![0u8; footprint];
+                let make = |dst: &mut Vec<u8>| match plain {
+                    true => Scatter::Plain {
+                        dst: dst.as_mut_ptr() as usize,
+                    },
+                    false => Scatter::Rows {
+                        dst: dst.as_mut_ptr() as usize,
+                        rows: rows.clone(),
+                    },
+                };
+                whole(&make(&mut want));
+                let s = make(&mut got);
+                for (i, chunk) in data[..footprint].chunks(part).enumerate() {
+                    // SAFETY: as above; the parts follow each other.
+                    unsafe { scatter_at(&s, i * part, chunk) };
+                }
+                assert_eq!(got, want, "parts of {part}, plain {plain}");
+            }
         }
     }
 }

@@ -1,6 +1,6 @@
 //! OpenCL's control requests (opcodes outside the API range, `wormhole_wire::control`):
-//! collecting non-blocking reads, keeping fine-grained SVM coherent, and the client's own
-//! copies of windowed buffers.
+//! collecting non-blocking reads, staging the data of writes too large for one frame, keeping
+//! fine-grained SVM coherent, and the client's own copies of windowed buffers.
 
 use super::*;
 
@@ -25,8 +25,11 @@ impl Message<'_> for Collect {
 pub enum Collected<'a> {
     /// Not complete yet: ask again at the next synchronisation point.
     Pending,
-    /// Complete: its data.
+    /// Complete: the rest of its data (all of it, unless parts came before).
     Done(&'a [u8]),
+    /// Complete, but more data than this reply carries: its next bytes (perhaps none, when
+    /// other reads filled the reply), after those of the parts before; ask again for the rest.
+    Part(&'a [u8]),
     /// Failed, or unknown to the server: no data will come.
     Failed,
 }
@@ -34,8 +37,10 @@ pub enum Collected<'a> {
 const COLLECT_PENDING: u8 = 0;
 const COLLECT_DONE: u8 = 1;
 const COLLECT_FAILED: u8 = 2;
+const COLLECT_PART: u8 = 3;
 
-/// One entry per read asked for: its id and where it stands.
+/// One entry per read asked for: its id and where it stands. The data of all its entries
+/// together is at most [`crate::TRANSFER_CHUNK`] bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CollectReply<'a> {
     pub reads: Vec<(u64, Collected<'a>)>,
@@ -52,6 +57,10 @@ impl<'a> Message<'a> for CollectReply<'a> {
                     w.u8(COLLECT_DONE);
                     w.bytes(data);
                 }
+                Collected::Part(data) => {
+                    w.u8(COLLECT_PART);
+                    w.bytes(data);
+                }
                 Collected::Failed => w.u8(COLLECT_FAILED),
             }
         }
@@ -64,6 +73,7 @@ impl<'a> Message<'a> for CollectReply<'a> {
                 let state = match r.u8()? {
                     COLLECT_PENDING => Collected::Pending,
                     COLLECT_DONE => Collected::Done(r.bytes()?),
+                    COLLECT_PART => Collected::Part(r.bytes()?),
                     COLLECT_FAILED => Collected::Failed,
                     _ => return Err(DecodeError::BadValue("collect state")),
                 };
@@ -71,6 +81,42 @@ impl<'a> Message<'a> for CollectReply<'a> {
             })
             .collect::<Result<_, _>>()?;
         Ok(CollectReply { reads })
+    }
+}
+
+/// STAGE: bytes `offset..offset + len` of the `total` bytes of a transfer's data, kept under
+/// `id` (the client's choice, fresh per transfer) for the request that names it
+/// ([`crate::requests::WriteData::Staged`]). The bytes follow this header unprefixed; pieces
+/// come in order, each at most [`crate::TRANSFER_CHUNK`] bytes. Answered by the status alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stage {
+    pub id: u64,
+    pub total: u64,
+    pub offset: u64,
+    pub len: u64,
+}
+
+impl Stage {
+    /// The data that follows the header just decoded from `r`.
+    pub fn data<'a>(&self, r: &mut Reader<'a>) -> Result<&'a [u8], DecodeError> {
+        r.raw(self.len)
+    }
+}
+
+impl Message<'_> for Stage {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.id);
+        w.u64(self.total);
+        w.u64(self.offset);
+        w.u64(self.len);
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        Ok(Stage {
+            id: r.u64()?,
+            total: r.u64()?,
+            offset: r.u64()?,
+            len: r.u64()?,
+        })
     }
 }
 
@@ -186,6 +232,8 @@ mod tests {
                 (2, Collected::Done(b"data")),
                 (3, Collected::Failed),
                 (4, Collected::Done(b"")),
+                (5, Collected::Part(b"first")),
+                (6, Collected::Part(b"")),
             ],
         });
         roundtrip(&CollectReply { reads: vec![] });
@@ -195,6 +243,26 @@ mod tests {
         .to_vec();
         b[12] = 5; // the state
         assert!(CollectReply::decode_all(&b).is_err());
+    }
+
+    #[test]
+    fn staged_pieces_carry_their_bytes_after_the_header() {
+        let head = Stage {
+            id: 1,
+            total: 10,
+            offset: 4,
+            len: 3,
+        };
+        assert_eq!(roundtrip(&head).len(), 4 * 8);
+        let mut b = body(&head).to_vec();
+        b.extend_from_slice(b"abc");
+        let mut r = Reader::new(&b);
+        let h = Stage::decode(&mut r).unwrap();
+        assert_eq!(h.data(&mut r).unwrap(), b"abc");
+        r.finish().unwrap();
+        let mut r = Reader::new(&b[..b.len() - 1]);
+        let h = Stage::decode(&mut r).unwrap();
+        assert!(h.data(&mut r).is_err());
     }
 
     #[test]

@@ -1,10 +1,11 @@
-//! Buffer and image creation. The host data of USE/COPY_HOST_PTR travels with the request.
+//! Buffer and image creation. The host data of USE/COPY_HOST_PTR travels with the request: after
+//! its header, or staged before it when the two do not fit one frame ([`WriteData`]).
 
 use super::*;
 
 /// `clCreateBuffer`; answered by a [`CreateBufferReply`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CreateBuffer<'a> {
+pub struct CreateBuffer {
     /// The id the client chose for the new buffer.
     pub new_id: u64,
     pub context: u64,
@@ -15,11 +16,11 @@ pub struct CreateBuffer<'a> {
     /// The host pointer, when it lies in the session's shared virtual memory (0: it does not):
     /// the buffer then uses that memory, at the same address on the server.
     pub svm_ptr: u64,
-    /// The host data (USE/COPY_HOST_PTR), `size` bytes.
-    pub data: Option<&'a [u8]>,
+    /// The host data (USE/COPY_HOST_PTR), `size` bytes (inline data follows the header).
+    pub data: WriteData,
 }
 
-impl<'a> CreateBuffer<'a> {
+impl CreateBuffer {
     fn encode_with(&self, w: &mut Writer, props: Option<Option<&[u64]>>) {
         w.u64(self.new_id);
         w.u64(self.context);
@@ -30,13 +31,13 @@ impl<'a> CreateBuffer<'a> {
         w.usize(self.size);
         w.bool(self.host_ptr);
         w.u64(self.svm_ptr);
-        w.opt_bytes(self.data);
+        self.data.encode(w);
     }
 
     /// Decodes the buffer, and the property list between its context and flags if
     /// `with_props`.
     fn decode_with(
-        r: &mut Reader<'a>,
+        r: &mut Reader<'_>,
         with_props: bool,
     ) -> Result<(Self, Option<Vec<u64>>), DecodeError> {
         let (new_id, context) = (r.u64()?, r.u64()?);
@@ -48,17 +49,17 @@ impl<'a> CreateBuffer<'a> {
             size: r.usize()?,
             host_ptr: r.bool()?,
             svm_ptr: r.u64()?,
-            data: r.opt_bytes_ref()?,
+            data: WriteData::decode(r)?,
         };
         Ok((b, props))
     }
 }
 
-impl<'a> Message<'a> for CreateBuffer<'a> {
+impl Message<'_> for CreateBuffer {
     fn encode(&self, w: &mut Writer) {
         self.encode_with(w, None);
     }
-    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+    fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
         Ok(CreateBuffer::decode_with(r, false)?.0)
     }
 }
@@ -66,17 +67,17 @@ impl<'a> Message<'a> for CreateBuffer<'a> {
 /// `clCreateBufferWithProperties`: as [`CreateBuffer`], with the property list after the
 /// context.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CreateBufferWithProperties<'a> {
+pub struct CreateBufferWithProperties {
     /// Zero-terminated (None: NULL).
     pub props: Option<Vec<u64>>,
-    pub buffer: CreateBuffer<'a>,
+    pub buffer: CreateBuffer,
 }
 
-impl<'a> Message<'a> for CreateBufferWithProperties<'a> {
+impl Message<'_> for CreateBufferWithProperties {
     fn encode(&self, w: &mut Writer) {
         self.buffer.encode_with(w, Some(self.props.as_deref()));
     }
-    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+    fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
         let (buffer, props) = CreateBuffer::decode_with(r, true)?;
         Ok(CreateBufferWithProperties { props, buffer })
     }
@@ -156,7 +157,7 @@ impl Message<'_> for ImageDesc {
 /// Every image creation (`clCreateImage`, `...WithProperties`, `clCreateImage2D/3D`) has this
 /// one form; answered by the status alone.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CreateImage<'a> {
+pub struct CreateImage {
     pub new_id: u64,
     pub context: u64,
     /// Zero-terminated (None: NULL, and always None for the calls without properties).
@@ -167,11 +168,12 @@ pub struct CreateImage<'a> {
     pub desc: Option<ImageDesc>,
     /// The application passed a host pointer (whether or not its data travels).
     pub host_ptr: bool,
-    /// The host data the descriptor implies (USE/COPY_HOST_PTR).
-    pub data: Option<&'a [u8]>,
+    /// The host data the descriptor implies (USE/COPY_HOST_PTR; inline data follows the
+    /// header).
+    pub data: WriteData,
 }
 
-impl<'a> Message<'a> for CreateImage<'a> {
+impl Message<'_> for CreateImage {
     fn encode(&self, w: &mut Writer) {
         w.u64(self.new_id);
         w.u64(self.context);
@@ -187,9 +189,9 @@ impl<'a> Message<'a> for CreateImage<'a> {
             d.encode(w);
         }
         w.bool(self.host_ptr);
-        w.opt_bytes(self.data);
+        self.data.encode(w);
     }
-    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+    fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
         Ok(CreateImage {
             new_id: r.u64()?,
             context: r.u64()?,
@@ -206,7 +208,7 @@ impl<'a> Message<'a> for CreateImage<'a> {
                 None
             },
             host_ptr: r.bool()?,
-            data: r.opt_bytes_ref()?,
+            data: WriteData::decode(r)?,
         })
     }
 }
@@ -225,13 +227,13 @@ mod tests {
             size: 4,
             host_ptr: true,
             svm_ptr: 0,
-            data: Some(b"four"),
+            data: WriteData::Inline(4),
         };
         roundtrip(&b);
         roundtrip(&CreateBuffer {
             host_ptr: false,
             svm_ptr: 0x1000,
-            data: None,
+            data: WriteData::Absent,
             ..b.clone()
         });
         let with = CreateBufferWithProperties {
@@ -241,7 +243,10 @@ mod tests {
         roundtrip(&with);
         roundtrip(&CreateBufferWithProperties {
             props: None,
-            buffer: b.clone(),
+            buffer: CreateBuffer {
+                data: WriteData::Staged { id: 5, len: 4 },
+                ..b.clone()
+            },
         });
         // The property list sits between context and flags, and must be terminated.
         let mut w = Writer::new(0);
@@ -279,7 +284,7 @@ mod tests {
             format: Some([0x10B5, 0x10DE]),
             desc: Some(desc),
             host_ptr: true,
-            data: Some(b"pixels"),
+            data: WriteData::Staged { id: 10, len: 6 },
         });
         roundtrip(&CreateImage {
             new_id: 1,
@@ -289,7 +294,7 @@ mod tests {
             format: None,
             desc: None,
             host_ptr: false,
-            data: None,
+            data: WriteData::Absent,
         });
     }
 }

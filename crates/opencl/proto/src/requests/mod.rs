@@ -1,5 +1,5 @@
 //! The hand-written requests and replies of OpenCL on the wire, each defined once: the entry
-//! points the API description marks `custom` (and the OpenCL control requests COLLECT,
+//! points the API description marks `custom` (and the OpenCL control requests COLLECT, STAGE,
 //! SVM_PUSH, SVM_PULL, DIRECT) have semantics the generator does not know, so their encoding is
 //! written here, and the client (which encodes requests, decodes replies) and the server
 //! (the reverse) both go through these structs. A field added on one side only cannot happen.
@@ -8,7 +8,10 @@
 //! body where it can: the struct is then the message's *header*, carries the data's length,
 //! and the bytes follow the header unprefixed. The sender supplies them from its own memory
 //! (`Writer::trailer`) or fills them in place (`Writer::filled_by`); the receiver takes them
-//! with the struct's `data` method (`Reader::raw`) or streams them from the transport.
+//! with the struct's `data` method (`Reader::raw`) or streams them from the transport. Data
+//! that does not fit one frame with its message travels in pieces of at most
+//! [`crate::TRANSFER_CHUNK`] bytes: a write's is staged beforehand ([`Stage`],
+//! [`WriteData::Staged`]), a read's waits on the server and is collected ([`Collected::Part`]).
 
 mod control;
 mod kernel;

@@ -48,7 +48,8 @@ impl Message<'_> for ReadBuffer {
 pub enum ReadReply {
     /// The data follows this header: `len` bytes, unprefixed (see [`ReadReply::data`]).
     Inline { len: u64 },
-    /// The data waits on the server under the read's id, for COLLECT.
+    /// The data waits on the server under the read's id, for COLLECT: a non-blocking read's,
+    /// or a blocking one's too large for one reply (complete already; collect it at once).
     Deferred,
 }
 
@@ -88,8 +89,94 @@ impl Message<'_> for ReadReply {
     }
 }
 
-/// The header of `clEnqueueWriteBuffer`: the data (if the application passed any) follows it,
-/// `data_len` bytes unprefixed, sent from the application's memory.
+/// How a write's data travels (the bytes of a write request, or of an unmap that gives back
+/// a writing map).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteData {
+    /// None: the application passed a NULL pointer (the driver's verdict is wanted).
+    Absent,
+    /// `len` bytes that follow the request's header unprefixed, sent from the application's
+    /// memory.
+    Inline(u64),
+    /// `len` bytes staged before the request under `id` (STAGE requests): data too large to
+    /// travel in one frame with it.
+    Staged { id: u64, len: u64 },
+}
+
+const DATA_ABSENT: u8 = 0;
+const DATA_INLINE: u8 = 1;
+const DATA_STAGED: u8 = 2;
+
+impl WriteData {
+    /// How `len` bytes travel after a request header of `head` bytes: inline when the frame
+    /// holds them, else staged under a fresh id that `fresh` gives.
+    pub fn for_len(head: usize, len: usize, fresh: impl FnOnce() -> u64) -> WriteData {
+        let fits = head
+            .checked_add(len)
+            .is_some_and(|n| n <= wormhole_wire::MAX_BODY as usize);
+        if fits {
+            WriteData::Inline(len as u64)
+        } else {
+            WriteData::Staged {
+                id: fresh(),
+                len: len as u64,
+            }
+        }
+    }
+
+    /// The data's length (0 when absent).
+    pub fn len(&self) -> u64 {
+        match *self {
+            WriteData::Absent => 0,
+            WriteData::Inline(n) | WriteData::Staged { len: n, .. } => n,
+        }
+    }
+
+    /// Whether the data has no bytes (absent, or empty).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The inline data that follows the header just decoded from `r` (None unless inline).
+    pub fn inline<'a>(&self, r: &mut Reader<'a>) -> Result<Option<&'a [u8]>, DecodeError> {
+        match *self {
+            WriteData::Inline(n) => r.raw(n).map(Some),
+            _ => Ok(None),
+        }
+    }
+}
+
+impl Message<'_> for WriteData {
+    fn encode(&self, w: &mut Writer) {
+        match *self {
+            WriteData::Absent => w.u8(DATA_ABSENT),
+            WriteData::Inline(n) => {
+                w.u8(DATA_INLINE);
+                w.u64(n);
+            }
+            WriteData::Staged { id, len } => {
+                w.u8(DATA_STAGED);
+                w.u64(id);
+                w.u64(len);
+            }
+        }
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        match r.u8()? {
+            DATA_ABSENT => Ok(WriteData::Absent),
+            DATA_INLINE => Ok(WriteData::Inline(r.u64()?)),
+            DATA_STAGED => Ok(WriteData::Staged {
+                id: r.u64()?,
+                len: r.u64()?,
+            }),
+            _ => Err(DecodeError::BadValue("write data mode")),
+        }
+    }
+}
+
+/// The header of `clEnqueueWriteBuffer`: inline data (if the application passed any, and the
+/// frame holds it) follows it, `data.len()` bytes unprefixed, sent from the application's
+/// memory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WriteBuffer {
     pub queue: u64,
@@ -99,8 +186,7 @@ pub struct WriteBuffer {
     pub size: usize,
     pub wait: Option<Vec<u64>>,
     pub event: u64,
-    /// None: the application passed a NULL pointer (the driver's verdict is wanted).
-    pub data_len: Option<u64>,
+    pub data: WriteData,
 }
 
 impl WriteBuffer {
@@ -108,9 +194,9 @@ impl WriteBuffer {
     /// long, so a receiver may take this many before it decodes one.
     pub const MIN_LEN: usize = 8 + 8 + 4 + 8 + 8 + 1 + 8 + 1;
 
-    /// The data that follows the header just decoded from `r`.
+    /// The inline data that follows the header just decoded from `r`.
     pub fn data<'a>(&self, r: &mut Reader<'a>) -> Result<Option<&'a [u8]>, DecodeError> {
-        self.data_len.map(|n| r.raw(n)).transpose()
+        self.data.inline(r)
     }
 }
 
@@ -123,10 +209,7 @@ impl Message<'_> for WriteBuffer {
         w.usize(self.size);
         w.opt_u64s(self.wait.as_deref());
         w.u64(self.event);
-        w.bool(self.data_len.is_some());
-        if let Some(n) = self.data_len {
-            w.u64(n);
-        }
+        self.data.encode(w);
     }
     fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
         Ok(WriteBuffer {
@@ -137,7 +220,7 @@ impl Message<'_> for WriteBuffer {
             size: r.usize()?,
             wait: r.opt_u64s()?,
             event: r.u64()?,
-            data_len: if r.bool()? { Some(r.u64()?) } else { None },
+            data: WriteData::decode(r)?,
         })
     }
 }
@@ -207,37 +290,38 @@ impl Message<'_> for ReadBufferRect {
     }
 }
 
-/// `clEnqueueWriteBufferRect`: the data is the region's host footprint.
+/// The header of `clEnqueueWriteBufferRect`: the data is the region's host footprint (from
+/// host origin 0), inline after the header or staged.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WriteBufferRect<'a> {
+pub struct WriteBufferRect {
     pub queue: u64,
     pub mem: u64,
     pub blocking: u32,
     pub rect: Rect,
-    pub data: &'a [u8],
     pub wait: Option<Vec<u64>>,
     pub event: u64,
+    pub data: WriteData,
 }
 
-impl<'a> Message<'a> for WriteBufferRect<'a> {
+impl Message<'_> for WriteBufferRect {
     fn encode(&self, w: &mut Writer) {
         w.u64(self.queue);
         w.u64(self.mem);
         w.u32(self.blocking);
         self.rect.encode(w);
-        w.bytes(self.data);
         w.opt_u64s(self.wait.as_deref());
         w.u64(self.event);
+        self.data.encode(w);
     }
-    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+    fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
         Ok(WriteBufferRect {
             queue: r.u64()?,
             mem: r.u64()?,
             blocking: r.u32()?,
             rect: Rect::decode(r)?,
-            data: r.bytes()?,
             wait: r.opt_u64s()?,
             event: r.u64()?,
+            data: WriteData::decode(r)?,
         })
     }
 }
@@ -303,37 +387,38 @@ impl Message<'_> for ReadImage {
     }
 }
 
-/// `clEnqueueWriteImage`: the data is the region's host footprint.
+/// The header of `clEnqueueWriteImage`: the data is the region's host footprint, inline after
+/// the header or staged.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WriteImage<'a> {
+pub struct WriteImage {
     pub queue: u64,
     pub mem: u64,
     pub blocking: u32,
     pub image: ImageRegion,
-    pub data: &'a [u8],
     pub wait: Option<Vec<u64>>,
     pub event: u64,
+    pub data: WriteData,
 }
 
-impl<'a> Message<'a> for WriteImage<'a> {
+impl Message<'_> for WriteImage {
     fn encode(&self, w: &mut Writer) {
         w.u64(self.queue);
         w.u64(self.mem);
         w.u32(self.blocking);
         self.image.encode(w);
-        w.bytes(self.data);
         w.opt_u64s(self.wait.as_deref());
         w.u64(self.event);
+        self.data.encode(w);
     }
-    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+    fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
         Ok(WriteImage {
             queue: r.u64()?,
             mem: r.u64()?,
             blocking: r.u32()?,
             image: ImageRegion::decode(r)?,
-            data: r.bytes()?,
             wait: r.opt_u64s()?,
             event: r.u64()?,
+            data: WriteData::decode(r)?,
         })
     }
 }
@@ -465,34 +550,35 @@ impl<'a> Message<'a> for Mapped<'a> {
     }
 }
 
-/// `clEnqueueUnmapMemObject`: the bytes of a writing map travel back with it.
+/// The header of `clEnqueueUnmapMemObject`: the bytes of a writing map travel back with it,
+/// inline after the header or staged (absent: nothing to give back).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UnmapMemObject<'a> {
+pub struct UnmapMemObject {
     pub queue: u64,
     pub mem: u64,
     pub token: u64,
-    pub data: Option<&'a [u8]>,
     pub wait: Option<Vec<u64>>,
     pub event: u64,
+    pub data: WriteData,
 }
 
-impl<'a> Message<'a> for UnmapMemObject<'a> {
+impl Message<'_> for UnmapMemObject {
     fn encode(&self, w: &mut Writer) {
         w.u64(self.queue);
         w.u64(self.mem);
         w.u64(self.token);
-        w.opt_bytes(self.data);
         w.opt_u64s(self.wait.as_deref());
         w.u64(self.event);
+        self.data.encode(w);
     }
-    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+    fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
         Ok(UnmapMemObject {
             queue: r.u64()?,
             mem: r.u64()?,
             token: r.u64()?,
-            data: r.opt_bytes_ref()?,
             wait: r.opt_u64s()?,
             event: r.u64()?,
+            data: WriteData::decode(r)?,
         })
     }
 }
@@ -594,25 +680,37 @@ mod tests {
             size: 4,
             wait: Some(vec![5]),
             event: 6,
-            data_len: Some(4),
+            data: WriteData::Inline(4),
         };
         roundtrip(&head);
         let shortest = WriteBuffer {
-            data_len: None,
+            data: WriteData::Absent,
             wait: None,
             ..head.clone()
         };
         assert_eq!(roundtrip(&shortest).len(), WriteBuffer::MIN_LEN);
+        let modes = [
+            WriteData::Absent,
+            WriteData::Inline(0),
+            WriteData::Inline(9),
+            WriteData::Staged { id: 7, len: 9 },
+        ];
         for wait in [None, Some(vec![]), Some(vec![1, 2])] {
-            for data_len in [None, Some(0), Some(9)] {
+            for data in modes {
                 let h = WriteBuffer {
                     wait: wait.clone(),
-                    data_len,
+                    data,
                     ..head.clone()
                 };
                 assert!(roundtrip(&h).len() >= WriteBuffer::MIN_LEN);
             }
         }
+        let mut bad = body(&shortest).to_vec();
+        *bad.last_mut().unwrap() = 3;
+        assert!(
+            WriteBuffer::decode_all(&bad).is_err(),
+            "an unknown data mode"
+        );
         // The data follows the header: taken whole, or not at all.
         let mut w = Writer::new(0);
         head.encode(&mut w);
@@ -633,6 +731,16 @@ mod tests {
         let mut r = Reader::new(&b[..b.len() - 1]);
         let h = WriteBuffer::decode(&mut r).unwrap();
         assert!(h.data(&mut r).is_err());
+        // Staged data is not in the message.
+        let staged = WriteBuffer {
+            data: WriteData::Staged { id: 3, len: 4 },
+            ..head.clone()
+        };
+        let b = body(&staged);
+        let mut r = Reader::new(b);
+        let h = WriteBuffer::decode(&mut r).unwrap();
+        assert_eq!(h.data(&mut r).unwrap(), None);
+        r.finish().unwrap();
 
         let rect = Rect {
             buffer_origin: [1, 2, 3],
@@ -645,9 +753,9 @@ mod tests {
             mem: 2,
             blocking: 0,
             rect,
-            data: b"rows",
             wait: Some(vec![3]),
             event: 4,
+            data: WriteData::Inline(4),
         });
         roundtrip(&WriteImage {
             queue: 1,
@@ -659,10 +767,38 @@ mod tests {
                 row_pitch: 0,
                 slice_pitch: 0,
             },
-            data: b"px",
             wait: None,
             event: 0,
+            data: WriteData::Staged { id: 5, len: 2 },
         });
+    }
+
+    #[test]
+    fn data_is_staged_only_when_the_frame_cannot_hold_it() {
+        let max = wormhole_wire::MAX_BODY as usize;
+        let mut fresh = 0;
+        let mut next = || {
+            fresh += 1;
+            fresh
+        };
+        assert_eq!(WriteData::for_len(100, 0, &mut next), WriteData::Inline(0));
+        assert_eq!(
+            WriteData::for_len(100, max - 100, &mut next),
+            WriteData::Inline((max - 100) as u64)
+        );
+        assert_eq!(
+            WriteData::for_len(100, max - 99, &mut next),
+            WriteData::Staged {
+                id: 1,
+                len: (max - 99) as u64
+            }
+        );
+        assert_eq!(
+            WriteData::for_len(usize::MAX, 1, &mut next),
+            WriteData::Staged { id: 2, len: 1 }
+        );
+        assert_eq!(WriteData::Staged { id: 9, len: 4 }.len(), 4);
+        assert!(WriteData::Absent.is_empty());
     }
 
     #[test]
@@ -717,17 +853,17 @@ mod tests {
             queue: 1,
             mem: 2,
             token: 3,
-            data: Some(b"back"),
             wait: Some(vec![4]),
             event: 5,
+            data: WriteData::Inline(4),
         });
         roundtrip(&UnmapMemObject {
             queue: 1,
             mem: 2,
             token: 3,
-            data: None,
             wait: None,
             event: 0,
+            data: WriteData::Absent,
         });
     }
 }

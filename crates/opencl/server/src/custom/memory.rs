@@ -1,5 +1,6 @@
-//! Buffer and image creation. Host data travels with the request; CL_MEM_USE_HOST_PTR gets a
-//! server-side shadow of the client's memory that lives as long as the memory object.
+//! Buffer and image creation. Host data travels with the request (or is staged before it);
+//! CL_MEM_USE_HOST_PTR gets a server-side shadow of the client's memory that lives as long as
+//! the memory object.
 
 use super::*;
 use crate::arena::{Placement, NO_WINDOW};
@@ -77,6 +78,7 @@ fn create_buffer(
     } else {
         (req::CreateBuffer::decode(r)?, None)
     };
+    let inline = buffer.data.inline(r)?;
     r.finish()?;
     let req::CreateBuffer {
         new_id,
@@ -89,6 +91,8 @@ fn create_buffer(
     } = buffer;
     let mut window = NO_WINDOW;
     let mut run = || -> Result<i32, i32> {
+        let data = write_bytes(s, data, inline)?;
+        let data = data.as_ref().map(Bytes::as_slice);
         s.check_new_id(new_id)?;
         let context = s.resolve(context, HandleKind::Context, false)?;
         if let Some(d) = data {
@@ -191,6 +195,9 @@ struct ImageDesc {
 /// All four image-creating entry points share one wire form (the client converts the
 /// deprecated 2D/3D calls into a descriptor).
 fn create_image(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
+    let head = req::CreateImage::decode(r)?;
+    let inline = head.data.inline(r)?;
+    r.finish()?;
     let req::CreateImage {
         new_id,
         context,
@@ -200,9 +207,10 @@ fn create_image(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), D
         desc,
         host_ptr: nonnull,
         data,
-    } = req::CreateImage::decode(r)?;
-    r.finish()?;
+    } = head;
     let run = || -> Result<i32, i32> {
+        let data = write_bytes(s, data, inline)?;
+        let data = data.as_ref().map(Bytes::as_slice);
         s.check_new_id(new_id)?;
         let context = s.resolve(context, HandleKind::Context, false)?;
         let desc = match desc {

@@ -1,7 +1,9 @@
 //! Data transfers and mappings. Blocking reads are read by the driver straight into the reply
-//! frame; non-blocking ones land in a staging buffer that the client collects at its next
-//! synchronisation point. Non-blocking writes copy the request's data into a staging buffer
-//! that lives until the write's event completes.
+//! frame; non-blocking ones, and those too large for one reply, land in a staging buffer that
+//! the client collects (at its next synchronisation point, or at once), in parts if need be.
+//! A write's data comes inline after its request, or staged before it in pieces (STAGE) when
+//! the two do not fit one frame. Non-blocking writes keep the data in a staging buffer that
+//! lives until the write's event completes.
 
 use super::*;
 use crate::generated::ffi;
@@ -9,11 +11,82 @@ use crate::session::{Call, Mapping, ReadFrom};
 use std::ffi::c_void;
 use wormhole_opencl_proto::geometry::{image_span, rect_span};
 use wormhole_opencl_proto::requests::{self as req, Message, Reply};
-use wormhole_opencl_proto::{cl::*, Writer};
+use wormhole_opencl_proto::{cl::*, Writer, TRANSFER_CHUNK};
 use wormhole_server::backend::{StreamError, Streamed};
 
-/// Largest single transfer (it must fit one frame).
+/// Largest read whose data travels in its reply (it must fit one frame); larger ones wait for
+/// COLLECT, which sends them in parts.
 const MAX_TRANSFER: usize = (wormhole_opencl_proto::MAX_BODY as usize) - 4096;
+
+/// A zeroed buffer of `len` bytes, or None if there is no such memory: a length from the
+/// client must not abort the worker. Fresh pages are zero already and cost nothing until the
+/// driver writes them.
+fn zeroed(len: usize) -> Option<Vec<u8>> {
+    if len == 0 {
+        return Some(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<u8>(len).ok()?;
+    // SAFETY: `layout` has a non-zero size.
+    let p = unsafe { std::alloc::alloc_zeroed(layout) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: `p` comes from the global allocator with the layout of `len` bytes, the
+    // allocation a Vec<u8> of capacity `len` has, and all `len` bytes are initialised (zero).
+    Some(unsafe { Vec::from_raw_parts(p, len, len) })
+}
+
+/// A write's bytes as they arrived: in the request's frame, or staged before it.
+pub(crate) enum Bytes<'a> {
+    Frame(&'a [u8]),
+    Staged(Vec<u8>),
+}
+
+impl Bytes<'_> {
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        match self {
+            Bytes::Frame(b) => b,
+            Bytes::Staged(v) => v,
+        }
+    }
+
+    /// The bytes in a buffer of their own, for a driver that reads them after the request is
+    /// answered (staged bytes have one already).
+    fn into_owned(self) -> Vec<u8> {
+        match self {
+            Bytes::Frame(b) => b.to_vec(),
+            Bytes::Staged(v) => v,
+        }
+    }
+}
+
+/// A write's bytes (None: the application passed NULL, or no data travels): `inline`, decoded
+/// after the request's header, or those staged under the id the request names, taken out of
+/// the session whatever happens next. Staged data that did not all arrive is
+/// `CL_INVALID_VALUE`.
+pub(crate) fn write_bytes<'a>(
+    s: &Session,
+    data: req::WriteData,
+    inline: Option<&'a [u8]>,
+) -> Result<Option<Bytes<'a>>, i32> {
+    match data {
+        req::WriteData::Absent => Ok(None),
+        req::WriteData::Inline(_) => Ok(inline.map(Bytes::Frame)),
+        req::WriteData::Staged { id, len } => s
+            .take_staged(id, len)
+            .map(|v| Some(Bytes::Staged(v)))
+            .ok_or(CL_INVALID_VALUE),
+    }
+}
+
+/// STAGE: keeps a piece of a write's data until the request that names it.
+pub fn stage(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
+    let piece = req::Stage::decode(r)?;
+    let data = piece.data(r)?;
+    r.finish()?;
+    w.i32(s.stage(&piece, data).err().unwrap_or(CL_SUCCESS));
+    Ok(())
+}
 
 /// Blocking reads at least this large leave from a mapping of the driver's buffer straight
 /// into the reply ring: one copy, overlapped with the client's copy out of the ring, instead of
@@ -140,8 +213,8 @@ fn mapped_read(
 
 type ReadCall<'a> = dyn Fn(u32, *mut c_void, u32, *const Handle, *mut Handle) -> i32 + 'a;
 
-/// The common part of every read: blocking reads go straight into the reply, non-blocking ones
-/// into a staging buffer kept under `read_id`.
+/// The common part of every read: blocking reads go straight into the reply; non-blocking ones,
+/// and those too large for one reply, into a staging buffer kept under `read_id`.
 #[allow(clippy::too_many_arguments)]
 fn read_common(
     s: &Session,
@@ -153,12 +226,9 @@ fn read_common(
     len: usize,
     call: &ReadCall<'_>,
 ) -> Result<(), i32> {
-    if len > MAX_TRANSFER {
-        return Err(CL_OUT_OF_RESOURCES);
-    }
     let (n, list) = wl.resolve(s)?;
     let mut ev = EventOut::new(s, event_id)?;
-    if blocking != 0 {
+    if blocking != 0 && len <= MAX_TRANSFER {
         let mark = w.mark();
         Reply::Ok(req::ReadReply::Inline { len: len as u64 }).encode(w);
         let evp = ev.ptr(false);
@@ -177,13 +247,15 @@ fn read_common(
         release_own(event_id, own);
         return Ok(());
     }
-    let mut data = vec![0u8; len];
+    // A blocking read too large for its reply is complete when the reply goes (no event is
+    // needed to tell), and the client collects it at once.
+    let mut data = zeroed(len).ok_or(CL_OUT_OF_HOST_MEMORY)?;
     let st = call(
-        CL_FALSE,
+        if blocking != 0 { CL_TRUE } else { CL_FALSE },
         data.as_mut_ptr() as *mut c_void,
         n,
         list_ptr(&list),
-        ev.ptr(true),
+        ev.ptr(blocking == 0),
     );
     if st != CL_SUCCESS {
         return Err(st);
@@ -201,12 +273,13 @@ fn write_common(
     blocking: u32,
     wl: &WaitList,
     event_id: u64,
-    data: &[u8],
+    data: Bytes<'_>,
     call: &WriteCall<'_>,
 ) -> Result<i32, i32> {
     let (n, list) = wl.resolve(s)?;
     let mut ev = EventOut::new(s, event_id)?;
     if blocking != 0 {
+        let data = data.as_slice();
         let st = call(
             CL_TRUE,
             data.as_ptr() as *const c_void,
@@ -219,7 +292,7 @@ fn write_common(
         }
         return Ok(st);
     }
-    let staging = data.to_vec();
+    let staging = data.into_owned();
     let st = call(
         CL_FALSE,
         staging.as_ptr() as *const c_void,
@@ -301,8 +374,9 @@ pub fn clEnqueueWriteBuffer(
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
     let head = req::WriteBuffer::decode(r)?;
-    // The data follows the header: the client sends it straight from the application's memory.
-    let data = head.data(r)?;
+    // Inline data follows the header: the client sends it straight from the application's
+    // memory.
+    let inline = head.data(r)?;
     r.finish()?;
     let req::WriteBuffer {
         queue,
@@ -312,13 +386,14 @@ pub fn clEnqueueWriteBuffer(
         size,
         wait,
         event: event_id,
-        data_len: _,
+        data,
     } = head;
     let wl = WaitList(wait);
     let run = || -> Result<i32, i32> {
+        let data = write_bytes(s, data, inline)?;
         let t = target(s, queue, mem)?;
         let data = match data {
-            Some(d) if d.len() == size => d,
+            Some(d) if d.as_slice().len() == size => d,
             Some(_) => return Err(CL_INVALID_VALUE),
             None => {
                 // The application passed NULL: let the driver say what it says about that.
@@ -425,22 +500,25 @@ pub fn clEnqueueWriteBufferRect(
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
+    let head = req::WriteBufferRect::decode(r)?;
+    let inline = head.data.inline(r)?;
+    r.finish()?;
     let req::WriteBufferRect {
         queue,
         mem,
         blocking,
         rect: a,
-        data,
         wait,
         event: event_id,
-    } = req::WriteBufferRect::decode(r)?;
-    r.finish()?;
+        data,
+    } = head;
     let wl = WaitList(wait);
     let run = || -> Result<i32, i32> {
+        let data = write_bytes(s, data, inline)?.ok_or(CL_INVALID_VALUE)?;
         let t = target(s, queue, mem)?;
         let span = rect_span(a.host_origin, a.region, a.pitches[2], a.pitches[3], 1)
             .ok_or(CL_INVALID_VALUE)?;
-        if data.len() != span.len {
+        if data.as_slice().len() != span.len {
             return Err(CL_INVALID_VALUE);
         }
         write_common(s, blocking, &wl, event_id, data, &|b, p, n, l, e| {
@@ -567,6 +645,9 @@ pub fn clEnqueueWriteImage(
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
+    let head = req::WriteImage::decode(r)?;
+    let inline = head.data.inline(r)?;
+    r.finish()?;
     let req::WriteImage {
         queue,
         mem,
@@ -578,18 +659,18 @@ pub fn clEnqueueWriteImage(
                 row_pitch,
                 slice_pitch,
             },
-        data,
         wait,
         event: event_id,
-    } = req::WriteImage::decode(r)?;
-    r.finish()?;
+        data,
+    } = head;
     let wl = WaitList(wait);
     let run = || -> Result<i32, i32> {
+        let data = write_bytes(s, data, inline)?.ok_or(CL_INVALID_VALUE)?;
         let t = target(s, queue, mem)?;
         let (elem, ty) = image_info(t.mem)?;
         let (span, _) =
             image_span(ty, region, row_pitch, slice_pitch, elem).ok_or(CL_INVALID_VALUE)?;
-        if data.len() != span.len {
+        if data.as_slice().len() != span.len {
             return Err(CL_INVALID_VALUE);
         }
         write_common(s, blocking, &wl, event_id, data, &|b, p, n, l, e| {
@@ -636,7 +717,8 @@ struct MapAsk {
 /// - deferred: a non-blocking map returns at once, as natively (its wait list may hold a user
 ///   event only the client can complete, so waiting here could never end), and its bytes are
 ///   collected under the token at the client's next synchronisation point, like a
-///   non-blocking read's;
+///   non-blocking read's; so are a blocking map's bytes too large for one reply, which the
+///   client collects at once;
 /// - none: an invalidating or empty map.
 fn map_common(
     s: &Session,
@@ -672,7 +754,9 @@ fn map_common(
     let in_place = crate::arena::offset_of(ptr, len).filter(|_| ask.in_place_ok);
     let no_bytes =
         in_place.is_some() || ask.flags & CL_MAP_WRITE_INVALIDATE_REGION != 0 || len == 0;
-    let deferred = !blocking && !no_bytes;
+    // A blocking map's bytes too large for one reply wait for COLLECT as a non-blocking map's
+    // do (complete already: the client collects them at once).
+    let deferred = !no_bytes && (!blocking || len > MAX_TRANSFER);
     if deferred {
         s.defer_read(
             ask.token,
@@ -723,9 +807,6 @@ pub fn clEnqueueMapBuffer(
     let wl = WaitList(wait);
     let run = |w: &mut Writer| -> Result<(), i32> {
         let t = target(s, queue, mem)?;
-        if size > MAX_TRANSFER {
-            return Err(CL_OUT_OF_RESOURCES);
-        }
         map_common(
             s,
             w,
@@ -834,17 +915,20 @@ pub fn clEnqueueUnmapMemObject(
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
+    let head = req::UnmapMemObject::decode(r)?;
+    let inline = head.data.inline(r)?;
+    r.finish()?;
     let req::UnmapMemObject {
         queue,
         mem,
         token,
-        data,
         wait,
         event: event_id,
-    } = req::UnmapMemObject::decode(r)?;
-    r.finish()?;
+        data,
+    } = head;
     let wl = WaitList(wait);
     let run = || -> Result<i32, i32> {
+        let data = write_bytes(s, data, inline)?;
         let t = target(s, queue, mem)?;
         let (n, list) = wl.resolve(s)?;
         let m = s
@@ -876,7 +960,7 @@ pub fn clEnqueueUnmapMemObject(
                 .insert(token, m);
             return Err(CL_INVALID_VALUE);
         }
-        if let Some(d) = data.filter(|_| !uncollected) {
+        if let Some(d) = data.as_ref().map(Bytes::as_slice).filter(|_| !uncollected) {
             if d.len() > m.len {
                 return Err(CL_INVALID_VALUE);
             }
@@ -904,7 +988,27 @@ pub fn clEnqueueUnmapMemObject(
     Ok(())
 }
 
-/// Sends the data of every listed non-blocking read whose event has completed.
+/// Bytes `at..at + n` of a pending read, or None if they cannot be read (an SVM range freed
+/// meanwhile). The whole of a staging buffer is handed over without a copy.
+fn read_piece(s: &Session, from: &mut ReadFrom, at: usize, n: usize) -> Option<Vec<u8>> {
+    let end = at.checked_add(n).filter(|&end| end <= from.len())?;
+    match from {
+        ReadFrom::Staging(data) if at == 0 && end == data.len() => Some(std::mem::take(data)),
+        ReadFrom::Staging(data) => Some(data[at..end].to_vec()),
+        ReadFrom::Mapping { ptr, .. } => {
+            // SAFETY: the map completed and is still mapped (an unmap takes the pending read
+            // out under the lock the caller holds before it unmaps); `at..end` lies in its
+            // `len` bytes.
+            let bytes = unsafe { std::slice::from_raw_parts((*ptr + at) as *const u8, n) };
+            Some(bytes.to_vec())
+        }
+        ReadFrom::Svm { ptr, .. } => s.read_svm(*ptr + at, n),
+    }
+}
+
+/// Sends the data of every listed pending read whose event has completed, at most
+/// TRANSFER_CHUNK bytes in all: a read with more left than that sends a part, and the client
+/// asks again for the rest.
 pub fn collect(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
     let ids = req::Collect::decode(r)?.reads;
     r.finish()?;
@@ -912,13 +1016,20 @@ pub fn collect(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), De
     enum Outcome {
         Pending,
         Done(Vec<u8>),
+        Part(Vec<u8>),
         Failed,
     }
+    let mut budget = TRANSFER_CHUNK;
     let mut outcomes = Vec::with_capacity(ids.len());
     let mut pending = s.pending_reads.lock().unwrap_or_else(|p| p.into_inner());
     for id in ids {
-        let status = pending.get(&id).map(|p| {
-            let mut st: i32 = 1;
+        let Some(p) = pending.get_mut(&id) else {
+            outcomes.push((id, Outcome::Failed));
+            continue;
+        };
+        let mut st: i32 = CL_COMPLETE;
+        if !p.event.is_null() {
+            st = 1;
             // SAFETY: a live event we hold a reference to; the output is a local i32.
             unsafe {
                 ffi::clGetEventInfo(
@@ -929,27 +1040,28 @@ pub fn collect(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), De
                     std::ptr::null_mut(),
                 )
             };
-            st
-        });
-        let outcome = match status {
-            Some(st) if st == CL_COMPLETE || st < 0 => {
+        }
+        if st != CL_COMPLETE && st >= 0 {
+            outcomes.push((id, Outcome::Pending));
+            continue;
+        }
+        let left = p.from.len().saturating_sub(p.sent);
+        let n = left.min(budget);
+        let piece = (st == CL_COMPLETE)
+            .then(|| read_piece(s, &mut p.from, p.sent, n))
+            .flatten();
+        let outcome = match piece {
+            Some(data) if n < left => {
+                budget -= n;
+                p.sent += n;
+                Outcome::Part(data)
+            }
+            done => {
+                budget -= done.as_ref().map_or(0, Vec::len);
                 let p = pending.remove(&id).expect("present");
                 release_own(0, p.event);
-                match (st == CL_COMPLETE, p.from) {
-                    (true, ReadFrom::Staging(data)) => Outcome::Done(data),
-                    // SAFETY: the map completed and is still mapped: an unmap takes the
-                    // pending read out under the lock held here before it unmaps.
-                    (true, ReadFrom::Mapping { ptr, len }) => Outcome::Done(
-                        unsafe { std::slice::from_raw_parts(ptr as *const u8, len) }.to_vec(),
-                    ),
-                    (true, ReadFrom::Svm { ptr, len }) => {
-                        s.read_svm(ptr, len).map_or(Outcome::Failed, Outcome::Done)
-                    }
-                    _ => Outcome::Failed,
-                }
+                done.map_or(Outcome::Failed, Outcome::Done)
             }
-            Some(_) => Outcome::Pending,
-            None => Outcome::Failed,
         };
         outcomes.push((id, outcome));
     }
@@ -961,6 +1073,7 @@ pub fn collect(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), De
                 let state = match o {
                     Outcome::Pending => req::Collected::Pending,
                     Outcome::Done(data) => req::Collected::Done(data),
+                    Outcome::Part(data) => req::Collected::Part(data),
                     Outcome::Failed => req::Collected::Failed,
                 };
                 (*id, state)
@@ -1038,7 +1151,7 @@ pub fn stream_write(
     let streamable = leftover == 0
         && head.blocking != 0
         && head.event == 0
-        && head.data_len == Some(rest)
+        && head.data == req::WriteData::Inline(rest)
         && rest == head.size as u64
         && rest >= STREAMED_WRITE_MIN;
     let (offset, size) = (head.offset, head.size);
@@ -1117,8 +1230,73 @@ mod tests {
             size: data_len.unwrap_or(0) as usize,
             wait,
             event: 0,
-            data_len,
+            data: data_len.map_or(req::WriteData::Absent, req::WriteData::Inline),
         }
+    }
+
+    /// Asks COLLECT for `ids` and returns the answer, owned.
+    fn collect_now(s: &Session, ids: &[u64]) -> Vec<(u64, Option<bool>, Vec<u8>)> {
+        let mut q = Writer::new(0);
+        req::Collect {
+            reads: ids.to_vec(),
+        }
+        .encode(&mut q);
+        let body = q.body().to_vec();
+        let mut w = Writer::new(0);
+        collect(s, &mut Reader::new(&body), &mut w).unwrap();
+        let reply = req::CollectReply::decode_all(w.body()).unwrap();
+        reply
+            .reads
+            .into_iter()
+            .map(|(id, st)| match st {
+                req::Collected::Done(d) => (id, Some(true), d.to_vec()),
+                req::Collected::Part(d) => (id, Some(false), d.to_vec()),
+                req::Collected::Failed => (id, None, vec![]),
+                req::Collected::Pending => panic!("no event is pending here"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn reads_larger_than_a_reply_are_collected_in_parts() {
+        let s = Session::default();
+        let big: Vec<u8> = (0..2 * TRANSFER_CHUNK + 5)
+            .map(|i| (i % 251) as u8)
+            .collect();
+        // Complete already (a blocking read's): no event.
+        s.defer_read(1, ReadFrom::Staging(big.clone()), std::ptr::null_mut());
+        s.defer_read(
+            2,
+            ReadFrom::Staging(b"small".to_vec()),
+            std::ptr::null_mut(),
+        );
+        let mut got = Vec::new();
+        let mut small = None;
+        for round in 0.. {
+            assert!(round < 4, "a part every round");
+            let answer = collect_now(&s, &[1, 2]);
+            let total: usize = answer.iter().map(|(_, _, d)| d.len()).sum();
+            assert!(total <= TRANSFER_CHUNK, "one chunk per reply");
+            let (_, done, data) = &answer[0];
+            got.extend_from_slice(data);
+            match &answer[1] {
+                (2, Some(true), d) => small = Some(d.clone()),
+                // No room left in this reply: a part without bytes.
+                (2, Some(false), d) => assert!(d.is_empty()),
+                other => panic!("{other:?}"),
+            }
+            if *done == Some(true) {
+                break;
+            }
+        }
+        assert_eq!(got, big);
+        assert_eq!(small.as_deref(), Some(&b"small"[..]));
+        // Collected means gone.
+        assert_eq!(
+            collect_now(&s, &[1, 2]),
+            vec![(1, None, vec![]), (2, None, vec![])]
+        );
+        assert!(s.pending_reads.lock().unwrap().is_empty());
     }
 
     #[test]

@@ -621,8 +621,9 @@ pub fn run_tcp<S: Duplex>(
     }
     let mut queues: Vec<Option<LaneQueue>> = (0..lanes).map(|_| None).collect();
     let mut reader = std::io::BufReader::with_capacity(1 << 16, stream);
+    let bodies = BodyPool::default();
     loop {
-        let mut body = Vec::new();
+        let mut body = bodies.take();
         let h = match read_frame(&mut reader, &mut body) {
             Ok(h) => h,
             Err(TransportError::PeerGone) => return Ok(()),
@@ -643,12 +644,16 @@ pub fn run_tcp<S: Duplex>(
             None => {
                 let (tx, rx) = mpsc::channel::<(FrameHeader, Vec<u8>)>();
                 let writer = writer.clone();
+                let bodies = bodies.clone();
                 std::thread::Builder::new()
                     .name(format!("lane-{}", h.lane))
                     .spawn(move || {
                         let mut reply = Vec::new();
                         for (h, body) in rx {
-                            match handle(backend, usize::from(h.lane), &h, &body, &mut reply) {
+                            let handled =
+                                handle(backend, usize::from(h.lane), &h, &body, &mut reply);
+                            bodies.give_back(body);
+                            match handled {
                                 Ok(Some(done)) => {
                                     let mut out = writer.lock().unwrap_or_else(|p| p.into_inner());
                                     let sent =
@@ -672,6 +677,34 @@ pub fn run_tcp<S: Duplex>(
             }
         };
         let _ = tx.send((h, body));
+    }
+}
+
+/// Request bodies read from a stream, kept for the next frames: a bulk transfer's body is
+/// hundreds of MiB, and a fresh one each time costs the allocator a map, the kernel a fault per
+/// page and the allocator an unmap, several times the copy itself.
+#[derive(Clone, Default)]
+struct BodyPool(Arc<Mutex<Vec<Vec<u8>>>>);
+
+impl BodyPool {
+    /// Bodies kept at most, and the bytes they may hold together (more goes back to the
+    /// system: an idle session keeps at most this much host memory).
+    const KEPT: usize = 4;
+    const BYTES: usize = 512 << 20;
+
+    fn take(&self) -> Vec<u8> {
+        let mut pool = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        // The largest: the next big transfer finds its memory mapped already.
+        let i = (0..pool.len()).max_by_key(|&i| pool[i].capacity());
+        i.map(|i| pool.swap_remove(i)).unwrap_or_default()
+    }
+
+    fn give_back(&self, body: Vec<u8>) {
+        let mut pool = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let held: usize = pool.iter().map(Vec::capacity).sum();
+        if body.capacity() > 0 && pool.len() < Self::KEPT && held + body.capacity() <= Self::BYTES {
+            pool.push(body);
+        }
     }
 }
 

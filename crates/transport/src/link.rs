@@ -144,7 +144,8 @@ pub fn read_frame(s: &mut impl Read, body: &mut Vec<u8>) -> Result<FrameHeader, 
     let mut h = [0u8; HEADER_LEN];
     s.read_exact(&mut h).map_err(eof_is_gone)?;
     let header = FrameHeader::decode(&h)?;
-    body.clear();
+    // Not cleared first: a body reused from an earlier frame is only zeroed where it grows
+    // (read_exact overwrites every byte kept).
     body.resize(header.len as usize, 0);
     s.read_exact(body).map_err(eof_is_gone)?;
     Ok(header)

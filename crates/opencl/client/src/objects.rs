@@ -22,6 +22,9 @@ pub struct MemInfo {
     pub host_pitches: [usize; 2],
     /// (arena offset, size) of a buffer whose bytes the client may copy itself.
     pub window: Option<(u64, usize)>,
+    /// A buffer's size (0 for images): transfers outside it are refused before the client
+    /// touches the application's memory for them, as the driver would refuse them.
+    pub size: usize,
 }
 
 /// How a kernel argument was set: its size and what its value was (NULL, bytes, a handle of

@@ -76,6 +76,7 @@ unsafe fn create_buffer(
                     image: None,
                     host_pitches: [0, 0],
                     window,
+                    size,
                 }),
             ))
         }
@@ -235,6 +236,7 @@ unsafe fn create_image(
                     image,
                     host_pitches,
                     window: None,
+                    size: 0,
                 }),
             ))
         }
@@ -410,7 +412,7 @@ pub unsafe extern "C" fn clCreateSubBuffer(
     if let (Some(parent), Some(made)) = (parent, made) {
         if create_type == CL_BUFFER_CREATE_TYPE_REGION && !info.is_null() {
             // SAFETY: a cl_buffer_region (origin, size), as the call that succeeded read it.
-            let [origin, _size] = unsafe { *(info as *const [usize; 2]) };
+            let [origin, size] = unsafe { *(info as *const [usize; 2]) };
             made.set_mem(objects::MemInfo {
                 flags: sub_buffer_flags(parent.flags, flags),
                 host_ptr: if parent.host_ptr != 0 {
@@ -421,6 +423,7 @@ pub unsafe extern "C" fn clCreateSubBuffer(
                 image: None,
                 host_pitches: [0, 0],
                 window: None,
+                size,
             });
         }
     }

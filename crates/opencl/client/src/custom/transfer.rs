@@ -154,6 +154,18 @@ fn arena() -> Option<&'static wormhole_transport::Arena> {
 const HOST_ACCESS_FLAGS: u64 =
     CL_MEM_HOST_WRITE_ONLY | CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_NO_ACCESS;
 
+/// A transfer of (offset, size) outside a buffer the client knows the size of is the driver's
+/// CL_INVALID_VALUE: answered before the client reads or writes `size` bytes of the
+/// application's memory, which need not be there.
+fn within_buffer(b: &objects::ClObject, offset: usize, size: usize) -> Result<(), ClErr> {
+    match b.mem() {
+        Some(m) if m.size > 0 && offset.checked_add(size).is_none_or(|end| end > m.size) => {
+            Err(ClErr(CL_INVALID_VALUE))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// A blocking read or write of a windowed buffer (see the server's `arena` module): the server
 /// waits as the native call would, then the bytes are copied here, between the application's
 /// memory and the buffer's own storage in the shared arena. One copy and no driver command.
@@ -230,6 +242,7 @@ pub unsafe extern "C" fn clEnqueueReadBuffer(
         if ptr.is_null() {
             return Err(ClErr(CL_INVALID_VALUE));
         }
+        within_buffer(b, offset, size)?;
         let plain = n == 0 && list.is_null() && event.is_null();
         // SAFETY: the application promises `size` writable bytes at `ptr`.
         let direct =
@@ -287,6 +300,7 @@ pub unsafe extern "C" fn clEnqueueWriteBuffer(
                 obj(buffer, HandleKind::Mem)?,
             )
         };
+        within_buffer(b, offset, size)?;
         let plain = n == 0 && list.is_null() && event.is_null();
         // SAFETY: the application promises `size` readable bytes at `ptr`.
         let direct =

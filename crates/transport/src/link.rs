@@ -144,9 +144,14 @@ pub fn read_frame(s: &mut impl Read, body: &mut Vec<u8>) -> Result<FrameHeader, 
     let mut h = [0u8; HEADER_LEN];
     s.read_exact(&mut h).map_err(eof_is_gone)?;
     let header = FrameHeader::decode(&h)?;
-    // Not cleared first: a body reused from an earlier frame is only zeroed where it grows
-    // (read_exact overwrites every byte kept).
-    body.resize(header.len as usize, 0);
+    // A body reused from an earlier frame is only zeroed where it grows (read_exact overwrites
+    // every byte kept); a new one comes zeroed from the allocator (fresh pages, no memset).
+    let len = header.len as usize;
+    if body.capacity() < len {
+        *body = vec![0; len];
+    } else {
+        body.resize(len, 0);
+    }
     s.read_exact(body).map_err(eof_is_gone)?;
     Ok(header)
 }

@@ -128,15 +128,16 @@ class Server:
         return sorted(s["worker"] for s in self.status()["sessions"])
 
 
-def wait_for(pred, timeout=10.0):
-    """Polls `pred` until it returns something true (returned), or fails after `timeout` s."""
+def wait_for(pred, timeout=10.0, what="condition", poll=0.05):
+    """Polls `pred` until it returns something true (returned), or fails after `timeout` s
+    saying what it waited for."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         v = pred()
         if v:
             return v
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
+        time.sleep(poll)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def free_port():

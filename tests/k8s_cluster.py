@@ -15,7 +15,7 @@ import time
 import urllib.error
 import urllib.request
 
-from conftest import ROOT, free_port
+from conftest import ROOT, free_port, wait_for
 
 BIN = ROOT / "target" / "k8s" / "bin"
 COMPONENTS = ("kube-apiserver", "kube-scheduler", "kube-controller-manager", "wh-dra", "kubelet-sim")
@@ -160,13 +160,7 @@ class Cluster:
             return False
 
     def wait(self, pred, timeout, what):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            v = pred()
-            if v:
-                return v
-            time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for {what}")
+        return wait_for(pred, timeout, what, poll=0.2)
 
     def add_node(self, name):
         node = self.admin.create("/api/v1/nodes", {

@@ -163,7 +163,7 @@ func controller(ctx context.Context, args []string) error {
 	models := map[string]int{}
 	for _, api := range inv.APIs {
 		for i, d := range api.Devices {
-			devices[fmt.Sprintf("%s-%d", api.API, i)] = tenants.DeviceInfo{API: api.API, Model: d.Name, Sessions: pool.Sessions}
+			devices[publish.DeviceName(api.API, i)] = tenants.DeviceInfo{API: api.API, Model: d.Name, Sessions: pool.Sessions}
 			models[d.Name]++
 		}
 	}

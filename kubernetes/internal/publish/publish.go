@@ -56,7 +56,7 @@ func Resources(p Pool, inv *wh.Inventory) (*resourceslice.DriverResources, []str
 	var notes []string
 	for _, api := range inv.APIs {
 		for i, d := range api.Devices {
-			name := fmt.Sprintf("%s-%d", api.API, i)
+			name := DeviceName(api.API, i)
 			mem := *resource.NewQuantity(int64(d.MemoryBytes), resource.BinarySI)
 			if !p.MemoryLimit.IsZero() && p.MemoryLimit.Cmp(mem) < 0 {
 				mem = p.MemoryLimit
@@ -129,6 +129,11 @@ func Resources(p Pool, inv *wh.Inventory) (*resourceslice.DriverResources, []str
 		pool.AllNodes = true
 	}
 	return &resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{p.Name: pool}}, notes
+}
+
+// DeviceName is the name the i-th device of an API has in the pool's slice.
+func DeviceName(api string, i int) string {
+	return fmt.Sprintf("%s-%d", api, i)
 }
 
 func roundUp(v, q int64) int64 {

@@ -25,6 +25,9 @@ pub struct MemInfo {
     /// A buffer's size (0 for images): transfers outside it are refused before the client
     /// touches the application's memory for them, as the driver would refuse them.
     pub size: usize,
+    /// An image's size along a transfer's three coordinates (see `geometry::image_extent`;
+    /// None when unknown), for the same refusal.
+    pub extent: Option<[usize; 3]>,
 }
 
 /// How a kernel argument was set: its size and what its value was (NULL, bytes, a handle of

@@ -81,6 +81,38 @@ pub fn image_span(
     rect_span([0, 0, 0], region, row_pitch, slice_pitch, elem).map(|s| (s, region))
 }
 
+/// An image's size along the three coordinates of a transfer's origin and region: width, then
+/// height (or a 1D array's array size), then depth (or a 2D array's array size); 1 along the
+/// coordinates the image type does not have. `None` for an unknown type or a mipmapped image
+/// (whose origin also names a level).
+pub fn image_extent(
+    image_type: u32,
+    [width, height, depth, array_size]: [usize; 4],
+    mip_levels: u32,
+) -> Option<[usize; 3]> {
+    use crate::cl::*;
+    if mip_levels > 1 {
+        return None;
+    }
+    Some(match image_type {
+        CL_MEM_OBJECT_IMAGE1D | CL_MEM_OBJECT_IMAGE1D_BUFFER => [width, 1, 1],
+        CL_MEM_OBJECT_IMAGE1D_ARRAY => [width, array_size, 1],
+        CL_MEM_OBJECT_IMAGE2D => [width, height, 1],
+        CL_MEM_OBJECT_IMAGE2D_ARRAY => [width, height, array_size],
+        CL_MEM_OBJECT_IMAGE3D => [width, height, depth],
+        _ => return None,
+    })
+}
+
+/// Whether `region` at `origin` lies inside `extent` along every coordinate.
+pub fn region_within(origin: [usize; 3], region: [usize; 3], extent: [usize; 3]) -> bool {
+    (0..3).all(|i| {
+        origin[i]
+            .checked_add(region[i])
+            .is_some_and(|end| end <= extent[i])
+    })
+}
+
 /// Bytes per element of an image format, or `None` for an unknown one.
 #[allow(non_upper_case_globals)]
 pub fn element_size(channel_order: u32, channel_type: u32) -> Option<usize> {
@@ -125,5 +157,32 @@ mod tests {
         let mut rows = vec![];
         for_each_row(&s, [4, 3, 1], 1, |o, n| rows.push((o, n)));
         assert_eq!(rows, vec![(0, 4), (10, 4), (20, 4)]);
+    }
+
+    #[test]
+    fn image_regions() {
+        use crate::cl::*;
+        let dims = [64, 32, 7, 8];
+        let e2 = image_extent(CL_MEM_OBJECT_IMAGE2D, dims, 0).unwrap();
+        assert_eq!(e2, [64, 32, 1]);
+        assert_eq!(
+            image_extent(CL_MEM_OBJECT_IMAGE1D_ARRAY, dims, 1),
+            Some([64, 8, 1])
+        );
+        assert_eq!(
+            image_extent(CL_MEM_OBJECT_IMAGE2D_ARRAY, dims, 0),
+            Some([64, 32, 8])
+        );
+        assert_eq!(
+            image_extent(CL_MEM_OBJECT_IMAGE3D, dims, 0),
+            Some([64, 32, 7])
+        );
+        assert_eq!(image_extent(CL_MEM_OBJECT_IMAGE3D, dims, 3), None);
+        assert!(region_within([0, 0, 0], [64, 32, 1], e2));
+        assert!(region_within([63, 31, 0], [1, 1, 1], e2));
+        assert!(!region_within([62, 0, 0], [4, 1, 1], e2));
+        assert!(!region_within([0, 32, 0], [1, 1, 1], e2));
+        assert!(!region_within([0, 0, 0], [1, 1, 2], e2));
+        assert!(!region_within([usize::MAX, 0, 0], [2, 1, 1], e2));
     }
 }

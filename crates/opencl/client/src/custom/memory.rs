@@ -3,7 +3,7 @@
 //! image geometry).
 
 use super::*;
-use wormhole_opencl_proto::geometry::element_size;
+use wormhole_opencl_proto::geometry::{element_size, image_extent};
 use wormhole_opencl_proto::{Op, Reader};
 
 fn wants_host_data(flags: u64, host_ptr: *const c_void) -> bool {
@@ -77,6 +77,7 @@ unsafe fn create_buffer(
                     host_pitches: [0, 0],
                     window,
                     size,
+                    extent: None,
                 }),
             ))
         }
@@ -237,6 +238,13 @@ unsafe fn create_image(
                     host_pitches,
                     window: None,
                     size: 0,
+                    extent: desc.and_then(|d| {
+                        image_extent(
+                            d.image_type,
+                            [d.width, d.height, d.depth, d.array_size],
+                            d.num_mip_levels,
+                        )
+                    }),
                 }),
             ))
         }
@@ -424,6 +432,7 @@ pub unsafe extern "C" fn clCreateSubBuffer(
                 host_pitches: [0, 0],
                 window: None,
                 size,
+                extent: None,
             });
         }
     }

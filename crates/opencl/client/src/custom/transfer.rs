@@ -6,7 +6,7 @@ use super::*;
 use crate::rt::pending::{self, Scatter};
 use std::alloc::Layout;
 use std::sync::Mutex;
-use wormhole_opencl_proto::geometry::{for_each_row, image_span, rect_span, Span};
+use wormhole_opencl_proto::geometry::{for_each_row, image_span, rect_span, region_within, Span};
 use wormhole_opencl_proto::{control, Op, Reader, TRANSFER_CHUNK};
 
 /// Sends a read and puts its data where `scatter` says (now, or at the next sync point).
@@ -162,6 +162,36 @@ fn within_buffer(b: &objects::ClObject, offset: usize, size: usize) -> Result<()
         Some(m) if m.size > 0 && offset.checked_add(size).is_none_or(|end| end > m.size) => {
             Err(ClErr(CL_INVALID_VALUE))
         }
+        _ => Ok(()),
+    }
+}
+
+/// The same for a rectangle of a buffer at `origin` with the buffer-side pitches given.
+fn rect_within_buffer(
+    b: &objects::ClObject,
+    origin: [usize; 3],
+    region: [usize; 3],
+    row_pitch: usize,
+    slice_pitch: usize,
+) -> Result<(), ClErr> {
+    match b.mem() {
+        Some(m) if m.size > 0 => {
+            let span = rect_span(origin, region, row_pitch, slice_pitch, 1)
+                .ok_or(ClErr(CL_INVALID_VALUE))?;
+            within_buffer(b, span.start, span.len)
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The same for a region of an image the client knows the size of.
+fn within_image(
+    i: &objects::ClObject,
+    origin: [usize; 3],
+    region: [usize; 3],
+) -> Result<(), ClErr> {
+    match i.mem().and_then(|m| m.extent) {
+        Some(extent) if !region_within(origin, region, extent) => Err(ClErr(CL_INVALID_VALUE)),
         _ => Ok(()),
     }
 }
@@ -356,6 +386,7 @@ unsafe fn rect_common(
     };
     // SAFETY: as above.
     let (bo, ho, rg) = unsafe { (triple(bo)?, triple(ho)?, triple(rg)?) };
+    rect_within_buffer(b, bo, rg, pitches[0], pitches[1])?;
     let span = rect_span(ho, rg, pitches[2], pitches[3], 1).ok_or(ClErr(CL_INVALID_VALUE))?;
     let rect = req::Rect {
         buffer_origin: bo,
@@ -535,6 +566,7 @@ unsafe fn image_common(
     let (q, i) = unsafe { (obj(queue, HandleKind::Queue)?, obj(image, HandleKind::Mem)?) };
     // SAFETY: as above.
     let (origin, region) = unsafe { (triple(origin)?, triple(region)?) };
+    within_image(i, origin, region)?;
     let (ty, elem) = image_meta(image, i)?;
     let (span, rows) =
         image_span(ty, region, row_pitch, slice_pitch, elem).ok_or(ClErr(CL_INVALID_VALUE))?;

@@ -103,7 +103,12 @@ impl Session {
     /// Keeps a piece of a write's data (see `requests::Stage`): the first piece starts it,
     /// each next one must follow the last. Anything else (a piece out of order, past the
     /// announced length or larger than a chunk) drops what the id holds. Memory grows with
-    /// the bytes that arrive, never with the length a client announces.
+    /// the bytes that arrive, never with the length a client announces, and is bounded by
+    /// the tenant's memory quota (it is the tenant's memory in the worker: without a bound,
+    /// staging alone could fill the host). The bound is the quota itself, not what is left of
+    /// it: the data is bound for device memory the tenant holds already (or is about to),
+    /// whose size the quota bounds. Past it the piece is CL_OUT_OF_HOST_MEMORY and what the
+    /// id held is dropped.
     pub fn stage(&self, piece: &Stage, data: &[u8]) -> Result<(), i32> {
         let mut staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
         if piece.offset == 0 {
@@ -115,6 +120,11 @@ impl Session {
                 },
             );
         }
+        let held: u64 = staged.values().map(|e| e.bytes.len() as u64).sum();
+        let fits = self
+            .limits()
+            .mem_quota
+            .is_none_or(|q| held.saturating_add(data.len() as u64) <= q);
         let entry = staged.get_mut(&piece.id).ok_or(CL_INVALID_VALUE)?;
         let in_order = piece.total == entry.total
             && piece.offset == entry.bytes.len() as u64
@@ -127,7 +137,14 @@ impl Session {
             staged.remove(&piece.id);
             return Err(CL_INVALID_VALUE);
         }
-        if entry.bytes.try_reserve(data.len()).is_err() {
+        if !fits {
+            tracing::warn!(
+                held,
+                quota = self.limits().mem_quota,
+                "staged write data refused: over the tenant's memory quota"
+            );
+        }
+        if !fits || entry.bytes.try_reserve(data.len()).is_err() {
             staged.remove(&piece.id);
             return Err(CL_OUT_OF_HOST_MEMORY);
         }
@@ -424,5 +441,43 @@ mod tests {
         // An announced length far beyond memory costs nothing until bytes arrive.
         s.stage(&piece(7, u64::MAX, 0, 1), b"a").unwrap();
         assert!(s.staged.lock().unwrap()[&7].bytes.capacity() < 1 << 20);
+    }
+
+    /// Staged bytes are bounded by the tenant's memory quota: past it a piece is refused and
+    /// what its id held is dropped; bytes taken or dropped leave room again.
+    #[test]
+    fn staged_data_is_bounded_by_the_quota() {
+        let s = Session::default();
+        s.set_limits(Arc::new(Limits {
+            mem_quota: Some(10),
+            ..Limits::default()
+        }));
+        let piece = |id, total, offset, len| Stage {
+            id,
+            total,
+            offset,
+            len,
+        };
+        s.stage(&piece(1, 6, 0, 4), b"abcd").unwrap();
+        s.stage(&piece(2, 8, 0, 4), b"efgh").unwrap();
+        // 8 + 4 > 10: refused, and id 2 dropped with its 4 bytes.
+        assert_eq!(
+            s.stage(&piece(2, 8, 4, 4), b"ijkl"),
+            Err(CL_OUT_OF_HOST_MEMORY)
+        );
+        assert_eq!(s.take_staged(2, 8), None);
+        // Room again for 6 more; a piece of the same id started anew replaces the old one.
+        s.stage(&piece(3, 9, 0, 4), b"abcd").unwrap();
+        s.stage(&piece(3, 9, 0, 2), b"ab").unwrap();
+        s.stage(&piece(1, 6, 4, 2), b"ef").unwrap();
+        assert_eq!(s.take_staged(1, 6).as_deref(), Some(&b"abcdef"[..]));
+        s.stage(&piece(3, 9, 2, 7), b"cdefghi").unwrap();
+        assert_eq!(s.take_staged(3, 9).as_deref(), Some(&b"abcdefghi"[..]));
+        // One piece alone beyond the quota.
+        assert_eq!(
+            s.stage(&piece(4, 11, 0, 11), &[0; 11]),
+            Err(CL_OUT_OF_HOST_MEMORY)
+        );
+        assert!(s.staged.lock().unwrap().is_empty());
     }
 }

@@ -581,8 +581,50 @@ impl Duplex for UnixStream {
     }
 }
 
-/// Requests waiting for a lane's thread.
-type LaneQueue = mpsc::Sender<(FrameHeader, Vec<u8>)>;
+/// Requests waiting for a lane's thread, and the bytes they hold.
+struct LaneQueue {
+    tx: mpsc::Sender<(FrameHeader, Vec<u8>)>,
+    held: Arc<QueuedBytes>,
+}
+
+/// The bytes of requests a TCP lane has queued and not yet run. The shared-memory rings bound
+/// what a client can have in flight; a stream does not, so without this a client sending
+/// faster than its lane runs (or to a lane waiting in a blocking call) would grow the worker
+/// without end. Past the bound the session's reader stops reading until the lane catches
+/// up, and TCP's own flow control holds the client back. It cannot stall a lane that another
+/// waits for: a client waiting for a lane's reply sends that lane nothing more, so a lane in
+/// a blocking call has run everything queued before it.
+#[derive(Default)]
+struct QueuedBytes {
+    bytes: Mutex<usize>,
+    drained: std::sync::Condvar,
+}
+
+impl QueuedBytes {
+    /// Bytes a lane may have queued; one request larger than this still goes alone.
+    const MAX: usize = 64 << 20;
+
+    /// What a request costs: its body, and at least the bookkeeping of a small one.
+    fn cost(body: &[u8]) -> usize {
+        body.len().max(256)
+    }
+
+    /// Reader: waits until `n` more bytes fit, then counts them.
+    fn admit(&self, n: usize) {
+        let mut held = self.bytes.lock().unwrap_or_else(|p| p.into_inner());
+        while *held > 0 && *held + n > Self::MAX {
+            held = self.drained.wait(held).unwrap_or_else(|p| p.into_inner());
+        }
+        *held += n;
+    }
+
+    /// Lane: `n` bytes have been run.
+    fn release(&self, n: usize) {
+        let mut held = self.bytes.lock().unwrap_or_else(|p| p.into_inner());
+        *held = held.saturating_sub(n);
+        self.drained.notify_all();
+    }
+}
 
 /// Serves one session over a TCP stream: frames of all lanes share it, each lane's requests run
 /// on their own thread (started on first use) so one lane's blocking call never stalls another.
@@ -639,10 +681,12 @@ pub fn run_tcp<S: Duplex>(
             );
             std::process::exit(3);
         };
-        let tx = match slot {
-            Some(tx) => tx,
+        let queue = match slot {
+            Some(queue) => queue,
             None => {
                 let (tx, rx) = mpsc::channel::<(FrameHeader, Vec<u8>)>();
+                let held = Arc::new(QueuedBytes::default());
+                let lane_held = held.clone();
                 let writer = writer.clone();
                 let bodies = bodies.clone();
                 std::thread::Builder::new()
@@ -652,6 +696,7 @@ pub fn run_tcp<S: Duplex>(
                         for (h, body) in rx {
                             let handled =
                                 handle(backend, usize::from(h.lane), &h, &body, &mut reply);
+                            lane_held.release(QueuedBytes::cost(&body));
                             bodies.give_back(body);
                             match handled {
                                 Ok(Some(done)) => {
@@ -673,10 +718,11 @@ pub fn run_tcp<S: Duplex>(
                             }
                         }
                     })?;
-                slot.insert(tx)
+                slot.insert(LaneQueue { tx, held })
             }
         };
-        let _ = tx.send((h, body));
+        queue.held.admit(QueuedBytes::cost(&body));
+        let _ = queue.tx.send((h, body));
     }
 }
 
@@ -936,6 +982,38 @@ mod tests {
         fn mem_bytes(&self) -> i64 {
             0
         }
+    }
+
+    /// A lane's queue holds at most its bound (one request larger than it alone), and the
+    /// reader waiting for room goes on as the lane runs what it holds.
+    #[test]
+    fn a_lane_queue_admits_up_to_its_bound() {
+        let q = Arc::new(QueuedBytes::default());
+        let big = QueuedBytes::MAX + 1;
+        q.admit(big);
+        let (tx, rx) = mpsc::channel();
+        let reader = {
+            let q = q.clone();
+            std::thread::spawn(move || {
+                q.admit(QueuedBytes::MAX / 2);
+                tx.send(()).unwrap();
+                q.admit(QueuedBytes::MAX / 2);
+                tx.send(()).unwrap();
+                q.admit(1);
+                tx.send(()).unwrap();
+            })
+        };
+        // Nothing fits beside the oversized request until it has run.
+        assert!(rx.recv_timeout(Duration::from_millis(100)).is_err());
+        q.release(big);
+        rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        // Full now: one byte more waits for the lane.
+        assert!(rx.recv_timeout(Duration::from_millis(100)).is_err());
+        q.release(QueuedBytes::MAX / 2);
+        rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        reader.join().unwrap();
+        assert_eq!(*q.bytes.lock().unwrap(), QueuedBytes::MAX / 2 + 1);
     }
 
     /// A reply larger than a frame may be is answered with the API's out-of-memory status

@@ -400,15 +400,18 @@ mod tests {
         assert_eq!(s.export(HandleKind::Device, 0x2000 as Handle), dev);
     }
 
-    #[test]
-    fn staged_data_is_taken_whole_or_not_at_all() {
-        let s = Session::default();
-        let piece = |id, total, offset, len| Stage {
+    fn piece(id: u64, total: u64, offset: u64, len: u64) -> Stage {
+        Stage {
             id,
             total,
             offset,
             len,
-        };
+        }
+    }
+
+    #[test]
+    fn staged_data_is_taken_whole_or_not_at_all() {
+        let s = Session::default();
         // In order: taken once, with the length announced.
         s.stage(&piece(1, 5, 0, 3), b"abc").unwrap();
         s.stage(&piece(1, 5, 3, 2), b"de").unwrap();
@@ -452,12 +455,6 @@ mod tests {
             mem_quota: Some(10),
             ..Limits::default()
         }));
-        let piece = |id, total, offset, len| Stage {
-            id,
-            total,
-            offset,
-            len,
-        };
         s.stage(&piece(1, 6, 0, 4), b"abcd").unwrap();
         s.stage(&piece(2, 8, 0, 4), b"efgh").unwrap();
         // 8 + 4 > 10: refused, and id 2 dropped with its 4 bytes.

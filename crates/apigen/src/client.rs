@@ -199,7 +199,7 @@ fn emit_stub(s: &mut String, api: &Api, f: &Func) {
             Kind::In { len } => {
                 let _ = writeln!(
                     s,
-                    "        w.opt_bytes(rt::bytes_in({n} as *const u8, {})?);",
+                    "        w.opt_bytes(rt::bytes_in({n} as *const u8, {})?.as_deref());",
                     len_expr(len)
                 );
             }

@@ -9,6 +9,8 @@
 //! stream carries every lane's frames, tagged with the lane, plus callbacks. Either way each
 //! application thread uses its own lane.
 
+pub mod host_memory;
+
 use std::cell::Cell;
 use std::io::{Read, Write};
 use std::net::TcpStream;

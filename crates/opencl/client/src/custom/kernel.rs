@@ -1,5 +1,6 @@
 use super::*;
 use crate::generated;
+use wormhole_session::host_memory;
 
 /// How a setting is remembered (with its size) to tell settings the driver accepted before:
 /// NULL, plain bytes, or a handle of a kind.
@@ -18,8 +19,11 @@ pub unsafe extern "C" fn clSetKernelArg(
     rt::entry_status(|| {
         // SAFETY: the application's handle.
         let k = unsafe { obj(kernel, HandleKind::Kernel) }?;
-        let (arg, class) = if value.is_null() {
-            (req::ArgValue::Null, ARG_NULL)
+        // The value's bytes, when it travels as bytes (borrowed from the application or
+        // copied out of it), kept alive for the request below.
+        let mut bytes = None;
+        let (handle, class) = if value.is_null() {
+            (None, ARG_NULL)
         } else {
             let handle = if size == std::mem::size_of::<Handle>() {
                 // SAFETY: `value` points to `size` (= pointer-size) readable bytes.
@@ -31,13 +35,22 @@ pub unsafe extern "C" fn clSetKernelArg(
                 None
             };
             match handle {
-                Some((kind, id)) => (req::ArgValue::Handle(kind, id), ARG_HANDLE + kind as u8),
+                Some((kind, id)) => (Some((kind, id)), ARG_HANDLE + kind as u8),
                 None => {
-                    // SAFETY: `value` points to `size` readable bytes.
-                    let bytes = unsafe { std::slice::from_raw_parts(value as *const u8, size) };
-                    (req::ArgValue::Bytes(bytes), ARG_BYTES)
+                    // SAFETY: `value` is the application's memory; a size beyond it (larger
+                    // than any argument's type: the driver refuses it unread) is refused here.
+                    bytes = Some(
+                        unsafe { host_memory::copy_in(value as *const u8, size) }
+                            .ok_or(ClErr(CL_INVALID_ARG_SIZE))?,
+                    );
+                    (None, ARG_BYTES)
                 }
             }
+        };
+        let arg = match (handle, &bytes) {
+            (Some((kind, id)), _) => req::ArgValue::Handle(kind, id),
+            (None, Some(b)) => req::ArgValue::Bytes(b),
+            (None, None) => req::ArgValue::Null,
         };
         let w = encode(
             Op::clSetKernelArg,

@@ -8,9 +8,11 @@ pub mod props;
 
 use crate::connection;
 use crate::objects;
+use std::borrow::Cow;
 use std::ffi::{c_char, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use wormhole_opencl_proto::{cl::*, DecodeError, HandleKind, Op, Reader, Writer};
+use wormhole_session::host_memory;
 
 pub use objects::alloc_id;
 
@@ -166,17 +168,30 @@ pub unsafe fn handle_ids(
     Ok(Some(ids))
 }
 
-/// `len` bytes at `p` (NULL → absent).
+/// `len` bytes at `p` (NULL → absent). A range the application's memory does not hold (a
+/// length the driver would refuse before reading) is CL_INVALID_VALUE, not a crash (see
+/// `wormhole_session::host_memory`).
 ///
 /// # Safety
-/// `p` must be NULL or point to `len` readable bytes.
-pub unsafe fn bytes_in<'a>(p: *const u8, len: Option<usize>) -> Result<Option<&'a [u8]>, ClErr> {
+/// `p` must be NULL or point to memory (see [`host_memory::copy_in`]).
+pub unsafe fn bytes_in<'a>(
+    p: *const u8,
+    len: Option<usize>,
+) -> Result<Option<Cow<'a, [u8]>>, ClErr> {
     if p.is_null() {
         return Ok(None);
     }
     let len = len.ok_or(ClErr(CL_INVALID_VALUE))?;
     // SAFETY: per the contract.
-    Ok(Some(unsafe { std::slice::from_raw_parts(p, len) }))
+    match unsafe { host_memory::copy_in(p, len) } {
+        Some(bytes) => Ok(Some(bytes)),
+        None => {
+            crate::connection::log(&format!(
+                "{len} bytes at {p:?} are not the application's memory: CL_INVALID_VALUE"
+            ));
+            Err(ClErr(CL_INVALID_VALUE))
+        }
+    }
 }
 
 /// # Safety

@@ -562,10 +562,22 @@ fn serve_lane(
 
 /// A byte stream the TCP-style transport can read on one thread and write on others: a TCP
 /// socket, or (TLS sessions) the worker's end of the supervisor's TLS proxy.
-pub trait Duplex: Read + Write + Send + 'static {
+pub trait Duplex: Read + Write + Send + AsRawFd + 'static {
     fn duplicate(&self) -> std::io::Result<Self>
     where
         Self: Sized;
+
+    /// Whether the peer has closed its end (without reading what it sent before).
+    fn peer_closed(&self) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.as_raw_fd(),
+            events: libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: one pollfd for a descriptor this stream owns; no waiting.
+        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+    }
 }
 
 impl Duplex for TcpStream {
@@ -609,13 +621,22 @@ impl QueuedBytes {
         body.len().max(256)
     }
 
-    /// Reader: waits until `n` more bytes fit, then counts them.
-    fn admit(&self, n: usize) {
+    /// Reader: waits until `n` more bytes fit, then counts them. False if `gone` says the
+    /// client went away meanwhile (a lane may wait forever for what only it could send).
+    fn admit(&self, n: usize, gone: impl Fn() -> bool) -> bool {
         let mut held = self.bytes.lock().unwrap_or_else(|p| p.into_inner());
         while *held > 0 && *held + n > Self::MAX {
-            held = self.drained.wait(held).unwrap_or_else(|p| p.into_inner());
+            let (next, waited) = self
+                .drained
+                .wait_timeout(held, Duration::from_millis(200))
+                .unwrap_or_else(|p| p.into_inner());
+            held = next;
+            if waited.timed_out() && gone() {
+                return false;
+            }
         }
         *held += n;
+        true
     }
 
     /// Lane: `n` bytes have been run.
@@ -721,7 +742,13 @@ pub fn run_tcp<S: Duplex>(
                 slot.insert(LaneQueue { tx, held })
             }
         };
-        queue.held.admit(QueuedBytes::cost(&body));
+        if !queue
+            .held
+            .admit(QueuedBytes::cost(&body), || reader.get_ref().peer_closed())
+        {
+            tracing::info!("client gone while a lane's queue was full: ending the session");
+            return Ok(());
+        }
         let _ = queue.tx.send((h, body));
     }
 }
@@ -990,16 +1017,16 @@ mod tests {
     fn a_lane_queue_admits_up_to_its_bound() {
         let q = Arc::new(QueuedBytes::default());
         let big = QueuedBytes::MAX + 1;
-        q.admit(big);
+        assert!(q.admit(big, || false));
         let (tx, rx) = mpsc::channel();
         let reader = {
             let q = q.clone();
             std::thread::spawn(move || {
-                q.admit(QueuedBytes::MAX / 2);
+                assert!(q.admit(QueuedBytes::MAX / 2, || false));
                 tx.send(()).unwrap();
-                q.admit(QueuedBytes::MAX / 2);
+                assert!(q.admit(QueuedBytes::MAX / 2, || false));
                 tx.send(()).unwrap();
-                q.admit(1);
+                assert!(q.admit(1, || false));
                 tx.send(()).unwrap();
             })
         };
@@ -1014,6 +1041,8 @@ mod tests {
         rx.recv_timeout(Duration::from_secs(5)).unwrap();
         reader.join().unwrap();
         assert_eq!(*q.bytes.lock().unwrap(), QueuedBytes::MAX / 2 + 1);
+        // A reader waiting for room gives up once its client is gone.
+        assert!(!q.admit(QueuedBytes::MAX, || true));
     }
 
     /// A reply larger than a frame may be is answered with the API's out-of-memory status

@@ -1,6 +1,7 @@
 /* A size far beyond the memory behind a pointer is one the driver refuses before it reads:
- * a fill pattern of a GiB (CL_INVALID_VALUE) and a kernel argument of a GiB
- * (CL_INVALID_ARG_SIZE), with pointers to a few bytes. A forwarding client that copied the
+ * a fill pattern of a GiB (CL_INVALID_VALUE), a kernel argument of a GiB
+ * (CL_INVALID_ARG_SIZE) and a launch of 2^30 work dimensions (CL_INVALID_WORK_DIMENSION),
+ * with pointers to a few bytes. A forwarding client that copied the
  * bytes first would crash the application instead. Sizes that are wrong but small get the
  * driver's own answer, and right ones still work. */
 #include "common.h"
@@ -28,6 +29,8 @@ int main(void) {
     CHECK(clSetKernelArg(k, 0, sizeof b, &b));
     CHECK(clSetKernelArg(k, 1, sizeof v, &v));
     size_t one = 1;
+    /* A work dimension no device has, with arrays of one entry. */
+    EXPECT(clEnqueueNDRangeKernel(q, k, 1u << 30, NULL, &one, NULL, 0, NULL, NULL) == CL_INVALID_WORK_DIMENSION);
     CHECK(clEnqueueNDRangeKernel(q, k, 1, NULL, &one, NULL, 0, NULL, NULL));
     int back[2] = {0, 0};
     CHECK(clEnqueueReadBuffer(q, b, CL_TRUE, 0, sizeof back, back, 0, NULL, NULL));

@@ -22,6 +22,7 @@ pub const CL_INVALID_KERNEL: i32 = -48;
 pub const CL_INVALID_ARG_INDEX: i32 = -49;
 pub const CL_INVALID_ARG_VALUE: i32 = -50;
 pub const CL_INVALID_ARG_SIZE: i32 = -51;
+pub const CL_INVALID_WORK_DIMENSION: i32 = -53;
 pub const CL_INVALID_EVENT_WAIT_LIST: i32 = -57;
 pub const CL_INVALID_EVENT: i32 = -58;
 pub const CL_INVALID_OPERATION: i32 = -59;

@@ -87,6 +87,10 @@ pub unsafe extern "C" fn clSetKernelArg(
     })
 }
 
+/// More work dimensions than any device has (OpenCL requires 3; the wire carries at most 64
+/// values per array).
+const MAX_WORK_DIM: usize = 64;
+
 /// Launches repeat the geometry of one the driver accepted with the same arguments: such a
 /// launch is pipelined. Anything new (geometry, wait list) waits for the driver's verdict.
 pub unsafe extern "C" fn clEnqueueNDRangeKernel(
@@ -100,6 +104,20 @@ pub unsafe extern "C" fn clEnqueueNDRangeKernel(
     list: *const Handle,
     event: *mut Handle,
 ) -> i32 {
+    if work_dim as usize > MAX_WORK_DIM {
+        // No device has that many dimensions: the driver's answer, without reading work_dim
+        // entries of arrays that hold a few (a bad handle is reported first, as natively).
+        // SAFETY: the application's handles, only looked up.
+        return unsafe {
+            if objects::get(queue, HandleKind::Queue).is_none() {
+                CL_INVALID_COMMAND_QUEUE
+            } else if objects::get(kernel, HandleKind::Kernel).is_none() {
+                CL_INVALID_KERNEL
+            } else {
+                CL_INVALID_WORK_DIMENSION
+            }
+        };
+    }
     // SAFETY: the application's handles and arrays (work_dim entries each).
     let sig = unsafe { launch_sig(queue, kernel, work_dim, offset, global, local) };
     let state = sig.as_ref().and_then(|(k, _)| k.kernel.as_ref());

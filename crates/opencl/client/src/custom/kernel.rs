@@ -1,6 +1,5 @@
 use super::*;
 use crate::generated;
-use wormhole_session::host_memory;
 
 /// How a setting is remembered (with its size) to tell settings the driver accepted before:
 /// NULL, plain bytes, or a handle of a kind.
@@ -39,10 +38,9 @@ pub unsafe extern "C" fn clSetKernelArg(
                 None => {
                     // SAFETY: `value` is the application's memory; a size beyond it (larger
                     // than any argument's type: the driver refuses it unread) is refused here.
-                    bytes = Some(
-                        unsafe { host_memory::copy_in(value as *const u8, size) }
-                            .ok_or(ClErr(CL_INVALID_ARG_SIZE))?,
-                    );
+                    bytes = Some(unsafe {
+                        rt::app_bytes(value as *const u8, size, CL_INVALID_ARG_SIZE)
+                    }?);
                     (None, ARG_BYTES)
                 }
             }
@@ -87,10 +85,6 @@ pub unsafe extern "C" fn clSetKernelArg(
     })
 }
 
-/// More work dimensions than any device has (OpenCL requires 3; the wire carries at most 64
-/// values per array).
-const MAX_WORK_DIM: usize = 64;
-
 /// Launches repeat the geometry of one the driver accepted with the same arguments: such a
 /// launch is pipelined. Anything new (geometry, wait list) waits for the driver's verdict.
 pub unsafe extern "C" fn clEnqueueNDRangeKernel(
@@ -104,7 +98,7 @@ pub unsafe extern "C" fn clEnqueueNDRangeKernel(
     list: *const Handle,
     event: *mut Handle,
 ) -> i32 {
-    if work_dim as usize > MAX_WORK_DIM {
+    if work_dim as usize > rt::MAX_USIZES {
         // No device has that many dimensions: the driver's answer, without reading work_dim
         // entries of arrays that hold a few (a bad handle is reported first, as natively).
         // SAFETY: the application's handles, only looked up.

@@ -183,16 +183,31 @@ pub unsafe fn bytes_in<'a>(
     }
     let len = len.ok_or(ClErr(CL_INVALID_VALUE))?;
     // SAFETY: per the contract.
-    match unsafe { host_memory::copy_in(p, len) } {
-        Some(bytes) => Ok(Some(bytes)),
-        None => {
-            crate::connection::log(&format!(
-                "{len} bytes at {p:?} are not the application's memory: CL_INVALID_VALUE"
-            ));
-            Err(ClErr(CL_INVALID_VALUE))
-        }
-    }
+    unsafe { app_bytes(p, len, CL_INVALID_VALUE) }.map(Some)
 }
+
+/// `len` bytes of the application's memory at `p` (see [`host_memory::copy_in`]); a range it
+/// does not hold is `refusal`, the driver's answer to such a length, with a log line.
+///
+/// # Safety
+/// As [`host_memory::copy_in`].
+pub unsafe fn app_bytes<'a>(
+    p: *const u8,
+    len: usize,
+    refusal: i32,
+) -> Result<Cow<'a, [u8]>, ClErr> {
+    // SAFETY: per the contract.
+    unsafe { host_memory::copy_in(p, len) }.ok_or_else(|| {
+        connection::log(&format!(
+            "{len} bytes at {p:?} are not the application's memory: answering {refusal}"
+        ));
+        ClErr(refusal)
+    })
+}
+
+/// The most values one size_t array of a request carries (work sizes, origins, regions: no
+/// device has more than a few dimensions).
+pub const MAX_USIZES: usize = 64;
 
 /// # Safety
 /// `p` must be NULL or point to `count` size_t values.
@@ -201,7 +216,7 @@ pub unsafe fn usizes_in(p: *const usize, count: Option<usize>) -> Result<Option<
         return Ok(None);
     }
     let n = count.ok_or(ClErr(CL_INVALID_VALUE))?;
-    if n > 64 {
+    if n > MAX_USIZES {
         return Err(ClErr(CL_INVALID_VALUE));
     }
     // SAFETY: per the contract.

@@ -21,7 +21,7 @@ pub(crate) fn c_type(k: &Kind) -> &'static str {
     match k {
         Kind::Scalar(Scalar::U32) => "u32",
         Kind::Scalar(Scalar::I32) => "i32",
-        Kind::Scalar(Scalar::U64) => "u64",
+        Kind::Scalar(Scalar::U64) | Kind::Device { .. } => "u64",
         Kind::Scalar(Scalar::Usize) => "usize",
         Kind::Handle { .. } => "Handle",
         Kind::Handles { .. } => "*const Handle",
@@ -76,7 +76,7 @@ fn emit_kinds(s: &mut String, api: &Api) {
     for h in &api.handles {
         let _ = writeln!(
             s,
-            "            HandleKind::{} => cl::{},",
+            "            HandleKind::{} => codes::{},",
             h.variant, h.invalid
         );
     }
@@ -103,7 +103,13 @@ fn emit_kinds(s: &mut String, api: &Api) {
     });
     s.push_str(&permanent.join(" | "));
     s.push_str(")\n    }\n}\n");
-    let _ = writeln!(s, "\n/// The callback signatures of the API (the description's `@callback`).\n#[derive(Debug, Clone, Copy, PartialEq, Eq)]\n#[repr(u8)]\npub enum CallbackKind {{");
+    // A representation is refused for an enum without variants (an API without callbacks).
+    let repr = if api.callbacks.is_empty() {
+        ""
+    } else {
+        "#[repr(u8)]\n"
+    };
+    let _ = writeln!(s, "\n/// The callback signatures of the API (the description's `@callback`).\n#[derive(Debug, Clone, Copy, PartialEq, Eq)]\n{repr}pub enum CallbackKind {{");
     for (i, (_, v)) in api.callbacks.iter().enumerate() {
         let _ = writeln!(s, "    {} = {},", v, i + 1);
     }
@@ -159,6 +165,24 @@ pub(crate) fn len_expr(l: &Len) -> String {
     }
 }
 
+/// `use` lines for the proto crate's items only some APIs have (property lists, callbacks):
+/// generated code names them only where the description uses them.
+pub(crate) fn optional_imports(api: &Api) -> String {
+    let mut s = String::new();
+    let uses = |pred: &dyn Fn(&Kind) -> bool| {
+        api.funcs
+            .iter()
+            .any(|f| f.is_generated() && f.params.iter().any(|p| pred(&p.kind)))
+    };
+    if uses(&|k| matches!(k, Kind::Props(_))) {
+        let _ = writeln!(s, "use {}::Props;", api.proto);
+    }
+    if uses(&|k| matches!(k, Kind::Callback { .. })) {
+        let _ = writeln!(s, "use {}::CallbackKind;", api.proto);
+    }
+    s
+}
+
 /// The API's status values under names the generated code uses whatever the API.
 pub(crate) fn emit_status_consts(s: &mut String, api: &Api) {
     let _ = writeln!(
@@ -186,7 +210,7 @@ mod tests {
         assert_eq!(api.handle_variant("thing"), "Thing");
         assert_eq!(api.list_error("t", "thing"), "TOY_BAD_THING");
         let proto = emit_proto(&api);
-        assert!(proto.contains("HandleKind::Thing => cl::TOY_BAD_THING"));
+        assert!(proto.contains("HandleKind::Thing => codes::TOY_BAD_THING"));
         assert!(proto.contains("Done = 1"));
         let client = emit_client(&api);
         assert!(client.contains("use toy_proto::"));

@@ -72,6 +72,9 @@ pub struct Func {
     pub sync: bool,
     /// Sent without waiting for the reply: every error it can return is checked in the client.
     pub asynchronous: bool,
+    /// The API version whose ABI of the entry point this symbol is (`@since(V)`), for a
+    /// version-aware proc-address query (CUDA's `cuGetProcAddress`).
+    pub since: Option<u32>,
     pub ret: Ret,
     pub params: Vec<Param>,
 }
@@ -125,20 +128,48 @@ pub enum Props {
 #[derive(Debug, Clone)]
 pub enum Kind {
     Scalar(Scalar),
-    Handle { kind: String, nullable: bool },
-    Handles { kind: String, count: String },
-    In { len: Len },
-    InUsize { count: Len, nullable: bool },
+    Handle {
+        kind: String,
+        nullable: bool,
+    },
+    Handles {
+        kind: String,
+        count: String,
+    },
+    In {
+        len: Len,
+    },
+    InUsize {
+        count: Len,
+        nullable: bool,
+    },
     Str,
-    Strs { count: String },
+    Strs {
+        count: String,
+    },
     Props(Props),
-    Out { len: Len },
+    Out {
+        len: Len,
+    },
     OutSize,
     OutU32,
     OutU64,
-    OutHandles { kind: String, count: String },
-    NewHandle { kind: String },
-    Callback { kind: String, owner: String },
+    OutHandles {
+        kind: String,
+        count: String,
+    },
+    NewHandle {
+        kind: String,
+    },
+    /// A device address (CUDA's `CUdeviceptr`) and the length the call touches there: the
+    /// server checks that the session owns `[address, address + len)` before the driver sees it.
+    Device {
+        len: Len,
+    },
+    Callback {
+        kind: String,
+        owner: String,
+    },
     UserData,
     Err,
 }
@@ -352,6 +383,7 @@ fn parse_func(line: &str) -> Result<Func, String> {
         release: None,
         sync: false,
         asynchronous: false,
+        since: None,
         ret: Ret::Int,
         params: Vec::new(),
     };
@@ -371,6 +403,13 @@ fn parse_func(line: &str) -> Result<Func, String> {
                     "void" => Ret::Void,
                     h => Ret::Handle(angle(h, "h")?.to_string()),
                 };
+            }
+            t if t.starts_with("@since(") => {
+                func.since = Some(
+                    paren(t)?
+                        .parse()
+                        .map_err(|_| format!("bad version in `{t}`"))?,
+                )
             }
             t if t.starts_with("@retain(") => func.retain = Some(paren(t)?.to_string()),
             t if t.starts_with("@release(") => func.release = Some(paren(t)?.to_string()),
@@ -482,6 +521,9 @@ fn parse_kind(k: &str) -> Result<Kind, String> {
         _ if k.starts_with("in[") => Kind::In {
             len: parse_len(bracket(k)?)?,
         },
+        _ if k.starts_with("dev[") => Kind::Device {
+            len: parse_len(bracket(k)?)?,
+        },
         _ if k.starts_with("out[") => Kind::Out {
             len: parse_len(bracket(k)?)?,
         },
@@ -513,13 +555,14 @@ fn validate(api: &Api, f: &Func) -> Result<(), String> {
         }
         match &p.kind {
             Kind::Handles { count, .. } | Kind::OutHandles { count, .. } | Kind::Strs { count }
-                if !has(count) =>
+                if !has(count) && count.parse::<u32>().is_err() =>
             {
                 return Err(format!("count names unknown `{count}`"));
             }
-            Kind::In { len } | Kind::Out { len } | Kind::InUsize { count: len, .. } => {
-                check_len(len)?
-            }
+            Kind::In { len }
+            | Kind::Out { len }
+            | Kind::Device { len }
+            | Kind::InUsize { count: len, .. } => check_len(len)?,
             Kind::Callback { kind, owner } => {
                 if !api.callbacks.iter().any(|(k, _)| k == kind) {
                     return Err(format!("unknown callback kind `{kind}`"));

@@ -12,7 +12,7 @@ use wormhole_server::{Backend, Config};
 
 /// The APIs this server serves, each plugged in as a backend (the first one is the default of
 /// guest regions).
-static BACKENDS: &[&dyn Backend] = &[&wormhole_opencl_server::OPENCL];
+static BACKENDS: &[&dyn Backend] = &[&wormhole_opencl_server::OPENCL, &wormhole_cuda_server::CUDA];
 
 #[derive(Parser)]
 #[command(
@@ -477,6 +477,23 @@ fn icd_library() -> Result<PathBuf, CliError> {
     Err(CliError::NoIcd(dir.join("libwormhole_opencl.so")))
 }
 
+/// Where Wormhole's `libcuda.so.1` is: $WORMHOLE_CUDA_LIB, or `libwormhole_cuda.so` next to
+/// this binary; None if it was not built (OpenCL alone is forwarded then).
+fn cuda_library() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("WORMHOLE_CUDA_LIB") {
+        return Some(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    [
+        dir.join("libwormhole_cuda.so"),
+        dir.join("../lib/libwormhole_cuda.so"),
+    ]
+    .into_iter()
+    .find(|c| c.exists())
+    .and_then(|c| c.canonicalize().ok())
+}
+
 fn run_program(socket: Option<PathBuf>, program: Vec<String>) -> Result<(), CliError> {
     let lib = icd_library()?;
     // A vendor directory holding only Wormhole, so the application sees forwarded platforms only.
@@ -504,6 +521,23 @@ fn run_program(socket: Option<PathBuf>, program: Vec<String>) -> Result<(), CliE
     cmd.args(&program[1..])
         .env("OCL_ICD_VENDORS", &dir)
         .env("OPENCL_VENDOR_PATH", &dir);
+    // CUDA programs (and cudart's dlopen) find the driver by its soname on the library path:
+    // the same directory holds `libcuda.so.1`, a link to Wormhole's.
+    if let Some(cuda) = cuda_library() {
+        let link = dir.join("libcuda.so.1");
+        if std::fs::read_link(&link).ok().as_deref() != Some(cuda.as_path()) {
+            let tmp = dir.join(format!("libcuda.so.1.{}", std::process::id()));
+            let _ = std::fs::remove_file(&tmp);
+            std::os::unix::fs::symlink(&cuda, &tmp)?;
+            std::fs::rename(&tmp, &link)?;
+        }
+        let mut path = std::ffi::OsString::from(&dir);
+        if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|p| !p.is_empty()) {
+            path.push(":");
+            path.push(old);
+        }
+        cmd.env("LD_LIBRARY_PATH", path);
+    }
     if let Some(s) = socket {
         cmd.env("WORMHOLE_SOCKET", s);
     }

@@ -5,6 +5,8 @@
 //! `wormhole-wire`, re-exported so OpenCL code names one crate.
 
 pub mod cl;
+/// The status codes under the name generated code uses for every API.
+pub use cl as codes;
 pub mod geometry;
 pub mod info;
 mod kinds;
@@ -15,7 +17,7 @@ pub use wormhole_wire::*;
 
 /// Generated from `api/opencl.api`: the opcodes, handle kinds and callback kinds.
 mod generated {
-    use crate::cl;
+    use crate::cl as codes;
     include!(concat!(env!("OUT_DIR"), "/proto.rs"));
 }
 pub use generated::{CallbackKind, HandleKind, Op, OP_COUNT};

@@ -20,6 +20,9 @@ pub use objects::alloc_id;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClErr(pub i32);
 
+/// The name generated stubs use for an entry point's error, whatever the API.
+pub use ClErr as ApiErr;
+
 impl From<DecodeError> for ClErr {
     fn from(e: DecodeError) -> Self {
         connection::log(&format!("malformed reply from the server: {e}"));

@@ -1,0 +1,42 @@
+//! The library's one session with the server, opened on first use through the session
+//! machinery every API shares (`wormhole-session`).
+
+use std::sync::OnceLock;
+use wormhole_cuda_proto::Op;
+pub use wormhole_session::{log, CallError, Connection};
+
+/// What the session needs to know of CUDA.
+const CUDA: wormhole_session::ApiHooks = wormhole_session::ApiHooks {
+    api: wormhole_cuda_proto::API,
+    waits_for_device,
+    deliver_callback,
+    when_gone: "further CUDA calls fail with CUDA_ERROR_DEVICE_UNAVAILABLE",
+};
+
+fn waits_for_device(opcode: u16) -> bool {
+    Op::from_u16(opcode).is_some_and(|op| op.is_sync())
+}
+
+/// No CUDA entry point registers a server-side callback yet (host functions and stream
+/// callbacks will run in the client): a CALLBACK frame is the server's mistake.
+fn deliver_callback(body: &[u8]) {
+    log(&format!(
+        "ignoring a callback of {} bytes from the server: this client registered none",
+        body.len()
+    ));
+}
+
+/// The session, connecting on first use; Err says why there is none (logged once).
+pub fn get() -> Result<&'static Connection, &'static str> {
+    static CONNECTION: OnceLock<Result<Connection, String>> = OnceLock::new();
+    CONNECTION
+        .get_or_init(|| {
+            Connection::open(CUDA).map_err(|e| {
+                let why = e.to_string();
+                log(&format!("no CUDA device: {why}"));
+                why
+            })
+        })
+        .as_ref()
+        .map_err(String::as_str)
+}

@@ -1,0 +1,280 @@
+//! Entry points answered in the client: status names and messages, the version-aware
+//! entry-point lookup (`cuGetProcAddress`, through which cudart finds every other entry point),
+//! the export tables, and the two calls that decide whether the program has a device
+//! (`cuInit`, `cuDriverGetVersion`), which must answer even with no server.
+
+// Entry points keep the C names the description gives them.
+#![allow(non_snake_case)]
+
+use crate::connection;
+use crate::generated;
+use crate::rt::{entry_status, ApiErr};
+use std::collections::HashSet;
+use std::ffi::{c_char, c_void, CStr};
+use std::sync::Mutex;
+use wormhole_cuda_proto::cu::*;
+use wormhole_cuda_proto::CUDA_VERSION;
+
+/// `cuGetErrorName`.
+///
+/// # Safety
+/// `p_str` must be NULL or point to a writable `const char *`.
+pub unsafe fn cuGetErrorName(error: u32, p_str: *mut c_void) -> i32 {
+    // SAFETY: per the contract.
+    unsafe { error_text(error, p_str, error_name) }
+}
+
+/// `cuGetErrorString`.
+///
+/// # Safety
+/// As [`cuGetErrorName`].
+pub unsafe fn cuGetErrorString(error: u32, p_str: *mut c_void) -> i32 {
+    // SAFETY: per the contract.
+    unsafe { error_text(error, p_str, error_string) }
+}
+
+/// # Safety
+/// As [`cuGetErrorName`].
+unsafe fn error_text(
+    error: u32,
+    p_str: *mut c_void,
+    text: fn(i32) -> Option<&'static CStr>,
+) -> i32 {
+    if p_str.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let (s, status) = match text(error as i32) {
+        Some(s) => (s.as_ptr(), CUDA_SUCCESS),
+        // The driver's answer for a value that is no status: NULL and INVALID_VALUE.
+        None => (std::ptr::null(), CUDA_ERROR_INVALID_VALUE),
+    };
+    // SAFETY: per the contract, `p_str` points to a `const char *`.
+    unsafe { *(p_str as *mut *const c_char) = s };
+    status
+}
+
+/// `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`: the `_ptds`/`_ptsz` symbol is asked for.
+const PER_THREAD_DEFAULT_STREAM: u64 = 2;
+/// `CUdriverProcAddressQueryResult`.
+const SYMBOL_SUCCESS: i32 = 0;
+const SYMBOL_NOT_FOUND: i32 = 1;
+const VERSION_NOT_SUFFICIENT: i32 = 2;
+
+/// The entry point's name without its ABI suffixes (`cuMemcpyHtoD_v2_ptds` → `cuMemcpyHtoD`).
+fn base_name(symbol: &str) -> &str {
+    let s = symbol
+        .strip_suffix("_ptds")
+        .or_else(|| symbol.strip_suffix("_ptsz"))
+        .unwrap_or(symbol);
+    match s.rsplit_once("_v") {
+        Some((base, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => base,
+        _ => s,
+    }
+}
+
+fn per_thread(symbol: &str) -> bool {
+    symbol.ends_with("_ptds") || symbol.ends_with("_ptsz")
+}
+
+/// The symbol `cuGetProcAddress(name, version, flags)` answers: of the symbols of that entry
+/// point, the newest whose ABI (`@since`) is no newer than `version`, the per-thread
+/// default-stream one if asked for and there is one. Err is the query result to report.
+pub fn resolve(name: &str, version: i32, per_thread_stream: bool) -> Result<&'static str, i32> {
+    let candidates: Vec<&(&'static str, u32)> = generated::SINCE
+        .iter()
+        .filter(|(symbol, _)| base_name(symbol) == name)
+        .collect();
+    if candidates.is_empty() {
+        return Err(SYMBOL_NOT_FOUND);
+    }
+    let fitting: Vec<(&'static str, u32)> = candidates
+        .into_iter()
+        .filter(|(_, since)| i64::from(*since) <= i64::from(version))
+        .copied()
+        .collect();
+    let newest = |pt: bool| {
+        fitting
+            .iter()
+            .filter(|(s, _)| per_thread(s) == pt)
+            .max_by_key(|(_, since)| *since)
+            .map(|(s, _)| *s)
+    };
+    let chosen = if per_thread_stream {
+        newest(true).or_else(|| newest(false))
+    } else {
+        newest(false)
+    };
+    chosen.ok_or(VERSION_NOT_SUFFICIENT)
+}
+
+/// `cuGetProcAddress` (CUDA 11.3 ABI, without the query result).
+///
+/// # Safety
+/// `symbol` NULL or a C string, `pfn` NULL or a writable `void *`.
+pub unsafe fn cuGetProcAddress(
+    symbol: *mut c_void,
+    pfn: *mut c_void,
+    cuda_version: i32,
+    flags: u64,
+) -> i32 {
+    // SAFETY: per the contract.
+    unsafe { cuGetProcAddress_v2(symbol, pfn, cuda_version, flags, std::ptr::null_mut()) }
+}
+
+/// `cuGetProcAddress_v2`: how cudart (static or shared) finds every entry point.
+///
+/// # Safety
+/// As [`cuGetProcAddress`]; `symbol_status` NULL or a writable int.
+pub unsafe fn cuGetProcAddress_v2(
+    symbol: *mut c_void,
+    pfn: *mut c_void,
+    cuda_version: i32,
+    flags: u64,
+    symbol_status: *mut c_void,
+) -> i32 {
+    entry_status(|| {
+        if symbol.is_null() || pfn.is_null() {
+            return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
+        }
+        let pfn = pfn as *mut *mut c_void;
+        // SAFETY: per the contract.
+        let name = unsafe { CStr::from_ptr(symbol as *const c_char) };
+        let found = name
+            .to_str()
+            .map_err(|_| SYMBOL_NOT_FOUND)
+            .and_then(|n| resolve(n, cuda_version, flags & PER_THREAD_DEFAULT_STREAM != 0));
+        let (ptr, query, status) = match found {
+            Ok(s) => (
+                generated::lookup(s.as_bytes()),
+                SYMBOL_SUCCESS,
+                CUDA_SUCCESS,
+            ),
+            Err(q) => (std::ptr::null_mut(), q, CUDA_ERROR_NOT_FOUND),
+        };
+        // SAFETY: per the contract.
+        unsafe { *pfn = ptr };
+        if !symbol_status.is_null() {
+            // SAFETY: per the contract.
+            unsafe { *(symbol_status as *mut i32) = query };
+        }
+        Ok(status)
+    })
+}
+
+/// `cuGetExportTable`: NVIDIA's private tables (what cudart, cuBLAS and cuDNN ask of the
+/// driver beyond its documented API). None is served yet: each table asked for is named once
+/// in the log, and the call fails (cudart then reports the failure as its own error, as it
+/// would with a driver that lacks the table).
+///
+/// # Safety
+/// `pp_table` NULL or a writable pointer, `table_id` NULL or 16 readable bytes.
+pub unsafe fn cuGetExportTable(pp_table: *mut c_void, table_id: *mut c_void) -> i32 {
+    entry_status(|| {
+        if pp_table.is_null() || table_id.is_null() {
+            return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
+        }
+        // SAFETY: per the contract.
+        let uuid = unsafe { std::slice::from_raw_parts(table_id as *const u8, 16) };
+        let hex: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
+        static LOGGED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+        let mut logged = LOGGED.lock().unwrap_or_else(|p| p.into_inner());
+        if logged.get_or_insert_with(HashSet::new).insert(hex.clone()) {
+            connection::log(&format!(
+                "cuGetExportTable({hex}): this export table is not served by Wormhole; returning CUDA_ERROR_NOT_SUPPORTED"
+            ));
+        }
+        // SAFETY: per the contract.
+        unsafe { *(pp_table as *mut *const c_void) = std::ptr::null() };
+        Err(ApiErr(CUDA_ERROR_NOT_SUPPORTED))
+    })
+}
+
+/// `cuInit`: opens the session (the first call) and initialises the server's driver. Without
+/// a server, or with a server that has no CUDA device, the answer is CUDA_ERROR_NO_DEVICE, as
+/// the real driver answers on a machine without one, and the reason is logged.
+///
+/// # Safety
+/// None (a value parameter).
+pub unsafe fn cuInit(flags: u32) -> i32 {
+    entry_status(|| {
+        connection::get().map_err(|_| ApiErr(CUDA_ERROR_NO_DEVICE))?;
+        // SAFETY: value parameters only.
+        Ok(unsafe { generated::wire_cuInit(flags) })
+    })
+}
+
+/// `cuDriverGetVersion`: the server's driver version; with no server, the version of the
+/// driver API this library implements (cudart requires one before it calls `cuInit`, which
+/// then reports that there is no device).
+///
+/// # Safety
+/// `driver_version` NULL or a writable int.
+pub unsafe fn cuDriverGetVersion(driver_version: *mut u32) -> i32 {
+    entry_status(|| {
+        if driver_version.is_null() {
+            return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
+        }
+        if connection::get().is_ok() {
+            // SAFETY: per the contract.
+            return Ok(unsafe { generated::wire_cuDriverGetVersion(driver_version) });
+        }
+        // SAFETY: per the contract.
+        unsafe { *driver_version = CUDA_VERSION as u32 };
+        Ok(CUDA_SUCCESS)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base_names_drop_the_abi_suffixes() {
+        assert_eq!(base_name("cuMemcpyHtoD_v2_ptds"), "cuMemcpyHtoD");
+        assert_eq!(base_name("cuCtxCreate_v4"), "cuCtxCreate");
+        assert_eq!(base_name("cuLaunchKernel_ptsz"), "cuLaunchKernel");
+        assert_eq!(base_name("cuInit"), "cuInit");
+        assert_eq!(base_name("cuMemGetInfo_v2"), "cuMemGetInfo");
+    }
+
+    /// Every lookup cudart 13.0 makes through `cuGetProcAddress` (recorded with a logging
+    /// driver), against the symbol the same cudart asks `dlsym` for on its fallback path: the
+    /// two must agree, or cudart would call an entry point with another ABI than it expects.
+    #[test]
+    fn lookups_agree_with_what_cudart_expects() {
+        let table = include_str!("../tests/cudart-13.0-procaddress.tsv");
+        let mut checked = 0;
+        for line in table.lines().filter(|l| !l.is_empty()) {
+            let f: Vec<&str> = line.split('\t').collect();
+            let (name, version, flags, expected) = (
+                f[0],
+                f[1].parse::<i32>().unwrap(),
+                f[2].parse::<u64>().unwrap(),
+                f[3],
+            );
+            let got = resolve(name, version, flags & PER_THREAD_DEFAULT_STREAM != 0);
+            assert_eq!(got, Ok(expected), "{name} {version} {flags}");
+            checked += 1;
+        }
+        assert_eq!(checked, 436);
+    }
+
+    #[test]
+    fn unknown_and_too_new_lookups_are_refused() {
+        assert_eq!(
+            resolve("cuNoSuchThing", 13000, false),
+            Err(SYMBOL_NOT_FOUND)
+        );
+        assert_eq!(resolve("", 0, false), Err(SYMBOL_NOT_FOUND));
+        assert_eq!(
+            resolve("cuCtxCreate", 1000, false),
+            Err(VERSION_NOT_SUFFICIENT)
+        );
+        assert_eq!(resolve("cuCtxCreate", 13000, false), Ok("cuCtxCreate_v4"));
+        assert_eq!(
+            resolve("cuMemcpyHtoD", 13000, true),
+            Ok("cuMemcpyHtoD_v2_ptds")
+        );
+        assert_eq!(resolve("cuMemcpyHtoD", 13000, false), Ok("cuMemcpyHtoD_v2"));
+    }
+}

@@ -1,0 +1,101 @@
+//! The objects the program holds (contexts, modules, functions, streams, events). Each is a
+//! heap struct tagged with a magic word and its kind, registered while it lives, so a bad,
+//! stale or mistyped handle becomes the driver's own error instead of a wild read.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use wormhole_cuda_proto::{HandleKind, FIRST_OBJECT_ID, SERVER_ID_BIT};
+
+const MAGIC: u32 = 0x5743_5544; // "WCUD"
+
+#[repr(C)]
+pub struct CuObject {
+    magic: u32,
+    pub kind: HandleKind,
+    pub id: u64,
+}
+
+#[derive(Default)]
+struct Registry {
+    by_id: HashMap<u64, usize>,
+    live: HashSet<usize>,
+}
+
+fn lock() -> std::sync::MutexGuard<'static, Registry> {
+    static R: OnceLock<Mutex<Registry>> = OnceLock::new();
+    R.get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// A fresh id for a new object: from a random point of the client's id space (only this
+/// session's table gives ids meaning, but they are not guessable either), never one of the
+/// special stream ids.
+pub fn alloc_id() -> u64 {
+    static NEXT: OnceLock<AtomicU64> = OnceLock::new();
+    let next = NEXT.get_or_init(|| {
+        use std::hash::{BuildHasher, Hasher};
+        let r = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        AtomicU64::new(FIRST_OBJECT_ID + ((r >> 24) & 0xff_ffff_ffff))
+    });
+    next.fetch_add(1, Ordering::Relaxed) & !SERVER_ID_BIT
+}
+
+/// The object behind `h` if it is a live object of `kind`.
+///
+/// # Safety
+/// None beyond `h` being a value: it is dereferenced only when registered.
+pub unsafe fn get(h: *mut c_void, kind: HandleKind) -> Option<&'static CuObject> {
+    let reg = lock();
+    if !reg.live.contains(&(h as usize)) {
+        return None;
+    }
+    // SAFETY: registered objects are live boxes (removed from `live` before they are freed).
+    let o = unsafe { &*(h as *const CuObject) };
+    (o.magic == MAGIC && o.kind == kind).then_some(o)
+}
+
+/// A new object for id `id`.
+pub fn new_object(kind: HandleKind, id: u64) -> *mut c_void {
+    let p = Box::into_raw(Box::new(CuObject {
+        magic: MAGIC,
+        kind,
+        id,
+    })) as usize;
+    let mut reg = lock();
+    reg.live.insert(p);
+    reg.by_id.insert(id, p);
+    p as *mut c_void
+}
+
+/// The program's object for `id` (one the server returned: a context it made or found), made
+/// if the program has none yet: the same real object is always the same handle.
+pub fn object_for_id(kind: HandleKind, id: u64) -> *mut c_void {
+    if id == 0 {
+        return std::ptr::null_mut();
+    }
+    if let Some(&p) = lock().by_id.get(&id) {
+        // SAFETY: registered, so live.
+        if unsafe { &*(p as *const CuObject) }.kind == kind {
+            return p as *mut c_void;
+        }
+    }
+    new_object(kind, id)
+}
+
+/// The object is gone on the server: the handle is no longer valid.
+pub fn destroy(h: *mut c_void) {
+    let mut reg = lock();
+    if reg.live.remove(&(h as usize)) {
+        // SAFETY: it was registered, so it is a box from `new_object`, freed once (it is no
+        // longer registered).
+        let o = unsafe { Box::from_raw(h as *mut CuObject) };
+        if reg.by_id.get(&o.id) == Some(&(h as usize)) {
+            reg.by_id.remove(&o.id);
+        }
+    }
+}

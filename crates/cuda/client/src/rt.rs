@@ -1,0 +1,185 @@
+//! What the generated entry points and the hand-written ones share: error plumbing, handle
+//! conversion, argument encoding, reply decoding.
+
+use crate::connection;
+use crate::objects;
+use std::borrow::Cow;
+use std::ffi::{c_char, c_void, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use wormhole_cuda_proto::cu::*;
+use wormhole_cuda_proto::{
+    DecodeError, HandleKind, Op, Reader, Writer, STREAM_LEGACY_ID, STREAM_PER_THREAD_ID,
+};
+use wormhole_session::host_memory;
+
+pub use objects::alloc_id;
+
+/// A CUDA status on its way out of an entry point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApiErr(pub i32);
+
+impl From<DecodeError> for ApiErr {
+    fn from(e: DecodeError) -> Self {
+        connection::log(&format!("malformed reply from the server: {e}"));
+        ApiErr(CUDA_ERROR_UNKNOWN)
+    }
+}
+
+/// Runs an entry point; a panic becomes CUDA_ERROR_UNKNOWN (never an unwind into C).
+pub fn entry_status(f: impl FnOnce() -> Result<i32, ApiErr>) -> i32 {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(st)) => st,
+        Ok(Err(ApiErr(code))) => code,
+        Err(_) => CUDA_ERROR_UNKNOWN,
+    }
+}
+
+pub fn request(op: Op) -> Writer {
+    Writer::new(op as u16)
+}
+
+/// The session, or the status a call gets without one: the driver has no device.
+fn session() -> Result<&'static connection::Connection, ApiErr> {
+    connection::get().map_err(|_| ApiErr(CUDA_ERROR_NO_DEVICE))
+}
+
+/// Sends a request and waits for its reply body.
+pub fn call(w: Writer) -> Result<Vec<u8>, ApiErr> {
+    session()?.call(w).map_err(call_failed)
+}
+
+/// Sends a request whose errors the client has ruled out, without waiting.
+pub fn call_async(w: Writer) -> Result<Vec<u8>, ApiErr> {
+    session()?.send_async(w).map_err(call_failed)?;
+    Ok(CUDA_SUCCESS.to_le_bytes().to_vec())
+}
+
+/// The status a call gets when its request could not be carried.
+fn call_failed(e: connection::CallError) -> ApiErr {
+    use connection::CallError;
+    ApiErr(match e {
+        CallError::TooLarge => CUDA_ERROR_OUT_OF_MEMORY,
+        CallError::Unavailable | CallError::Broken => CUDA_ERROR_DEVICE_UNAVAILABLE,
+    })
+}
+
+/// A call of an entry point Wormhole does not forward: logged once per entry point (a program
+/// may call one in a loop).
+pub fn log_unsupported(what: &'static str) {
+    static LOGGED: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    let mut logged = LOGGED.lock().unwrap_or_else(|p| p.into_inner());
+    if !logged.contains(&what) {
+        logged.push(what);
+        connection::log(&format!(
+            "{what} is not forwarded by Wormhole; returning CUDA_ERROR_NOT_SUPPORTED"
+        ));
+    }
+}
+
+/// The id of a handle. NULL travels as 0 (the driver then answers what it answers for NULL:
+/// for a stream, the default stream); the special streams travel as their fixed ids; anything
+/// else that is not a live object of `kind` is refused here with the driver's code.
+///
+/// # Safety
+/// None: `h` is only dereferenced if it is a registered object.
+pub unsafe fn id_of(h: *mut c_void, kind: HandleKind, _nullable: bool) -> Result<u64, ApiErr> {
+    match (h as usize, kind) {
+        (0, _) => Ok(0),
+        (1, HandleKind::Stream) => Ok(STREAM_LEGACY_ID),
+        (2, HandleKind::Stream) => Ok(STREAM_PER_THREAD_ID),
+        // SAFETY: see `objects::get`.
+        _ => unsafe { objects::get(h, kind) }
+            .map(|o| o.id)
+            .ok_or(ApiErr(kind.invalid_code())),
+    }
+}
+
+/// `len` bytes at `p` (NULL → absent). A range the program's memory does not hold is
+/// CUDA_ERROR_INVALID_VALUE with a log line, not a crash (see `host_memory::copy_in`).
+///
+/// # Safety
+/// `p` must be NULL or point to memory (see [`host_memory::copy_in`]).
+pub unsafe fn bytes_in<'a>(
+    p: *const u8,
+    len: Option<usize>,
+) -> Result<Option<Cow<'a, [u8]>>, ApiErr> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    let len = len.ok_or(ApiErr(CUDA_ERROR_INVALID_VALUE))?;
+    // SAFETY: per the contract.
+    unsafe { host_memory::copy_in(p, len) }
+        .ok_or_else(|| {
+            connection::log(&format!(
+                "{len} bytes at {p:?} are not the program's memory: answering CUDA_ERROR_INVALID_VALUE"
+            ));
+            ApiErr(CUDA_ERROR_INVALID_VALUE)
+        })
+        .map(Some)
+}
+
+/// # Safety
+/// `p` must be NULL or a NUL-terminated string.
+pub unsafe fn cstr_in<'a>(p: *const c_char) -> Option<&'a [u8]> {
+    // SAFETY: per the contract.
+    (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_bytes())
+}
+
+/// Copies an output value into the program's buffer of `cap` bytes.
+///
+/// # Safety
+/// `dst` must point to `cap` writable bytes.
+pub unsafe fn copy_out(r: &mut Reader<'_>, dst: *mut u8, cap: Option<usize>) -> Result<(), ApiErr> {
+    let b = r.bytes()?;
+    let n = b.len().min(cap.unwrap_or(0));
+    // SAFETY: n <= cap.
+    unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), dst, n) };
+    Ok(())
+}
+
+/// Reads handles the server returned into the program's array of `cap` entries.
+///
+/// # Safety
+/// `dst` must point to `cap` writable handles.
+pub unsafe fn read_handles(
+    r: &mut Reader<'_>,
+    dst: *mut *mut c_void,
+    cap: usize,
+    kind: HandleKind,
+) -> Result<(), ApiErr> {
+    let n = r.u32()? as usize;
+    for i in 0..n {
+        let id = r.u64()?;
+        if i < cap {
+            // SAFETY: i < cap.
+            unsafe { *dst.add(i) = objects::object_for_id(kind, id) };
+        }
+    }
+    Ok(())
+}
+
+pub fn new_object(kind: HandleKind, id: u64) -> *mut c_void {
+    objects::new_object(kind, id)
+}
+
+/// A destroy call (`@release`): CUDA's destroys are final, so this is always the last one.
+///
+/// # Safety
+/// None: `h` was checked by `id_of` in the same call.
+pub unsafe fn release_begin(_h: *mut c_void, _kind: HandleKind) -> bool {
+    true
+}
+
+/// The destroy's reply: the handle is gone if the driver destroyed the object.
+///
+/// # Safety
+/// As [`release_begin`].
+pub unsafe fn release_end(h: *mut c_void, _kind: HandleKind, _last: bool, status: i32) {
+    if status == CUDA_SUCCESS {
+        objects::destroy(h);
+    }
+}
+
+/// A synchronisation point passed (nothing to collect yet: copies to the host come back in
+/// their replies).
+pub fn after_sync() {}

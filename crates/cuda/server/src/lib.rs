@@ -1,0 +1,144 @@
+//! Wormhole's CUDA backend: what a worker runs for a CUDA session. It owns the tenant's CUDA
+//! objects (made by the system's real `libcuda.so.1`, never Wormhole's own), maps client
+//! handles to real objects in the session's table, checks every device range against what
+//! the session allocated, and answers each request through the generated decoders and
+//! dispatch (`crates/apigen`), with hand-written handlers in `custom` for device memory. The
+//! server core (`wormhole-server`) does everything that is not CUDA's own.
+
+mod custom;
+mod driver;
+mod rt;
+mod session;
+
+/// The generated decoders and dispatch (see `crates/apigen`).
+#[allow(
+    non_snake_case,
+    unused_mut,
+    unused_variables,
+    unused_parens,
+    unused_imports,
+    dead_code,
+    clippy::all,
+    clippy::undocumented_unsafe_blocks
+)]
+pub mod generated {
+    include!(concat!(env!("OUT_DIR"), "/server_gen.rs"));
+}
+
+use std::sync::atomic::Ordering;
+use std::sync::OnceLock;
+use wormhole_cuda_proto::cu::*;
+use wormhole_cuda_proto::{DecodeError, FrameHeader, Op, Reader, Writer};
+use wormhole_server::backend::{DeviceInventory, Reply, SessionSetup};
+
+/// The worker's one CUDA session.
+fn session() -> &'static session::Session {
+    static SESSION: OnceLock<session::Session> = OnceLock::new();
+    SESSION.get_or_init(session::Session::default)
+}
+
+/// The CUDA backend.
+pub struct Cuda;
+
+/// The CUDA backend, for the server's list of APIs.
+pub static CUDA: Cuda = Cuda;
+
+/// Runs one request against `s` (the whole body in `r`), writing the reply body.
+pub fn run(
+    s: &session::Session,
+    opcode: u16,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<i32, DecodeError> {
+    let op = Op::from_u16(opcode).ok_or(DecodeError::UnknownOp(opcode))?;
+    generated::dispatch(&session::Call(s), op, r, w)?;
+    if op.is_sync() {
+        // What the kernels waited for printed reaches the program before this reply.
+        wormhole_server::output::drain();
+    }
+    // Every reply body begins with the call's CUresult.
+    Ok(w.body().get(..4).map_or(CUDA_SUCCESS, |b| {
+        i32::from_le_bytes([b[0], b[1], b[2], b[3]])
+    }))
+}
+
+impl wormhole_server::Backend for Cuda {
+    fn api(&self) -> &'static str {
+        wormhole_cuda_proto::API
+    }
+
+    fn out_of_memory(&self) -> i32 {
+        CUDA_ERROR_OUT_OF_MEMORY
+    }
+
+    fn load(&self) -> Result<(), String> {
+        driver::load().map_err(str::to_string)
+    }
+
+    fn warm_up(&self) {
+        // A driver that cannot be loaded is logged; the session that comes is refused.
+        let _ = driver::load();
+    }
+
+    fn inventory(&self) -> Result<Vec<DeviceInventory>, String> {
+        driver::load().map_err(str::to_string)?;
+        let mut count = 0u32;
+        // SAFETY: a valid output pointer.
+        let st = unsafe { generated::ffi::cuDeviceGetCount(&mut count) };
+        if st != CUDA_SUCCESS {
+            return Err(format!("cuDeviceGetCount returned {st}"));
+        }
+        let mut version = 0u32;
+        // SAFETY: a valid output pointer.
+        unsafe { generated::ffi::cuDriverGetVersion(&mut version) };
+        Ok((0..count as i32)
+            .map(|dev| {
+                let mut name = [0u8; 256];
+                let mut bytes = 0usize;
+                // SAFETY: `name` holds the length passed; `bytes` is a valid output pointer.
+                unsafe {
+                    generated::ffi::cuDeviceGetName(name.as_mut_ptr().cast(), 256, dev);
+                    generated::ffi::cuDeviceTotalMem_v2(&mut bytes, dev);
+                }
+                let end = name.iter().position(|b| *b == 0).unwrap_or(name.len());
+                DeviceInventory {
+                    name: String::from_utf8_lossy(&name[..end]).into_owned(),
+                    vendor: "NVIDIA Corporation".into(),
+                    kind: "gpu".into(),
+                    memory_bytes: bytes as u64,
+                    version: format!("CUDA {}.{}", version / 1000, version % 1000 / 10),
+                    platform: "CUDA".into(),
+                }
+            })
+            .collect())
+    }
+
+    fn begin(&self, setup: SessionSetup) {
+        session().set_limits(setup.limits);
+    }
+
+    fn handle(
+        &self,
+        h: &FrameHeader,
+        r: &mut Reader<'_>,
+        w: &mut Writer,
+    ) -> Result<Reply, DecodeError> {
+        let status = run(session(), h.opcode, r, w)?;
+        Ok(Reply {
+            status,
+            trailer: None,
+        })
+    }
+
+    fn objects(&self) -> std::collections::BTreeMap<String, usize> {
+        session()
+            .object_counts()
+            .into_iter()
+            .map(|(k, n)| (format!("{k:?}").to_lowercase(), n))
+            .collect()
+    }
+
+    fn mem_bytes(&self) -> i64 {
+        session().mem_bytes.load(Ordering::Relaxed)
+    }
+}

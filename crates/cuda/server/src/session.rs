@@ -1,0 +1,185 @@
+//! A CUDA session's state in its worker: the handle table, the device memory it allocated
+//! (what device addresses from the wire may name), and its limits.
+
+use std::collections::BTreeMap;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use wormhole_cuda_proto::cu::*;
+use wormhole_cuda_proto::{HandleKind, Writer, STREAM_LEGACY_ID, STREAM_PER_THREAD_ID};
+use wormhole_server::handles::{HandleTable, NewIdError};
+use wormhole_server::worker::Limits;
+
+pub type Handle = *mut c_void;
+
+#[derive(Default)]
+pub struct Session {
+    handles: HandleTable<HandleKind>,
+    /// Device memory the session allocated: start → length.
+    allocations: Mutex<BTreeMap<u64, u64>>,
+    /// Bytes of device memory the session holds.
+    pub mem_bytes: AtomicI64,
+    limits: OnceLock<Arc<Limits>>,
+}
+
+/// One request being handled (what the generated dispatch passes the handlers).
+pub struct Call<'a>(pub &'a Session);
+
+impl std::ops::Deref for Call<'_> {
+    type Target = Session;
+    fn deref(&self) -> &Session {
+        self.0
+    }
+}
+
+impl Session {
+    pub fn set_limits(&self, limits: Arc<Limits>) {
+        let _ = self.limits.set(limits);
+    }
+
+    pub fn limits(&self) -> &Limits {
+        self.limits.get_or_init(|| Arc::new(Limits::default()))
+    }
+
+    /// The real object behind `id` if it is of `kind`. 0 passes as NULL (the driver answers
+    /// for NULL: for a stream, the default stream), the special streams as themselves.
+    pub fn resolve(&self, id: u64, kind: HandleKind, _nullable: bool) -> Result<Handle, i32> {
+        match (id, kind) {
+            (0, _) => Ok(std::ptr::null_mut()),
+            (STREAM_LEGACY_ID, HandleKind::Stream) => Ok(1 as Handle),
+            (STREAM_PER_THREAD_ID, HandleKind::Stream) => Ok(2 as Handle),
+            _ => self
+                .handles
+                .get(id, kind)
+                .map(|p| p as Handle)
+                .ok_or(kind.invalid_code()),
+        }
+    }
+
+    fn new_id_error(&self, e: NewIdError) -> i32 {
+        match e {
+            NewIdError::Invalid => {
+                tracing::warn!("client offered an invalid id for a new object");
+                CUDA_ERROR_INVALID_VALUE
+            }
+            NewIdError::TooMany => {
+                tracing::warn!(
+                    max = self.limits().max_objects,
+                    "object refused: the session holds its limit of objects"
+                );
+                CUDA_ERROR_OUT_OF_MEMORY
+            }
+        }
+    }
+
+    /// A client-chosen id for a new object must be fresh and in the client's id space.
+    pub fn check_new_id(&self, id: u64) -> Result<(), i32> {
+        if id == STREAM_LEGACY_ID || id == STREAM_PER_THREAD_ID {
+            return Err(self.new_id_error(NewIdError::Invalid));
+        }
+        self.handles
+            .check_new(id, self.limits().max_objects)
+            .map_err(|e| self.new_id_error(e))
+    }
+
+    /// Binds a new object under the id the client chose (checked again under the lock).
+    pub fn bind(&self, id: u64, kind: HandleKind, ptr: Handle) -> Result<(), i32> {
+        self.check_new_id(id)?;
+        self.handles
+            .bind_new(id, kind, ptr as usize, self.limits().max_objects)
+            .map_err(|e| self.new_id_error(e))
+    }
+
+    /// The object behind `id` was destroyed.
+    pub fn forget(&self, id: u64) {
+        self.handles.forget(id);
+    }
+
+    /// Objects the driver returned (a context made or found), under the ids the client knows
+    /// them by, new ones given a server id.
+    pub fn export_list(&self, w: &mut Writer, kind: HandleKind, ptrs: &[Handle]) {
+        w.u32(ptrs.len() as u32);
+        for p in ptrs {
+            w.u64(self.handles.export(kind, *p as usize));
+        }
+    }
+
+    /// Live objects per kind, for status reports.
+    pub fn object_counts(&self) -> Vec<(HandleKind, usize)> {
+        self.handles.counts().into_iter().collect()
+    }
+
+    /// Device memory the session allocated, now owned at `[start, start + len)`.
+    pub fn allocated(&self, start: u64, len: u64) {
+        self.allocations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(start, len);
+        self.mem_bytes.fetch_add(len as i64, Ordering::Relaxed);
+    }
+
+    /// The allocation that starts at `start`, removed; its length.
+    pub fn freed(&self, start: u64) -> Option<u64> {
+        let len = self
+            .allocations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&start)?;
+        self.mem_bytes.fetch_sub(len as i64, Ordering::Relaxed);
+        Some(len)
+    }
+
+    /// Whether `[addr, addr + len)` lies in one of the session's allocations.
+    pub fn owns(&self, addr: u64, len: u64) -> bool {
+        let Some(end) = addr.checked_add(len) else {
+            return false;
+        };
+        let a = self.allocations.lock().unwrap_or_else(|p| p.into_inner());
+        a.range(..=addr)
+            .next_back()
+            .is_some_and(|(start, l)| end <= start.saturating_add(*l))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_ranges_must_lie_in_one_allocation() {
+        let s = Session::default();
+        s.allocated(0x1000, 0x100);
+        s.allocated(0x1100, 0x100);
+        assert!(s.owns(0x1000, 0x100));
+        assert!(s.owns(0x1080, 0x80));
+        assert!(!s.owns(0x1080, 0x100), "spans two allocations");
+        assert!(!s.owns(0xfff, 1));
+        assert!(!s.owns(0x1200, 1));
+        assert!(!s.owns(u64::MAX, 2));
+        assert_eq!(s.freed(0x1000), Some(0x100));
+        assert!(!s.owns(0x1000, 1));
+        assert_eq!(s.freed(0x1000), None);
+        assert_eq!(s.mem_bytes.load(Ordering::Relaxed), 0x100);
+    }
+
+    #[test]
+    fn special_streams_resolve_to_themselves_and_ids_are_typed() {
+        let s = Session::default();
+        assert_eq!(s.resolve(1, HandleKind::Stream, true), Ok(1 as Handle));
+        assert_eq!(s.resolve(2, HandleKind::Stream, true), Ok(2 as Handle));
+        assert_eq!(
+            s.resolve(1, HandleKind::Event, false),
+            Err(CUDA_ERROR_INVALID_HANDLE)
+        );
+        assert!(s.check_new_id(STREAM_LEGACY_ID).is_err());
+        s.bind(100, HandleKind::Event, 0x5000 as Handle).unwrap();
+        assert_eq!(
+            s.resolve(100, HandleKind::Event, false),
+            Ok(0x5000 as Handle)
+        );
+        assert_eq!(
+            s.resolve(100, HandleKind::Context, false),
+            Err(CUDA_ERROR_INVALID_CONTEXT)
+        );
+    }
+}

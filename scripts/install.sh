@@ -52,6 +52,17 @@ else
     echo "install: skipped pip: PyOpenCL $PYOPENCL_VERSION, pytest, pytest-timeout, mako and yaml import"
 fi
 
+# nvcc for the CUDA test programs (tests/cuda), built here without a GPU: CUDA 13.0 from PyPI,
+# matching driver 580 (what the GPU machine runs).
+CUDA_PIP="nvidia-cuda-nvcc==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-crt==13.0.88 nvidia-nvvm==13.0.88"
+if ! .venv/bin/python -m pip show nvidia-cuda-nvcc 2>/dev/null | grep -q "^Version: 13.0.88$"; then
+    echo "install: nvcc 13.0 from PyPI (for the CUDA test programs)"
+    # shellcheck disable=SC2086
+    .venv/bin/python -m pip install -q $CUDA_PIP
+else
+    echo "install: skipped nvcc: nvidia-cuda-nvcc 13.0.88 is installed"
+fi
+
 .venv/bin/python scripts/fetch_pyopencl_tests.py "$PYOPENCL_VERSION" target/pyopencl-src
 
 # Fuzzing needs a nightly toolchain and cargo-fuzz (only the test script uses them, and it

@@ -161,3 +161,7 @@ def any_server(request, tmp_path):
     s = Server(tmp_path, tcp=request.param == "tcp", guest=request.param == "ivshmem").start()
     yield s
     s.stop()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs an NVIDIA GPU (scripts/gpu-test.sh runs these on the GPU machine)")

@@ -117,12 +117,13 @@ fn emit_lookup(s: &mut String, api: &Api) {
     // an ICD offers no interop (the loader then says the extension is absent).
     let listed = |f: &&Func| api.abi == Abi::Exports || f.mode != Mode::Absent;
     for f in api.funcs.iter().filter(listed) {
-        let _ = writeln!(
-            s,
-            "        b\"{}\" => {} as *mut c_void,",
-            f.name,
-            entry_name(api, f)
-        );
+        // An exported library answers with the exported symbol itself: the same address as
+        // dlsym's (a tool that interposes on the symbol sees lookups too).
+        let target = match api.abi {
+            Abi::Exports => f.name.clone(),
+            Abi::Icd => entry_name(api, f),
+        };
+        let _ = writeln!(s, "        b\"{}\" => {target} as *mut c_void,", f.name);
     }
     s.push_str("        _ => std::ptr::null_mut(),\n    }\n}\n");
 }

@@ -1682,7 +1682,16 @@ fn list_devices(
             "the inventory worker failed ({status}); its log says why"
         ));
     }
-    serde_json::from_slice(&bytes).map_err(|e| format!("malformed inventory: {e}"))
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum Inventory {
+        Devices(Vec<crate::backend::DeviceInventory>),
+        Refused { error: String },
+    }
+    match serde_json::from_slice(&bytes).map_err(|e| format!("malformed inventory: {e}"))? {
+        Inventory::Devices(d) => Ok(d),
+        Inventory::Refused { error } => Err(error),
+    }
 }
 
 /// Answers a control request with one JSON document.

@@ -900,10 +900,13 @@ pub fn main(args: WorkerArgs, backend: &'static dyn Backend) -> Result<(), Worke
             }
             <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd)
         };
-        let devices = backend
-            .inventory()
-            .map_err(|e| WorkerError::Io(std::io::Error::other(e)))?;
-        serde_json::to_writer(answer, &devices).map_err(|e| WorkerError::Io(e.into()))?;
+        // No devices (no driver, no device) is an answer too: the reason, for `wh devices`.
+        let answer_json = match backend.inventory() {
+            Ok(devices) => serde_json::to_value(&devices),
+            Err(reason) => Ok(serde_json::json!({ "error": reason })),
+        }
+        .map_err(|e| WorkerError::Io(e.into()))?;
+        serde_json::to_writer(answer, &answer_json).map_err(|e| WorkerError::Io(e.into()))?;
         return Ok(());
     }
     let build_cache = args.build_cache.as_deref().and_then(|dir| {

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The GPU tests (pytest marker `gpu`), on a machine with an NVIDIA GPU and its driver. The GPU
+# machine has no Rust and no network: build here, carry target/release (wh, the client
+# libraries) and target/gpu-py (pytest, made by `scripts/gpu-test.sh --prepare`), then run
+# `scripts/gpu-test.sh` there. Elsewhere the same tests skip, saying why.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--prepare" ]; then
+    # Pure-Python pytest for another machine's python3 (no venv there: no network to fill one).
+    rm -rf target/gpu-py
+    .venv/bin/python -m pip install -q --target target/gpu-py pytest pytest-timeout
+    echo "gpu-test: pytest in target/gpu-py; carry target/release and target/gpu-py"
+    exit 0
+fi
+for f in target/release/wh target/release/libwormhole_cuda.so; do
+    [ -e "$f" ] || { echo "gpu-test: $f is missing (build here: cargo build --release)" >&2; exit 1; }
+done
+nvidia-smi -L || { echo "gpu-test: no NVIDIA GPU here" >&2; exit 1; }
+if python3 -c "import pytest" 2>/dev/null; then py=(python3); else py=(env PYTHONPATH=target/gpu-py python3); fi
+exec "${py[@]}" -m pytest -v -m gpu -p no:cacheprovider --timeout=900 tests/test_cuda.py "$@"

@@ -1,0 +1,137 @@
+"""CUDA programs through Wormhole's libcuda.so.1.
+
+Without a GPU (here, CI): a CUDA program built with nvcc (static and shared cudart), run through
+`wh run` against a server that has no CUDA driver, learns within a second that there is no
+device (cudaErrorNoDevice), and the server's log says why; Wormhole's own answers (entry-point
+lookup, status texts, what it does not forward) are checked by a C program.
+
+With a GPU (tests marked `gpu`, run by scripts/gpu-test.sh on the GPU machine): the same
+programs print through Wormhole what they print natively."""
+
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, Server
+
+CUDA_DIR = ROOT / "tests" / "cuda"
+
+
+def nvcc_and_flags(out: pathlib.Path):
+    """nvcc and the flags that link cudart: the CUDA 13.0 toolkit scripts/install.sh put in the
+    venv (from PyPI, whose libcudart lacks its unversioned name: a link to it goes in `out`),
+    else the system's (the GPU machine's)."""
+    base = pathlib.Path(sys.prefix) / "lib"
+    for nv in sorted(base.glob("python3*/site-packages/nvidia/cu13")):
+        if (nv / "bin" / "nvcc").exists():
+            (out / "libcudart.so").symlink_to(nv / "lib" / "libcudart.so.13")
+            return str(nv / "bin" / "nvcc"), [f"-L{nv / 'lib'}", f"-L{out}", "-Xlinker", f"-rpath={nv / 'lib'}"]
+    system = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    if pathlib.Path(system).exists():
+        return system, []
+    pytest.fail("nvcc 13.0 is missing from the venv: run scripts/install.sh")
+
+
+def has_gpu():
+    return shutil.which("nvidia-smi") is not None and subprocess.run(
+        ["nvidia-smi", "-L"], capture_output=True).returncode == 0
+
+
+@pytest.fixture(scope="session")
+def cuda_programs(tmp_path_factory):
+    """tests/cuda/*.cu built with static and with shared cudart, and the C programs that load
+    libcuda.so.1 themselves."""
+    out = tmp_path_factory.mktemp("cudabin")
+    libdir = out / "lib"
+    libdir.mkdir()
+    nvcc, flags = nvcc_and_flags(libdir)
+    progs = {}
+    for src in sorted(CUDA_DIR.glob("*.cu")):
+        for cudart in ("static", "shared"):
+            exe = out / f"{src.stem}_{cudart}"
+            subprocess.run([nvcc, "-arch=sm_90", "--cudart", cudart, *flags, "-o", str(exe), str(src)], check=True)
+            progs[f"{src.stem}_{cudart}"] = str(exe)
+    for src in sorted(CUDA_DIR.glob("*.c")):
+        exe = out / src.stem
+        subprocess.run(["gcc", "-O1", "-Wall", "-o", str(exe), str(src), "-ldl"], check=True)
+        progs[src.stem] = str(exe)
+    return progs
+
+
+@pytest.fixture
+def cpu_server(tmp_path):
+    """A server on this machine, which has no CUDA driver."""
+    if has_gpu():
+        pytest.skip("this machine has a GPU: the no-device tests are for machines without one")
+    s = Server(tmp_path).start()
+    yield s
+    s.stop()
+
+
+@pytest.mark.parametrize("cudart", ["static", "shared"])
+def test_a_cuda_program_learns_quickly_that_there_is_no_device(cpu_server, cuda_programs, cudart):
+    r = cpu_server.run([cuda_programs[f"vector_add_{cudart}"]], timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert ("error: first -> 100 cudaErrorNoDevice: no CUDA-capable device is detected"
+            in r.stdout), r.stdout + r.stderr
+    first = float(re.search(r"first call: ([0-9.]+) ms", r.stderr).group(1))
+    assert first < 1000, r.stderr
+    # The program's log says why, and so does the server's.
+    assert "no CUDA device: the server refused the session" in r.stderr
+    assert "the server cannot load the CUDA driver" in cpu_server.log.read_text()
+
+
+def test_natively_the_same_program_finds_no_driver(cuda_programs):
+    """The baseline: without Wormhole (and without NVIDIA's driver) cudart finds no libcuda.so.1
+    at all and says the driver is insufficient; through Wormhole it finds one with no device."""
+    if has_gpu():
+        pytest.skip("this machine has NVIDIA's driver")
+    r = subprocess.run([cuda_programs["vector_add_static"]], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "35 cudaErrorInsufficientDriver" in r.stdout, r.stdout
+
+
+def test_wormholes_own_answers(cpu_server, cuda_programs):
+    r = cpu_server.run([cuda_programs["driver_entry_points"]], timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    # What is not forwarded is said, once per entry point, naming it.
+    assert "cuGraphCreate is not forwarded by Wormhole" in r.stderr
+    assert "cuGetExportTable(6bd5fb6c5bf4e74a8987d93912fd9df9): this export table is not served" in r.stderr
+
+
+def test_wh_devices_says_why_there_is_no_cuda_device(cpu_server):
+    import json
+    out = subprocess.run([cpu_server.wh, "devices", "--socket", cpu_server.socket], capture_output=True, text=True,
+                         timeout=60, check=True)
+    cuda = [a for a in json.loads(out.stdout)["apis"] if a["api"] == "cuda"][0]
+    assert cuda["devices"] == []
+    assert "cannot load the CUDA driver" in cuda["error"]
+
+
+# ---- on the GPU machine (scripts/gpu-test.sh) ----
+
+gpu = pytest.mark.gpu
+
+
+@pytest.fixture
+def gpu_server(tmp_path):
+    if not has_gpu():
+        pytest.skip("no NVIDIA GPU here (scripts/gpu-test.sh runs these on the GPU machine)")
+    s = Server(tmp_path).start()
+    yield s
+    s.stop()
+
+
+@gpu
+@pytest.mark.parametrize("cudart", ["static", "shared"])
+def test_vector_add_gives_native_results(gpu_server, cuda_programs, cudart):
+    prog = cuda_programs[f"vector_add_{cudart}"]
+    native = subprocess.run([prog], capture_output=True, text=True, timeout=120)
+    assert native.returncode == 0, native.stdout + native.stderr
+    r = gpu_server.run([prog], timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr + gpu_server.log.read_text()[-4000:]
+    assert r.stdout == native.stdout

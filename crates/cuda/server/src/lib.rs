@@ -142,3 +142,17 @@ impl wormhole_server::Backend for Cuda {
         session().mem_bytes.load(Ordering::Relaxed)
     }
 }
+
+/// Fuzzing entry (fuzz/fuzz_targets/cuda_request.rs): a request as a worker receives it, its
+/// first two bytes the opcode, the rest the body, against a fresh session: decoding,
+/// validation and handle and range checks must turn any input into a status or a clean
+/// "malformed" verdict, never a crash.
+pub fn fuzz_request(data: &[u8]) {
+    let Some((op, body)) = data.split_first_chunk::<2>() else {
+        return;
+    };
+    let op = u16::from_le_bytes(*op);
+    let s = session::Session::default();
+    let mut w = Writer::new(op);
+    let _ = run(&s, op, &mut Reader::new(body), &mut w);
+}

@@ -51,13 +51,24 @@ def cuda_programs(tmp_path_factory):
     nvcc, flags = nvcc_and_flags(libdir)
     progs = {}
     for src in sorted(CUDA_DIR.glob("*.cu")):
+        if src.stem == "kernels":  # no program: the driver-API program's module
+            continue
         for cudart in ("static", "shared"):
             exe = out / f"{src.stem}_{cudart}"
             subprocess.run([nvcc, "-arch=sm_90", "--cudart", cudart, *flags, "-o", str(exe), str(src)], check=True)
             progs[f"{src.stem}_{cudart}"] = str(exe)
+    # Kernels for the driver-API program, which loads them itself.
+    progs["kernels.fatbin"] = str(out / "kernels.fatbin")
+    subprocess.run([nvcc, "-fatbin", "-arch=sm_90", "-o", progs["kernels.fatbin"], str(CUDA_DIR / "kernels.cu")],
+                   check=True)
+    # C programs of the driver API link the driver by its soname (libcuda.so.1): Wormhole's
+    # library stands in for it at link time (no stub library comes with the PyPI toolkit).
+    (libdir / "libcuda.so").symlink_to(ROOT / "target" / "release" / "libwormhole_cuda.so")
+    include = pathlib.Path(nvcc).parent.parent / "include"
     for src in sorted(CUDA_DIR.glob("*.c")):
         exe = out / src.stem
-        subprocess.run(["gcc", "-O1", "-Wall", "-o", str(exe), str(src), "-ldl"], check=True)
+        subprocess.run(["gcc", "-O1", "-Wall", f"-I{include}", "-o", str(exe), str(src), f"-L{libdir}", "-lcuda",
+                        "-ldl"], check=True)
         progs[src.stem] = str(exe)
     return progs
 
@@ -103,6 +114,12 @@ def test_wormholes_own_answers(cpu_server, cuda_programs):
     assert "cuGetExportTable(6bd5fb6c5bf4e74a8987d93912fd9df9): this export table is not served" in r.stderr
 
 
+def test_a_driver_api_program_learns_that_there_is_no_device(cpu_server, cuda_programs):
+    r = cpu_server.run([cuda_programs["driver_api"], cuda_programs["kernels.fatbin"]], timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "error: cuInit(0) -> 100 CUDA_ERROR_NO_DEVICE" in r.stdout
+
+
 def test_wh_devices_says_why_there_is_no_cuda_device(cpu_server):
     import json
     out = subprocess.run([cpu_server.wh, "devices", "--socket", cpu_server.socket], capture_output=True, text=True,
@@ -133,5 +150,17 @@ def test_vector_add_gives_native_results(gpu_server, cuda_programs, cudart):
     native = subprocess.run([prog], capture_output=True, text=True, timeout=120)
     assert native.returncode == 0, native.stdout + native.stderr
     r = gpu_server.run([prog], timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr + gpu_server.log.read_text()[-4000:]
+    assert r.stdout == native.stdout
+
+
+@gpu
+def test_the_driver_api_gives_native_results(gpu_server, cuda_programs):
+    """Module images, functions and their parameter layouts, launches by kernelParams and by
+    the extra buffer, copies, memsets, streams, events: no cudart (and so no export tables)."""
+    argv = [cuda_programs["driver_api"], cuda_programs["kernels.fatbin"]]
+    native = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert native.returncode == 0, native.stdout + native.stderr
+    r = gpu_server.run(argv, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr + gpu_server.log.read_text()[-4000:]
     assert r.stdout == native.stdout

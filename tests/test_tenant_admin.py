@@ -195,8 +195,11 @@ def test_devices_are_listed_and_a_token_file_identifies_the_tenant(tmp_path, c_p
         assert r.returncode == 0, r.stderr
         inv = json.loads(r.stdout)
         assert inv["socket"] == s.socket and inv["tcp"] == s.tcp and inv["tls"] is False
-        (api,) = inv["apis"]
-        assert api["api"] == "opencl" and "error" not in api
+        apis = {a["api"]: a for a in inv["apis"]}
+        api = apis["opencl"]
+        assert "error" not in api
+        # CUDA: this machine has no NVIDIA driver, and the inventory says so instead of failing.
+        assert apis["cuda"]["devices"] or "cannot load the CUDA driver" in apis["cuda"]["error"]
         assert api["devices"] and all(d["memory_bytes"] > 0 and d["name"] for d in api["devices"])
         assert api["devices"][0]["kind"] == "cpu" and "OpenCL" in api["devices"][0]["version"]
 

@@ -83,6 +83,10 @@ int main(void) {
     EXPECT(graph && graph() == 801, "cuGraphCreate must be CUDA_ERROR_NOT_SUPPORTED");
     EXPECT(gl && gl() == 801, "cuGLInit must be CUDA_ERROR_NOT_SUPPORTED");
 
+    /* Before cuInit, what needs the driver initialised is refused, as natively. */
+    int before = -1;
+    EXPECT(((version_t)dlsym(lib, "cuDeviceGetCount"))(&before) == 3, "cuDeviceGetCount before cuInit");
+
     /* The driver API version, then no device, quickly. */
     int v = 0;
     EXPECT(((version_t)dlsym(lib, "cuDriverGetVersion"))(&v) == 0 && v >= 13000, "cuDriverGetVersion %d", v);
@@ -94,7 +98,7 @@ int main(void) {
     EXPECT(r == 100, "cuInit -> %d, expected CUDA_ERROR_NO_DEVICE", r);
     EXPECT(ms < 1000, "cuInit took %.0f ms", ms);
     int count = -1;
-    EXPECT(((version_t)dlsym(lib, "cuDeviceGetCount"))(&count) == 100, "cuDeviceGetCount without a device");
+    EXPECT(((version_t)dlsym(lib, "cuDeviceGetCount"))(&count) == 3, "cuDeviceGetCount after a failed cuInit: CUDA_ERROR_NOT_INITIALIZED");
 
     printf("%s (%d failures)\n", failures ? "FAILED" : "OK", failures);
     return failures ? 1 : 0;

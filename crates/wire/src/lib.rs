@@ -8,6 +8,7 @@
 mod codec;
 mod frame;
 pub mod handshake;
+pub mod message;
 
 pub use codec::*;
 pub use frame::*;

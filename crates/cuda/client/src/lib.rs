@@ -9,6 +9,8 @@
 //! and every failure becomes a CUDA status.
 
 mod connection;
+mod custom;
+mod image;
 mod local;
 mod objects;
 pub mod rt;

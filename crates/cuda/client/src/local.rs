@@ -199,7 +199,11 @@ pub unsafe fn cuInit(flags: u32) -> i32 {
     entry_status(|| {
         connection::get().map_err(|_| ApiErr(CUDA_ERROR_NO_DEVICE))?;
         // SAFETY: value parameters only.
-        Ok(unsafe { generated::wire_cuInit(flags) })
+        let status = unsafe { generated::wire_cuInit(flags) };
+        if status == CUDA_SUCCESS {
+            crate::rt::set_initialized();
+        }
+        Ok(status)
     })
 }
 

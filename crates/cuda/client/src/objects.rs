@@ -6,6 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
+use wormhole_cuda_proto::requests::ParamLayout;
 use wormhole_cuda_proto::{HandleKind, FIRST_OBJECT_ID, SERVER_ID_BIT};
 
 const MAGIC: u32 = 0x5743_5544; // "WCUD"
@@ -15,6 +16,8 @@ pub struct CuObject {
     magic: u32,
     pub kind: HandleKind,
     pub id: u64,
+    /// A function's parameters (what a launch copies from `kernelParams`).
+    pub layout: Option<ParamLayout>,
 }
 
 #[derive(Default)]
@@ -61,11 +64,27 @@ pub unsafe fn get(h: *mut c_void, kind: HandleKind) -> Option<&'static CuObject>
 
 /// A new object for id `id`.
 pub fn new_object(kind: HandleKind, id: u64) -> *mut c_void {
-    let p = Box::into_raw(Box::new(CuObject {
+    register(CuObject {
         magic: MAGIC,
         kind,
         id,
-    })) as usize;
+        layout: None,
+    })
+}
+
+/// A new function object, with its parameters' layout.
+pub fn new_function(id: u64, layout: ParamLayout) -> *mut c_void {
+    register(CuObject {
+        magic: MAGIC,
+        kind: HandleKind::Function,
+        id,
+        layout: Some(layout),
+    })
+}
+
+fn register(o: CuObject) -> *mut c_void {
+    let id = o.id;
+    let p = Box::into_raw(Box::new(o)) as usize;
     let mut reg = lock();
     reg.live.insert(p);
     reg.by_id.insert(id, p);

@@ -6,6 +6,7 @@ use crate::objects;
 use std::borrow::Cow;
 use std::ffi::{c_char, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
 use wormhole_cuda_proto::cu::*;
 use wormhole_cuda_proto::{
     DecodeError, HandleKind, Op, Reader, Writer, STREAM_LEGACY_ID, STREAM_PER_THREAD_ID,
@@ -43,13 +44,36 @@ fn session() -> Result<&'static connection::Connection, ApiErr> {
     connection::get().map_err(|_| ApiErr(CUDA_ERROR_NO_DEVICE))
 }
 
+/// Whether `cuInit` succeeded: until it has, the driver answers every call but the few that
+/// need no initialisation (`cuInit`, `cuDriverGetVersion`, the lookups and status texts)
+/// with CUDA_ERROR_NOT_INITIALIZED, and so does Wormhole (the server's driver is initialised
+/// for its own reasons; the program's must not seem to be).
+static INITIALIZED: AtomicBool = AtomicBool::new(false);
+
+pub fn set_initialized() {
+    INITIALIZED.store(true, Ordering::Release);
+}
+
+/// CUDA_ERROR_NOT_INITIALIZED before a successful `cuInit`.
+pub fn check_initialized() -> Result<(), ApiErr> {
+    match INITIALIZED.load(Ordering::Acquire) {
+        true => Ok(()),
+        false => Err(ApiErr(CUDA_ERROR_NOT_INITIALIZED)),
+    }
+}
+
 /// Sends a request and waits for its reply body.
 pub fn call(w: Writer) -> Result<Vec<u8>, ApiErr> {
+    let op = w.opcode();
+    if op != Op::cuInit as u16 && op != Op::cuDriverGetVersion as u16 {
+        check_initialized()?;
+    }
     session()?.call(w).map_err(call_failed)
 }
 
 /// Sends a request whose errors the client has ruled out, without waiting.
 pub fn call_async(w: Writer) -> Result<Vec<u8>, ApiErr> {
+    check_initialized()?;
     session()?.send_async(w).map_err(call_failed)?;
     Ok(CUDA_SUCCESS.to_le_bytes().to_vec())
 }

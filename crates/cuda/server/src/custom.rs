@@ -6,9 +6,13 @@
 #![allow(non_snake_case)]
 
 use crate::generated::{args, ffi};
-use crate::session::Call;
+use crate::session::{Call, Handle};
+use std::ffi::{c_void, CString};
 use wormhole_cuda_proto::cu::*;
-use wormhole_cuda_proto::{DecodeError, Writer};
+use wormhole_cuda_proto::requests::{
+    LaunchArgs, LaunchKernel, Message, ModuleGetFunction, ModuleLoad, ModuleLoaded, ParamLayout,
+};
+use wormhole_cuda_proto::{DecodeError, HandleKind, Reader, Writer};
 
 /// `cuMemAlloc_v2`: reserved against the tenant's quota first; the range is the session's
 /// until `cuMemFree_v2`.
@@ -112,5 +116,245 @@ pub fn cuDeviceTotalMem_v2(
     if st == CUDA_SUCCESS && a.bytes_present {
         w.u64(quota_view(s, bytes as u64, bytes as u64).0);
     }
+    Ok(())
+}
+
+/// `cuModuleLoadData`: an image the client sent, or one of the tenant's the server keeps.
+pub fn cuModuleLoadData(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    module_load(s, r, w, false)
+}
+
+/// `cuModuleLoadFatBinary`: as `cuModuleLoadData`.
+pub fn cuModuleLoadFatBinary(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    module_load(s, r, w, true)
+}
+
+/// The bytes of `data` in memory aligned for any type (a driver may read an image's headers
+/// or a parameter as wider types; a frame's bytes have no alignment).
+fn aligned(data: &[u8]) -> Vec<u64> {
+    let mut v = vec![0u64; data.len().div_ceil(8)];
+    // SAFETY: `v` holds at least `data.len()` bytes; u64 has no invalid bit patterns.
+    unsafe {
+        std::ptr::copy_nonoverlapping(data.as_ptr(), v.as_mut_ptr().cast::<u8>(), data.len())
+    };
+    v
+}
+
+fn module_load(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+    fatbinary: bool,
+) -> Result<(), DecodeError> {
+    let m = ModuleLoad::decode(r)?;
+    r.finish()?;
+    let reply = |status: i32, need_image: bool| ModuleLoaded { status, need_image };
+    let answer = (|| {
+        if let Err(st) = s.check_new_id(m.new_id) {
+            return reply(st, false);
+        }
+        let image: Vec<u8> = match m.image {
+            Some(bytes) => {
+                if ring::digest::digest(&ring::digest::SHA256, bytes).as_ref() != m.digest {
+                    tracing::warn!("a module image whose digest is not the one sent with it");
+                    return reply(CUDA_ERROR_INVALID_VALUE, false);
+                }
+                bytes.to_vec()
+            }
+            None => match s.kept_image(&m.digest) {
+                Some(bytes) => bytes,
+                None => return reply(CUDA_SUCCESS, true),
+            },
+        };
+        let image = aligned(&image);
+        let mut module: Handle = std::ptr::null_mut();
+        let out = (&mut module as *mut Handle).cast::<c_void>();
+        // SAFETY: `image` is a whole image (measured by the client, digest checked) that lives
+        // across the call; `out` is a valid output pointer.
+        let st = unsafe {
+            if fatbinary {
+                ffi::cuModuleLoadFatBinary(out, image.as_ptr() as *mut c_void)
+            } else {
+                ffi::cuModuleLoadData(out, image.as_ptr() as *mut c_void)
+            }
+        };
+        if st != CUDA_SUCCESS {
+            return reply(st, false);
+        }
+        if let Err(st) = s.bind(m.new_id, HandleKind::Module, module) {
+            crate::rt::release(HandleKind::Module, module);
+            return reply(st, false);
+        }
+        // Kept for the tenant's next sessions once the driver took it.
+        if let Some(bytes) = m.image {
+            s.keep_image(&m.digest, bytes);
+        }
+        reply(CUDA_SUCCESS, false)
+    })();
+    answer.encode(w);
+    Ok(())
+}
+
+/// Most parameters asked of the driver for one function.
+const MAX_PARAMS: usize = 4096;
+
+/// `cuModuleGetFunction`: the function, bound with its parameters' layout (the client copies a
+/// launch's arguments by it; a launch is checked against it).
+pub fn cuModuleGetFunction(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let m = ModuleGetFunction::decode(r)?;
+    r.finish()?;
+    let answer = (|| -> Result<ParamLayout, i32> {
+        let module = s.resolve(m.module, HandleKind::Module, false)?;
+        s.check_new_id(m.new_id)?;
+        let name = CString::new(m.name).map_err(|_| CUDA_ERROR_NOT_FOUND)?;
+        let mut func: Handle = std::ptr::null_mut();
+        // SAFETY: valid output pointer, a live module, a C string.
+        let st = unsafe {
+            ffi::cuModuleGetFunction((&mut func as *mut Handle).cast(), module, name.as_ptr())
+        };
+        if st != CUDA_SUCCESS {
+            return Err(st);
+        }
+        let mut layout = ParamLayout::default();
+        for i in 0..MAX_PARAMS {
+            let (mut offset, mut size) = (0usize, 0usize);
+            // SAFETY: a live function, valid output pointers.
+            let st = unsafe { ffi::cuFuncGetParamInfo(func, i, &mut offset, &mut size) };
+            match st {
+                CUDA_SUCCESS => layout.params.push((offset as u32, size as u32)),
+                // Past the last parameter.
+                CUDA_ERROR_INVALID_VALUE => break,
+                other => {
+                    tracing::warn!(
+                        status = other,
+                        "cuFuncGetParamInfo failed (a driver older than CUDA 12.4?): the function's launches cannot be forwarded"
+                    );
+                    return Err(other);
+                }
+            }
+        }
+        s.bind(m.new_id, HandleKind::Function, func)?;
+        s.set_layout(m.new_id, layout.clone());
+        Ok(layout)
+    })();
+    answer.encode(w);
+    Ok(())
+}
+
+/// `cuLaunchKernel`.
+pub fn cuLaunchKernel(s: &Call<'_>, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
+    launch(s, r, w, false)
+}
+
+/// `cuLaunchKernel_ptsz`.
+pub fn cuLaunchKernel_ptsz(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    launch(s, r, w, true)
+}
+
+/// `CU_LAUNCH_PARAM_BUFFER_POINTER`, `CU_LAUNCH_PARAM_BUFFER_SIZE`, `CU_LAUNCH_PARAM_END`.
+const PARAM_BUFFER_POINTER: usize = 1;
+const PARAM_BUFFER_SIZE: usize = 2;
+const PARAM_END: usize = 0;
+
+/// A launch whose arguments match the function's layout: each parameter exactly its size, or
+/// a whole buffer.
+fn launch(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+    per_thread: bool,
+) -> Result<(), DecodeError> {
+    let m = LaunchKernel::decode(r)?;
+    r.finish()?;
+    let status = (|| -> Result<i32, i32> {
+        let func = s.resolve(m.function, HandleKind::Function, false)?;
+        let stream = s.resolve(m.stream, HandleKind::Stream, true)?;
+        let layout = s.layout(m.function).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let storage: Vec<Vec<u64>>;
+        let mut pointers: Vec<*mut c_void>;
+        let mut buffer_size: usize;
+        let mut extra: [*mut c_void; 5];
+        let (params, extra_ptr) = match &m.args {
+            LaunchArgs::Each(args) => {
+                let fits = args.len() == layout.params.len()
+                    && args
+                        .iter()
+                        .zip(&layout.params)
+                        .all(|(a, &(_, size))| a.len() == size as usize);
+                if !fits {
+                    tracing::warn!("a launch's arguments do not match the function's parameters");
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                storage = args.iter().map(|a| aligned(a)).collect();
+                pointers = storage.iter().map(|v| v.as_ptr() as *mut c_void).collect();
+                (pointers.as_mut_ptr().cast::<c_void>(), std::ptr::null_mut())
+            }
+            LaunchArgs::Buffer(b) => {
+                storage = vec![aligned(b)];
+                buffer_size = b.len();
+                extra = [
+                    PARAM_BUFFER_POINTER as *mut c_void,
+                    storage[0].as_ptr() as *mut c_void,
+                    PARAM_BUFFER_SIZE as *mut c_void,
+                    (&mut buffer_size as *mut usize).cast(),
+                    PARAM_END as *mut c_void,
+                ];
+                (std::ptr::null_mut(), extra.as_mut_ptr().cast::<c_void>())
+            }
+        };
+        let [gx, gy, gz] = m.grid;
+        let [bx, by, bz] = m.block;
+        // SAFETY: a live function and stream; `params` holds one pointer per parameter, each
+        // to a copy of exactly the parameter's size, or `extra` a buffer list; both live
+        // across the call.
+        Ok(unsafe {
+            if per_thread {
+                ffi::cuLaunchKernel_ptsz(
+                    func,
+                    gx,
+                    gy,
+                    gz,
+                    bx,
+                    by,
+                    bz,
+                    m.shared_mem,
+                    stream,
+                    params,
+                    extra_ptr,
+                )
+            } else {
+                ffi::cuLaunchKernel(
+                    func,
+                    gx,
+                    gy,
+                    gz,
+                    bx,
+                    by,
+                    bz,
+                    m.shared_mem,
+                    stream,
+                    params,
+                    extra_ptr,
+                )
+            }
+        })
+    })();
+    w.i32(status.unwrap_or_else(|e| e));
     Ok(())
 }

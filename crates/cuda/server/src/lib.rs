@@ -115,6 +115,9 @@ impl wormhole_server::Backend for Cuda {
 
     fn begin(&self, setup: SessionSetup) {
         session().set_limits(setup.limits);
+        if let Some(cache) = setup.build_cache {
+            session().set_cache(cache);
+        }
     }
 
     fn handle(

@@ -1,11 +1,13 @@
 //! A CUDA session's state in its worker: the handle table, the device memory it allocated
 //! (what device addresses from the wire may name), and its limits.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use wormhole_blobcache::BlobCache;
 use wormhole_cuda_proto::cu::*;
+use wormhole_cuda_proto::requests::ParamLayout;
 use wormhole_cuda_proto::{HandleKind, Writer, STREAM_LEGACY_ID, STREAM_PER_THREAD_ID};
 use wormhole_server::handles::{HandleTable, NewIdError};
 use wormhole_server::worker::Limits;
@@ -20,6 +22,11 @@ pub struct Session {
     /// Bytes of device memory the session holds.
     pub mem_bytes: AtomicI64,
     limits: OnceLock<Arc<Limits>>,
+    /// Each function's parameters, by the id the client knows it by (launches are checked
+    /// against them).
+    layouts: Mutex<HashMap<u64, ParamLayout>>,
+    /// The server's store of build products: module images the tenant sent, by digest.
+    cache: OnceLock<BlobCache>,
 }
 
 /// One request being handled (what the generated dispatch passes the handlers).
@@ -93,6 +100,50 @@ impl Session {
     /// The object behind `id` was destroyed.
     pub fn forget(&self, id: u64) {
         self.handles.forget(id);
+        self.layouts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+    }
+
+    pub fn set_layout(&self, function: u64, layout: ParamLayout) {
+        self.layouts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(function, layout);
+    }
+
+    /// The parameters of the function the client knows as `function`.
+    pub fn layout(&self, function: u64) -> Option<ParamLayout> {
+        self.layouts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&function)
+            .cloned()
+    }
+
+    pub fn set_cache(&self, cache: BlobCache) {
+        let _ = self.cache.set(cache);
+    }
+
+    /// Where the tenant's image with this digest is kept: images are the tenant's own bytes,
+    /// so one tenant's are never offered to another (nor is it told whether another has one).
+    fn image_key(&self, digest: &[u8; 32]) -> wormhole_blobcache::Key {
+        wormhole_blobcache::key(b"cuda-module", &[self.limits().tenant.as_bytes(), digest])
+    }
+
+    /// Keeps a module image the tenant sent (its digest checked) for the tenant's next
+    /// sessions.
+    pub fn keep_image(&self, digest: &[u8; 32], image: &[u8]) {
+        if let Some(c) = self.cache.get() {
+            c.store(&self.image_key(digest), &[image]);
+        }
+    }
+
+    /// The tenant's image with this digest, if the server kept it.
+    pub fn kept_image(&self, digest: &[u8; 32]) -> Option<Vec<u8>> {
+        let mut parts = self.cache.get()?.load(&self.image_key(digest))?;
+        (parts.len() == 1).then(|| parts.remove(0))
     }
 
     /// Objects the driver returned (a context made or found), under the ids the client knows

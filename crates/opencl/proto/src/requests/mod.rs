@@ -27,48 +27,10 @@ pub use program::*;
 pub use svm::*;
 pub use transfer::*;
 
-use crate::cl::CL_SUCCESS;
+use wormhole_wire::message::count;
+/// The one encoding of every hand-written message, the same for every API.
+pub use wormhole_wire::message::{Message, Reply};
 use wormhole_wire::{DecodeError, Reader, Writer};
-
-/// A message with its one encoding. `decode` reads exactly what `encode` writes and treats its
-/// input as hostile: bad input is a `DecodeError`, never a panic.
-pub trait Message<'a>: Sized {
-    fn encode(&self, w: &mut Writer);
-    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError>;
-
-    /// Decodes a whole body: nothing may follow the message.
-    fn decode_all(body: &'a [u8]) -> Result<Self, DecodeError> {
-        let mut r = Reader::new(body);
-        let m = Self::decode(&mut r)?;
-        r.finish()?;
-        Ok(m)
-    }
-}
-
-/// A reply that is the call's status and, only when that is CL_SUCCESS, what the call returns:
-/// `Ok(value)` travels as CL_SUCCESS then the value, `Err(status)` as the status alone.
-pub type Reply<T> = Result<T, i32>;
-
-impl<'a, T: Message<'a>> Message<'a> for Reply<T> {
-    fn encode(&self, w: &mut Writer) {
-        match self {
-            Ok(v) => {
-                w.i32(CL_SUCCESS);
-                v.encode(w);
-            }
-            Err(st) => {
-                debug_assert_ne!(*st, CL_SUCCESS, "a failed reply needs a failure status");
-                w.i32(*st);
-            }
-        }
-    }
-    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
-        match r.i32()? {
-            CL_SUCCESS => T::decode(r).map(Ok),
-            st => Ok(Err(st)),
-        }
-    }
-}
 
 /// The offset a reply carries for "not in the shared arena" (a buffer without a window, a
 /// mapping that is not the buffer's own storage).
@@ -102,22 +64,6 @@ fn window(r: &mut Reader<'_>) -> Result<Option<u64>, DecodeError> {
 /// decodes as empty).
 fn u64s(r: &mut Reader<'_>) -> Result<Vec<u64>, DecodeError> {
     Ok(r.opt_u64s()?.unwrap_or_default())
-}
-
-/// An array count whose elements take at least `min` bytes each: they must be in the message,
-/// which bounds what is allocated for them.
-fn count(r: &mut Reader<'_>, min: usize, limit: usize) -> Result<usize, DecodeError> {
-    let n = r.u32()? as usize;
-    if n > limit {
-        return Err(DecodeError::TooLarge(n as u64));
-    }
-    if n.saturating_mul(min) > r.remaining() {
-        return Err(DecodeError::Truncated {
-            need: (n * min) as u64,
-            have: r.remaining(),
-        });
-    }
-    Ok(n)
 }
 
 /// A zero-terminated property list (absent: NULL), as every creation with properties sends it.

@@ -1,0 +1,268 @@
+//! The hand-written CUDA requests and replies, each defined once (see
+//! `wormhole_wire::message`): the entry points the description marks `custom`.
+
+use crate::{DecodeError, Reader, Writer};
+pub use wormhole_wire::message::{count, Message, Reply};
+
+/// Most parameters one kernel may have (CUDA allows 32,764 bytes of them).
+pub const MAX_KERNEL_PARAMS: usize = 1 << 14;
+
+/// Images at most this large travel with their first request; larger ones are first asked for
+/// by digest (the server may hold them from an earlier session of the tenant).
+pub const IMAGE_INLINE: usize = 64 << 10;
+
+/// `cuModuleLoadData`, `cuModuleLoadFatBinary`: a module image (cubin, PTX or fatbin) by its
+/// SHA-256, with its bytes, or without them to ask whether the server has it already.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModuleLoad<'a> {
+    pub new_id: u64,
+    pub digest: [u8; 32],
+    pub image: Option<&'a [u8]>,
+}
+
+impl<'a> Message<'a> for ModuleLoad<'a> {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.new_id);
+        w.bytes(&self.digest);
+        w.opt_bytes(self.image);
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        Ok(ModuleLoad {
+            new_id: r.u64()?,
+            digest: r
+                .bytes()?
+                .try_into()
+                .map_err(|_| DecodeError::BadValue("an image digest is 32 bytes"))?,
+            image: r.opt_bytes_ref()?,
+        })
+    }
+}
+
+/// The answer to a [`ModuleLoad`]: the driver's status, or (status 0 and `need_image`) a request
+/// for the image's bytes, which the server does not hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModuleLoaded {
+    pub status: i32,
+    pub need_image: bool,
+}
+
+impl<'a> Message<'a> for ModuleLoaded {
+    fn encode(&self, w: &mut Writer) {
+        w.i32(self.status);
+        w.bool(self.need_image);
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        Ok(ModuleLoaded {
+            status: r.i32()?,
+            need_image: r.bool()?,
+        })
+    }
+}
+
+/// `cuModuleGetFunction`: answered by the function's parameter layout ([`ParamLayout`]), which
+/// the client needs to copy a launch's arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModuleGetFunction<'a> {
+    pub new_id: u64,
+    pub module: u64,
+    pub name: &'a [u8],
+}
+
+impl<'a> Message<'a> for ModuleGetFunction<'a> {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.new_id);
+        w.u64(self.module);
+        w.bytes(self.name);
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        Ok(ModuleGetFunction {
+            new_id: r.u64()?,
+            module: r.u64()?,
+            name: r.bytes()?,
+        })
+    }
+}
+
+/// A kernel's parameters as the driver reports them (`cuFuncGetParamInfo`): (offset, size) of
+/// each, in order.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ParamLayout {
+    pub params: Vec<(u32, u32)>,
+}
+
+impl ParamLayout {
+    /// Bytes of the whole parameter buffer (`CU_LAUNCH_PARAM_BUFFER_SIZE` must be this).
+    pub fn buffer_size(&self) -> usize {
+        self.params
+            .iter()
+            .map(|&(o, s)| o as usize + s as usize)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+impl<'a> Message<'a> for ParamLayout {
+    fn encode(&self, w: &mut Writer) {
+        w.u32(self.params.len() as u32);
+        for (o, s) in &self.params {
+            w.u32(*o);
+            w.u32(*s);
+        }
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        let n = count(r, 8, MAX_KERNEL_PARAMS)?;
+        let params = (0..n)
+            .map(|_| Ok((r.u32()?, r.u32()?)))
+            .collect::<Result<_, DecodeError>>()?;
+        Ok(ParamLayout { params })
+    }
+}
+
+/// How a launch's arguments travel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LaunchArgs<'a> {
+    /// `kernelParams`: each parameter's bytes, as many as its size.
+    Each(Vec<&'a [u8]>),
+    /// `extra` with `CU_LAUNCH_PARAM_BUFFER_POINTER`: the whole parameter buffer.
+    Buffer(&'a [u8]),
+}
+
+/// `cuLaunchKernel` (and `_ptsz`): answered by the status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchKernel<'a> {
+    pub function: u64,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_mem: u32,
+    pub stream: u64,
+    pub args: LaunchArgs<'a>,
+}
+
+impl<'a> Message<'a> for LaunchKernel<'a> {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.function);
+        for v in self.grid.iter().chain(&self.block) {
+            w.u32(*v);
+        }
+        w.u32(self.shared_mem);
+        w.u64(self.stream);
+        match &self.args {
+            LaunchArgs::Each(params) => {
+                w.u8(0);
+                w.u32(params.len() as u32);
+                for p in params {
+                    w.bytes(p);
+                }
+            }
+            LaunchArgs::Buffer(b) => {
+                w.u8(1);
+                w.bytes(b);
+            }
+        }
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        let function = r.u64()?;
+        let mut dims = [0u32; 6];
+        for d in &mut dims {
+            *d = r.u32()?;
+        }
+        let shared_mem = r.u32()?;
+        let stream = r.u64()?;
+        let args = match r.u8()? {
+            0 => {
+                let n = count(r, 8, MAX_KERNEL_PARAMS)?;
+                LaunchArgs::Each((0..n).map(|_| r.bytes()).collect::<Result<_, _>>()?)
+            }
+            1 => LaunchArgs::Buffer(r.bytes()?),
+            _ => return Err(DecodeError::BadValue("launch arguments kind")),
+        };
+        Ok(LaunchKernel {
+            function,
+            grid: [dims[0], dims[1], dims[2]],
+            block: [dims[3], dims[4], dims[5]],
+            shared_mem,
+            stream,
+            args,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roundtrip<'a, M: Message<'a> + PartialEq + std::fmt::Debug>(m: &M, buf: &'a mut Vec<u8>) {
+        let mut w = Writer::new(0);
+        m.encode(&mut w);
+        *buf = w.body().to_vec();
+        assert_eq!(&M::decode_all(buf).unwrap(), m);
+        // Every truncation is an error, never a panic.
+        for n in 0..buf.len() {
+            assert!(M::decode_all(&buf[..n]).is_err());
+        }
+    }
+
+    #[test]
+    fn requests_decode_as_encoded() {
+        let image = [7u8; 100];
+        roundtrip(
+            &ModuleLoad {
+                new_id: 99,
+                digest: [3; 32],
+                image: Some(&image),
+            },
+            &mut Vec::new(),
+        );
+        roundtrip(
+            &ModuleLoaded {
+                status: 0,
+                need_image: true,
+            },
+            &mut Vec::new(),
+        );
+        roundtrip(
+            &ModuleGetFunction {
+                new_id: 5,
+                module: 6,
+                name: b"vadd",
+            },
+            &mut Vec::new(),
+        );
+        roundtrip(
+            &ParamLayout {
+                params: vec![(0, 8), (8, 8), (16, 4)],
+            },
+            &mut Vec::new(),
+        );
+        let a = [1u8; 8];
+        roundtrip(
+            &LaunchKernel {
+                function: 1,
+                grid: [2, 3, 4],
+                block: [5, 6, 7],
+                shared_mem: 8,
+                stream: 0,
+                args: LaunchArgs::Each(vec![&a, &a[..4]]),
+            },
+            &mut Vec::new(),
+        );
+        roundtrip(
+            &LaunchKernel {
+                function: 1,
+                grid: [1; 3],
+                block: [1; 3],
+                shared_mem: 0,
+                stream: 1,
+                args: LaunchArgs::Buffer(&a),
+            },
+            &mut Vec::new(),
+        );
+        assert_eq!(
+            ParamLayout {
+                params: vec![(0, 8), (8, 4)]
+            }
+            .buffer_size(),
+            12
+        );
+    }
+}

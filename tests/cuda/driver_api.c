@@ -1,0 +1,150 @@
+/* The CUDA driver API used directly, as a program that loads its own kernels does: device
+ * queries, a context, a module from a fatbin file (argv[1]), functions, memory, copies both
+ * ways, memsets, launches with parameters of several kinds (by kernelParams and by the extra
+ * buffer), streams and events. Prints what it computed; through Wormhole the output must be
+ * the native one. Exit 0 when every result is right; 2 with the failing call's status. */
+#include <cuda.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CHECK(call)                                                                          \
+    do {                                                                                     \
+        CUresult r_ = (call);                                                                \
+        if (r_ != CUDA_SUCCESS) {                                                            \
+            const char *name = NULL;                                                         \
+            cuGetErrorName(r_, &name);                                                       \
+            printf("error: %s -> %d %s\n", #call, (int)r_, name ? name : "?");               \
+            return 2;                                                                        \
+        }                                                                                    \
+    } while (0)
+
+struct Affine { float scale; int offset; double bias; };
+struct Quad { int v[4]; };
+
+static void *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    *len = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void *p = malloc(*len + 1);
+    if (fread(p, 1, *len, f) != *len) { fclose(f); free(p); return NULL; }
+    ((char *)p)[*len] = 0;
+    fclose(f);
+    return p;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) { printf("usage: driver_api KERNELS.fatbin\n"); return 1; }
+    size_t image_len = 0;
+    void *image = read_file(argv[1], &image_len);
+    if (!image) { printf("cannot read %s\n", argv[1]); return 1; }
+
+    CHECK(cuInit(0));
+    int version = 0, count = 0;
+    CHECK(cuDriverGetVersion(&version));
+    CHECK(cuDeviceGetCount(&count));
+    CUdevice dev;
+    CHECK(cuDeviceGet(&dev, 0));
+    char name[256];
+    CHECK(cuDeviceGetName(name, sizeof name, dev));
+    int major = 0, minor = 0, sms = 0;
+    CHECK(cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
+    CHECK(cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
+    CHECK(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
+    size_t total = 0;
+    CHECK(cuDeviceTotalMem(&total, dev));
+    printf("device: %s, sm_%d%d, %d SMs, memory %s\n", name, major, minor, sms, total > 0 ? "yes" : "no");
+
+    CUcontext ctx, current;
+    CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
+    CHECK(cuCtxSetCurrent(ctx));
+    CHECK(cuCtxGetCurrent(&current));
+    printf("primary context current: %s\n", current == ctx ? "yes" : "no");
+
+    CUmodule module;
+    CHECK(cuModuleLoadData(&module, image));
+    CUfunction vadd, affine;
+    CHECK(cuModuleGetFunction(&vadd, module, "vadd"));
+    CHECK(cuModuleGetFunction(&affine, module, "affine"));
+    CUfunction missing;
+    CUresult nf = cuModuleGetFunction(&missing, module, "no_such_kernel");
+    printf("missing kernel: %d\n", (int)nf);
+
+    const int n = 1 << 16;
+    const size_t bytes = n * sizeof(float);
+    float *ha = malloc(bytes), *hb = malloc(bytes), *hc = malloc(bytes);
+    for (int i = 0; i < n; i++) { ha[i] = (float)i; hb[i] = 0.5f * i; }
+    CUdeviceptr da, db, dc;
+    CHECK(cuMemAlloc(&da, bytes));
+    CHECK(cuMemAlloc(&db, bytes));
+    CHECK(cuMemAlloc(&dc, bytes));
+    CHECK(cuMemcpyHtoD(da, ha, bytes));
+    CHECK(cuMemcpyHtoD(db, hb, bytes));
+    CHECK(cuMemsetD32(dc, 0, n));
+
+    CUstream stream;
+    CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    CUevent start, stop;
+    CHECK(cuEventCreate(&start, CU_EVENT_DEFAULT));
+    CHECK(cuEventCreate(&stop, CU_EVENT_DEFAULT));
+    CHECK(cuEventRecord(start, stream));
+    int nn = n;
+    void *args[] = {&da, &db, &dc, &nn};
+    CHECK(cuLaunchKernel(vadd, (n + 255) / 256, 1, 1, 256, 1, 1, 0, stream, args, NULL));
+    CHECK(cuEventRecord(stop, stream));
+    CHECK(cuStreamSynchronize(stream));
+    float ms = -1;
+    CHECK(cuEventElapsedTime(&ms, start, stop));
+    CHECK(cuMemcpyDtoH(hc, dc, bytes));
+    long bad = 0;
+    for (int i = 0; i < n; i++) bad += hc[i] != 1.5f * i;
+    printf("vadd: %ld wrong, timed: %s\n", bad, ms >= 0 ? "yes" : "no");
+
+    /* Parameters of several kinds, by kernelParams. */
+    struct Affine t = {2.0f, 3, 0.25};
+    struct Quad q = {{1, 2, 3, 4}};
+    char tag = 5;
+    void *args2[] = {&dc, &t, &q, &tag, &nn};
+    CHECK(cuLaunchKernel(affine, (n + 127) / 128, 1, 1, 128, 1, 1, 0, NULL, args2, NULL));
+    CHECK(cuCtxSynchronize());
+    CHECK(cuMemcpyDtoH(hc, dc, bytes));
+    bad = 0;
+    for (int i = 0; i < n; i++) bad += hc[i] != (1.5f * i) * 2.0f + 3 + 0.25f + (float)(i % 4 + 1) + 5;
+    printf("affine (kernelParams): %ld wrong\n", bad);
+
+    /* The same launch by the extra buffer, laid out as the driver reports the parameters. */
+    size_t offsets[5], sizes[5], size = 0;
+    for (int i = 0; i < 5; i++) {
+        CHECK(cuFuncGetParamInfo(affine, i, &offsets[i], &sizes[i]));
+        if (offsets[i] + sizes[i] > size) size = offsets[i] + sizes[i];
+    }
+    unsigned char *buffer = calloc(1, size);
+    void *values[] = {&dc, &t, &q, &tag, &nn};
+    for (int i = 0; i < 5; i++) memcpy(buffer + offsets[i], values[i], sizes[i]);
+    void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, buffer, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END};
+    CHECK(cuMemcpyHtoD(dc, hc, bytes));
+    CHECK(cuLaunchKernel(affine, (n + 127) / 128, 1, 1, 128, 1, 1, 0, NULL, NULL, extra));
+    CHECK(cuCtxSynchronize());
+    float *hd = malloc(bytes);
+    CHECK(cuMemcpyDtoH(hd, dc, bytes));
+    bad = 0;
+    for (int i = 0; i < n; i++) bad += hd[i] != hc[i] * 2.0f + 3 + 0.25f + (float)(i % 4 + 1) + 5;
+    printf("affine (extra buffer): %ld wrong\n", bad);
+
+    /* Errors the driver reports. */
+    printf("free of a bad pointer: %d\n", (int)cuMemFree(da + 4));
+    printf("launch with too many threads: %d\n",
+           (int)cuLaunchKernel(vadd, 1, 1, 1, 4096, 1, 1, 0, NULL, args, NULL));
+
+    CHECK(cuEventDestroy(start));
+    CHECK(cuEventDestroy(stop));
+    CHECK(cuStreamDestroy(stream));
+    CHECK(cuMemFree(da));
+    CHECK(cuMemFree(db));
+    CHECK(cuMemFree(dc));
+    CHECK(cuModuleUnload(module));
+    CHECK(cuDevicePrimaryCtxRelease(dev));
+    return 0;
+}

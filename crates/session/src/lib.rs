@@ -10,6 +10,7 @@
 //! application thread uses its own lane.
 
 pub mod host_memory;
+pub mod marshal;
 
 use std::cell::Cell;
 use std::io::{Read, Write};

@@ -4,14 +4,14 @@
 use crate::connection;
 use crate::objects;
 use std::borrow::Cow;
-use std::ffi::{c_char, c_void, CStr};
+use std::ffi::{c_char, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use wormhole_cuda_proto::cu::*;
 use wormhole_cuda_proto::{
     DecodeError, HandleKind, Op, Reader, Writer, STREAM_LEGACY_ID, STREAM_PER_THREAD_ID,
 };
-use wormhole_session::host_memory;
+use wormhole_session::{host_memory, marshal};
 
 pub use objects::alloc_id;
 
@@ -146,7 +146,7 @@ pub unsafe fn bytes_in<'a>(
 /// `p` must be NULL or a NUL-terminated string.
 pub unsafe fn cstr_in<'a>(p: *const c_char) -> Option<&'a [u8]> {
     // SAFETY: per the contract.
-    (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_bytes())
+    unsafe { marshal::cstr_in(p) }
 }
 
 /// Copies an output value into the program's buffer of `cap` bytes.
@@ -154,11 +154,8 @@ pub unsafe fn cstr_in<'a>(p: *const c_char) -> Option<&'a [u8]> {
 /// # Safety
 /// `dst` must point to `cap` writable bytes.
 pub unsafe fn copy_out(r: &mut Reader<'_>, dst: *mut u8, cap: Option<usize>) -> Result<(), ApiErr> {
-    let b = r.bytes()?;
-    let n = b.len().min(cap.unwrap_or(0));
-    // SAFETY: n <= cap.
-    unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), dst, n) };
-    Ok(())
+    // SAFETY: per the contract.
+    Ok(unsafe { marshal::copy_out(r, dst, cap) }?)
 }
 
 /// Reads handles the server returned into the program's array of `cap` entries.
@@ -171,15 +168,8 @@ pub unsafe fn read_handles(
     cap: usize,
     kind: HandleKind,
 ) -> Result<(), ApiErr> {
-    let n = r.u32()? as usize;
-    for i in 0..n {
-        let id = r.u64()?;
-        if i < cap {
-            // SAFETY: i < cap.
-            unsafe { *dst.add(i) = objects::object_for_id(kind, id) };
-        }
-    }
-    Ok(())
+    // SAFETY: per the contract.
+    Ok(unsafe { marshal::read_objects(r, dst, cap, |id| objects::object_for_id(kind, id)) }?)
 }
 
 pub fn new_object(kind: HandleKind, id: u64) -> *mut c_void {

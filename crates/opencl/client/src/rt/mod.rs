@@ -12,7 +12,7 @@ use std::borrow::Cow;
 use std::ffi::{c_char, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use wormhole_opencl_proto::{cl::*, DecodeError, HandleKind, Op, Reader, Writer};
-use wormhole_session::host_memory;
+use wormhole_session::{host_memory, marshal};
 
 pub use objects::alloc_id;
 
@@ -230,7 +230,7 @@ pub unsafe fn usizes_in(p: *const usize, count: Option<usize>) -> Result<Option<
 /// `p` must be NULL or a NUL-terminated string.
 pub unsafe fn cstr_in<'a>(p: *const c_char) -> Option<&'a [u8]> {
     // SAFETY: per the contract.
-    (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_bytes())
+    unsafe { marshal::cstr_in(p) }
 }
 
 /// # Safety
@@ -257,19 +257,16 @@ pub unsafe fn encode_strs(
     Ok(())
 }
 
-/// Copies an output value into the application's buffer of `cap` bytes.
+/// Copies an output value into the program's buffer of `cap` bytes.
 ///
 /// # Safety
 /// `dst` must point to `cap` writable bytes.
 pub unsafe fn copy_out(r: &mut Reader<'_>, dst: *mut u8, cap: Option<usize>) -> Result<(), ClErr> {
-    let b = r.bytes()?;
-    let n = b.len().min(cap.unwrap_or(0));
-    // SAFETY: n <= cap.
-    unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), dst, n) };
-    Ok(())
+    // SAFETY: per the contract.
+    Ok(unsafe { marshal::copy_out(r, dst, cap) }?)
 }
 
-/// Reads handles the server returned into the application's array of `cap` entries.
+/// Reads handles the server returned into the program's array of `cap` entries.
 ///
 /// # Safety
 /// `dst` must point to `cap` writable handles.
@@ -279,15 +276,8 @@ pub unsafe fn read_handles(
     cap: usize,
     kind: HandleKind,
 ) -> Result<(), ClErr> {
-    let n = r.u32()? as usize;
-    for i in 0..n {
-        let id = r.u64()?;
-        if i < cap {
-            // SAFETY: i < cap.
-            unsafe { *dst.add(i) = objects::object_for_id(kind, id) };
-        }
-    }
-    Ok(())
+    // SAFETY: per the contract.
+    Ok(unsafe { marshal::read_objects(r, dst, cap, |id| objects::object_for_id(kind, id)) }?)
 }
 
 pub fn new_object(kind: HandleKind, id: u64) -> *mut c_void {

@@ -89,6 +89,14 @@ pub trait Backend: Sync {
         Ok(Vec::new())
     }
 
+    /// Supervisor: whether the API's driver is installed at all, judged without loading it
+    /// (the supervisor never loads a driver): a file's presence. Err says why not. Without it
+    /// the server keeps no standby workers for the API; a session still gets a worker, whose
+    /// `load` gives the reason it is refused.
+    fn installed(&self) -> Result<(), String> {
+        Ok(())
+    }
+
     /// Worker: open the API's driver stack (once; later calls return the first outcome). An
     /// error is the reason the worker's session is refused (the client sees no device).
     fn load(&self) -> Result<(), String> {

@@ -145,6 +145,9 @@ struct State {
 struct Apis {
     backends: &'static [&'static dyn Backend],
     env: Vec<Vec<(OsString, OsString)>>,
+    /// Per API, whether its driver is installed (judged once, without loading it): standby
+    /// workers are kept only for these, so an API without a driver costs no process.
+    installed: Vec<bool>,
 }
 
 impl Apis {
@@ -208,7 +211,21 @@ pub fn serve(
             source,
         })?);
     }
-    let vendors = Arc::new(Apis { backends, env });
+    let installed = backends
+        .iter()
+        .map(|b| match b.installed() {
+            Ok(()) => true,
+            Err(why) => {
+                tracing::info!(api = b.api(), "no standby workers: {why}");
+                false
+            }
+        })
+        .collect();
+    let vendors = Arc::new(Apis {
+        backends,
+        env,
+        installed,
+    });
     let tenant_cfgs = if config.tenants.is_empty() {
         vec![Tenant::open()]
     } else {
@@ -1314,7 +1331,10 @@ fn reap_finished(state: &mut State) {
 /// Starts the tenant's standby worker for `api` when it is due and a session slot is free.
 fn start_standby(config: &Config, vendors: &Apis, state: &mut State, tenant: usize, api: usize) {
     let t = &state.tenants[tenant];
-    if t.removed || t.standby_at[api].is_none_or(|at| at > Instant::now()) {
+    if !vendors.installed[api]
+        || t.removed
+        || t.standby_at[api].is_none_or(|at| at > Instant::now())
+    {
         return;
     }
     let Some(slot) = t.slots.iter().position(|u| !u) else {

@@ -83,6 +83,60 @@ fn open() -> Result<Driver, String> {
     Ok(Driver { _lib: lib, table })
 }
 
+/// Whether NVIDIA's `libcuda.so.1` is on this machine, judged from files alone (the
+/// supervisor loads no driver): in the library path, the dynamic linker's cache, or where
+/// distributions install it, and not Wormhole's own library under that name.
+pub fn installed() -> Result<(), String> {
+    let mut dirs: Vec<std::path::PathBuf> = std::env::var_os("LD_LIBRARY_PATH")
+        .map(|p| std::env::split_paths(&p).collect())
+        .unwrap_or_default();
+    dirs.extend(
+        CANDIDATES[1..]
+            .iter()
+            .filter_map(|c| std::path::Path::new(c).parent().map(Into::into)),
+    );
+    let mut paths: Vec<std::path::PathBuf> = dirs.iter().map(|d| d.join("libcuda.so.1")).collect();
+    paths.extend(linker_cache_entries("libcuda.so.1"));
+    let ours = |p: &std::path::Path| {
+        std::fs::canonicalize(p).is_ok_and(|real| {
+            real.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("libwormhole_cuda"))
+        })
+    };
+    match paths.iter().find(|p| p.exists() && !ours(p)) {
+        Some(_) => Ok(()),
+        None => Err("no libcuda.so.1 (NVIDIA's driver) on this machine".into()),
+    }
+}
+
+/// The paths `/etc/ld.so.cache` holds for a library of this name (its entries are
+/// NUL-terminated strings: the name, and the full path ending in it).
+fn linker_cache_entries(name: &str) -> Vec<std::path::PathBuf> {
+    let Ok(cache) = std::fs::read("/etc/ld.so.cache") else {
+        return Vec::new();
+    };
+    let tail = format!("/{name}\0");
+    let mut found = Vec::new();
+    let mut at = 0;
+    while let Some(i) = cache[at..]
+        .windows(tail.len())
+        .position(|w| w == tail.as_bytes())
+    {
+        let end = at + i + tail.len() - 1;
+        let start = cache[..end]
+            .iter()
+            .rposition(|&b| b == 0)
+            .map_or(0, |z| z + 1);
+        if cache[start] == b'/' {
+            found.push(std::path::PathBuf::from(
+                String::from_utf8_lossy(&cache[start..end]).into_owned(),
+            ));
+        }
+        at = end;
+    }
+    found
+}
+
 /// Loads and initialises the driver if no call did yet; Err says why there is none (logged
 /// once). A worker refuses its session on Err.
 pub fn load() -> Result<(), &'static str> {
@@ -109,5 +163,20 @@ pub(crate) fn missing(name: &str, logged: &AtomicBool) {
         tracing::warn!(
             "the CUDA driver has no {name}: calls to it answer CUDA_ERROR_NOT_SUPPORTED"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The linker's cache names libraries by full path: what it gives for a library every
+    /// machine running the tests has (the ICD loader) is such a path.
+    #[test]
+    fn the_linker_cache_gives_full_paths() {
+        for p in linker_cache_entries("libc.so.6") {
+            assert!(p.is_absolute() && p.ends_with("libc.so.6"), "{}", p.display());
+        }
+        assert!(linker_cache_entries("libno-such-library.so.9").is_empty());
     }
 }

@@ -71,6 +71,10 @@ impl wormhole_server::Backend for Cuda {
         CUDA_ERROR_OUT_OF_MEMORY
     }
 
+    fn installed(&self) -> Result<(), String> {
+        driver::installed()
+    }
+
     fn load(&self) -> Result<(), String> {
         driver::load().map_err(str::to_string)
     }

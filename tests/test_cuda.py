@@ -126,7 +126,9 @@ def test_wh_devices_says_why_there_is_no_cuda_device(cpu_server):
                          timeout=60, check=True)
     cuda = [a for a in json.loads(out.stdout)["apis"] if a["api"] == "cuda"][0]
     assert cuda["devices"] == []
-    assert "cannot load the CUDA driver" in cuda["error"]
+    # Not a failure (a cluster integration waits out failures): no driver, so no devices.
+    assert "error" not in cuda
+    assert "no libcuda.so.1" in cuda["not_installed"]
 
 
 # ---- on the GPU machine (scripts/gpu-test.sh) ----

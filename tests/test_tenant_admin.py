@@ -199,7 +199,8 @@ def test_devices_are_listed_and_a_token_file_identifies_the_tenant(tmp_path, c_p
         api = apis["opencl"]
         assert "error" not in api
         # CUDA: this machine has no NVIDIA driver, and the inventory says so instead of failing.
-        assert apis["cuda"]["devices"] or "cannot load the CUDA driver" in apis["cuda"]["error"]
+        assert apis["cuda"]["devices"] or (
+            "error" not in apis["cuda"] and "no libcuda.so.1" in apis["cuda"]["not_installed"])
         assert api["devices"] and all(d["memory_bytes"] > 0 and d["name"] for d in api["devices"])
         assert api["devices"][0]["kind"] == "cpu" and "OpenCL" in api["devices"][0]["version"]
 

@@ -35,13 +35,16 @@ pub struct Devices {
     pub tls: bool,
 }
 
-/// One API's devices, or why they could not be listed.
+/// One API's devices, or why they could not be listed (`error`: something failed, asking
+/// again may help), or why this server has none (`not_installed`: no driver for the API).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct ApiDevices {
     pub api: String,
     pub devices: Vec<crate::backend::DeviceInventory>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_installed: Option<String>,
 }
 
 /// A tenant to make while the server runs. It is identified by the token minted for it.

@@ -145,9 +145,10 @@ struct State {
 struct Apis {
     backends: &'static [&'static dyn Backend],
     env: Vec<Vec<(OsString, OsString)>>,
-    /// Per API, whether its driver is installed (judged once, without loading it): standby
-    /// workers are kept only for these, so an API without a driver costs no process.
-    installed: Vec<bool>,
+    /// Per API, whether its driver is installed (judged once, without loading it), or why
+    /// not: standby workers are kept only for installed ones, so an API without a driver
+    /// costs no process, and `wh devices` says it is not installed instead of failing.
+    installed: Vec<Result<(), String>>,
 }
 
 impl Apis {
@@ -213,12 +214,9 @@ pub fn serve(
     }
     let installed = backends
         .iter()
-        .map(|b| match b.installed() {
-            Ok(()) => true,
-            Err(why) => {
-                tracing::info!(api = b.api(), "no standby workers: {why}");
-                false
-            }
+        .map(|b| {
+            b.installed()
+                .inspect_err(|why| tracing::info!(api = b.api(), "not installed: {why}"))
         })
         .collect();
     let vendors = Arc::new(Apis {
@@ -1331,7 +1329,7 @@ fn reap_finished(state: &mut State) {
 /// Starts the tenant's standby worker for `api` when it is due and a session slot is free.
 fn start_standby(config: &Config, vendors: &Apis, state: &mut State, tenant: usize, api: usize) {
     let t = &state.tenants[tenant];
-    if !vendors.installed[api]
+    if vendors.installed[api].is_err()
         || t.removed
         || t.standby_at[api].is_none_or(|at| at > Instant::now())
     {
@@ -1616,6 +1614,15 @@ fn devices(config: &Config, vendors: &Apis) -> crate::admin::Devices {
                 .iter()
                 .enumerate()
                 .map(|(i, b)| {
+                    if let Err(why) = &vendors.installed[i] {
+                        // Not a failure: this server has no such driver, so no such devices.
+                        return crate::admin::ApiDevices {
+                            api: b.api().to_string(),
+                            devices: Vec::new(),
+                            error: None,
+                            not_installed: Some(why.clone()),
+                        };
+                    }
                     let (devices, error) = match list_devices(config, vendors, i) {
                         Ok(d) => (d, None),
                         Err(e) => {
@@ -1627,6 +1634,7 @@ fn devices(config: &Config, vendors: &Apis) -> crate::admin::Devices {
                         api: b.api().to_string(),
                         devices,
                         error,
+                        not_installed: None,
                     }
                 })
                 .collect();

@@ -175,7 +175,11 @@ mod tests {
     #[test]
     fn the_linker_cache_gives_full_paths() {
         for p in linker_cache_entries("libc.so.6") {
-            assert!(p.is_absolute() && p.ends_with("libc.so.6"), "{}", p.display());
+            assert!(
+                p.is_absolute() && p.ends_with("libc.so.6"),
+                "{}",
+                p.display()
+            );
         }
         assert!(linker_cache_entries("libno-such-library.so.9").is_empty());
     }

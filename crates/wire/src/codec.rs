@@ -123,6 +123,14 @@ impl Writer {
         self.buf.truncate(mark.max(HEADER_LEN));
     }
 
+    /// The status a reply body begins with (every API's replies do), 0 (success) for a body
+    /// shorter than that.
+    pub fn status(&self) -> i32 {
+        self.buf
+            .get(HEADER_LEN..HEADER_LEN + 4)
+            .map_or(0, |b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
     /// Replaces the first four body bytes (a reply's status) with `v`; false if the body is
     /// shorter than that.
     pub fn replace_status(&mut self, v: i32) -> bool {
@@ -362,6 +370,17 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reply_status_is_read_and_replaced_in_place() {
+        let mut w = Writer::new(7);
+        assert_eq!(w.status(), 0, "no body: success");
+        w.i32(-5);
+        w.u64(9);
+        assert_eq!(w.status(), -5);
+        assert!(w.replace_status(-30));
+        assert_eq!(w.status(), -30);
+    }
 
     #[test]
     fn roundtrip_all_kinds() {

@@ -57,9 +57,7 @@ pub fn run(
         wormhole_server::output::drain();
     }
     // Every reply body begins with the call's CUresult.
-    Ok(w.body().get(..4).map_or(CUDA_SUCCESS, |b| {
-        i32::from_le_bytes([b[0], b[1], b[2], b[3]])
-    }))
+    Ok(w.status())
 }
 
 impl wormhole_server::Backend for Cuda {

@@ -92,10 +92,7 @@ impl OpenCl {
             wormhole_server::output::drain();
         }
         // Every reply body begins with the call's cl_int status.
-        let mut status = w
-            .body()
-            .get(..4)
-            .map_or(0, |b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        let mut status = w.status();
         if status == CL_SUCCESS {
             Self::admitted(s, op, enqueue_on, limit, &request);
         }

@@ -161,20 +161,20 @@ fn module_load(
         if let Err(st) = s.check_new_id(m.new_id) {
             return reply(st, false);
         }
-        let image: Vec<u8> = match m.image {
+        // The image in aligned memory: one copy, from the frame or from the cache.
+        let image = match m.image {
             Some(bytes) => {
                 if ring::digest::digest(&ring::digest::SHA256, bytes).as_ref() != m.digest {
                     tracing::warn!("a module image whose digest is not the one sent with it");
                     return reply(CUDA_ERROR_INVALID_VALUE, false);
                 }
-                bytes.to_vec()
+                aligned(bytes)
             }
             None => match s.kept_image(&m.digest) {
-                Some(bytes) => bytes,
+                Some(bytes) => aligned(&bytes),
                 None => return reply(CUDA_SUCCESS, true),
             },
         };
-        let image = aligned(&image);
         let mut module: Handle = std::ptr::null_mut();
         let out = (&mut module as *mut Handle).cast::<c_void>();
         // SAFETY: `image` is a whole image (measured by the client, digest checked) that lives

@@ -24,7 +24,7 @@ pub struct Session {
     limits: OnceLock<Arc<Limits>>,
     /// Each function's parameters, by the id the client knows it by (launches are checked
     /// against them).
-    layouts: Mutex<HashMap<u64, ParamLayout>>,
+    layouts: Mutex<HashMap<u64, Arc<ParamLayout>>>,
     /// The server's store of build products: module images the tenant sent, by digest.
     cache: OnceLock<BlobCache>,
 }
@@ -110,11 +110,12 @@ impl Session {
         self.layouts
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(function, layout);
+            .insert(function, Arc::new(layout));
     }
 
-    /// The parameters of the function the client knows as `function`.
-    pub fn layout(&self, function: u64) -> Option<ParamLayout> {
+    /// The parameters of the function the client knows as `function` (shared: every launch
+    /// asks, and need not copy them).
+    pub fn layout(&self, function: u64) -> Option<Arc<ParamLayout>> {
         self.layouts
             .lock()
             .unwrap_or_else(|p| p.into_inner())

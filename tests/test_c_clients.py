@@ -9,7 +9,7 @@ from conftest import Server
 PROGRAMS = [
     "vector_add", "multithread", "callbacks", "gated_callbacks", "errors", "svm", "svm_fine", "bulk", "windows",
     "host_ptr_maps", "empty_source_part", "long_kernel_name", "big_image", "bad_ranges",
-    "bad_rect_ranges", "bad_sizes",
+    "bad_rect_ranges", "bad_sizes", "finish_waits",
 ]
 
 
@@ -28,6 +28,17 @@ def test_through_wormhole(any_server, c_programs, name):
     if name == "vector_add":
         assert "Wormhole \u2192" in r.stdout
         assert "OK, checksum 1649265868800" in r.stdout
+
+
+def test_finish_answers_as_native(any_server, c_programs):
+    """clFinish, answered from the driver's completion callback over shared memory, waits
+    for work gated on another thread's user event and gives the driver's own status where a
+    command before it failed (PoCL never calls that marker back: the worker's watch answers)."""
+    native = subprocess.run([c_programs["finish_waits"]], capture_output=True, text=True, timeout=120)
+    assert native.returncode == 0, native.stderr
+    r = any_server.run([c_programs["finish_waits"]])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout == native.stdout
 
 
 def test_repeated_sessions_are_independent(server, c_programs):

@@ -7,7 +7,7 @@ use std::ffi::OsString;
 use std::io::Write;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use wormhole_transport::{Arena, ShmLink, TransportError};
+use wormhole_transport::{Arena, ShmLink, ShmSender, SpinPolicy, TransportError};
 use wormhole_wire::{DecodeError, FrameHeader, Reader, Writer};
 
 /// Where a session's callback frames go: the session's control socket, its one TCP stream
@@ -37,6 +37,55 @@ pub struct Reply {
     /// The API's status of the call (0: success): every reply body begins with it.
     pub status: i32,
     pub trailer: Option<Box<dyn Trailer>>,
+}
+
+/// A synchronous request whose reply the backend sends later, from the thread that learns its
+/// outcome: the driver's own thread, when the device signals that the awaited work is done.
+/// The worker's lane thread goes back to its ring instead of sleeping in the driver only to be
+/// woken to pass the answer on, so the way from the device to the waiting application takes
+/// one wake-up fewer, and the lane is awake for the application's next request. The client
+/// waits for the reply as for any other. Dropped unanswered, it answers the API's
+/// out-of-memory status, with a log line, so that no client waits forever.
+pub struct Completion {
+    pub(crate) h: FrameHeader,
+    pub(crate) lane: usize,
+    pub(crate) sink: Arc<ShmSender>,
+    pub(crate) policy: SpinPolicy,
+    pub(crate) out_of_memory: i32,
+    pub(crate) answered: bool,
+}
+
+impl Completion {
+    /// The request being answered.
+    pub fn header(&self) -> &FrameHeader {
+        &self.h
+    }
+
+    /// Writes the reply's body with `f` (as [`Backend::handle`] does, a synchronisation point
+    /// draining the device's output first) and sends the reply, on the calling thread.
+    pub fn complete(mut self, f: impl FnOnce(&mut Writer) -> Result<Reply, DecodeError>) {
+        self.answered = true;
+        crate::worker::complete(&self, f);
+    }
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
+        if !self.answered {
+            tracing::error!(
+                opcode = self.h.opcode,
+                "a request to be answered later was dropped unanswered: answering out-of-memory"
+            );
+            let status = self.out_of_memory;
+            crate::worker::complete(self, |w| {
+                w.i32(status);
+                Ok(Reply {
+                    status,
+                    trailer: None,
+                })
+            });
+        }
+    }
 }
 
 /// What became of a request offered to [`Backend::stream`].
@@ -130,6 +179,27 @@ pub trait Backend: Sync {
         r: &mut Reader<'_>,
         w: &mut Writer,
     ) -> Result<Reply, DecodeError>;
+
+    /// Worker, shared-memory lanes: whether the backend may answer synchronous requests with
+    /// this opcode later (see [`Backend::handle_later`]). Asked first, so that requests it
+    /// never takes cost nothing. Default: none.
+    fn answers_later(&self, _opcode: u16) -> bool {
+        false
+    }
+
+    /// Worker, shared-memory lanes: a synchronous request (its whole body in `body`) that the
+    /// backend may answer later through `c`, from the thread that learns its outcome (see
+    /// [`Completion`]). Returns `None` once the backend has taken it, `Some(c)` to have it run
+    /// by [`Backend::handle`] as usual (e.g. to give the error of a bad request). An error
+    /// means a malformed request: the session ends.
+    fn handle_later(
+        &self,
+        _h: &FrameHeader,
+        _body: &[u8],
+        c: Completion,
+    ) -> Result<Option<Completion>, DecodeError> {
+        Ok(Some(c))
+    }
 
     /// Worker, shared-memory lanes: a request whose bulk data the backend may take from the
     /// ring as it arrives (straight into the driver's memory) instead of after the whole body.

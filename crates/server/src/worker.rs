@@ -4,7 +4,7 @@
 //! Every transport (shared memory, TCP/TLS, a guest region) runs requests through one path,
 //! [`handle`].
 
-use crate::backend::{Backend, CallbackSink, SessionSetup, StreamError, Streamed};
+use crate::backend::{Backend, CallbackSink, Completion, SessionSetup, StreamError, Streamed};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
@@ -468,22 +468,74 @@ fn handle(
         *out = w.finish_on(h.lane, 0, h.seq).unwrap_or_default();
         return Ok(None);
     }
+    Ok(Some(frame_reply(
+        backend.out_of_memory(),
+        lane,
+        h,
+        w,
+        reply,
+        out,
+    )))
+}
+
+/// Frames the reply to synchronous request `h` (on lane `lane`), whose body `w` holds, into
+/// `out`; returns the bulk data to send after it.
+fn frame_reply(
+    out_of_memory: i32,
+    lane: usize,
+    h: &FrameHeader,
+    w: Writer,
+    reply: crate::backend::Reply,
+    out: &mut Vec<u8>,
+) -> Outgoing {
     let flag = output_flag(lane, h);
     match w.finish_on(h.lane, FLAG_REPLY | flag, h.seq) {
         Ok(frame) => {
             *out = frame;
-            Ok(Some(Outgoing {
+            Outgoing {
                 trailer: reply.trailer,
-            }))
+            }
         }
         Err(e) => {
             // A reply that cannot travel (the peer would refuse it) becomes a failure of the
             // call instead, as any call may fail for want of memory, and the session goes on.
             tracing::error!(opcode = h.opcode, "{e}: answering out-of-memory instead");
-            *out = status_reply(h, backend.out_of_memory());
+            *out = status_reply(h, out_of_memory);
             wormhole_wire::add_flag(out, flag);
-            Ok(Some(Outgoing { trailer: None }))
+            Outgoing { trailer: None }
         }
+    }
+}
+
+/// Answers a request the backend took to answer later (see [`Completion`]), on the thread
+/// that completes it: framed as [`handle`] frames replies, sent through the lane's sender.
+pub(crate) fn complete(
+    c: &Completion,
+    f: impl FnOnce(&mut Writer) -> Result<crate::backend::Reply, DecodeError>,
+) {
+    let mut w = Writer::with_buffer(c.h.opcode, Vec::new());
+    let reply = match f(&mut w) {
+        Ok(reply) => reply,
+        Err(e) => {
+            tracing::error!(opcode = c.h.opcode, "{e}: answering out-of-memory instead");
+            w = Writer::with_buffer(c.h.opcode, Vec::new());
+            w.i32(c.out_of_memory);
+            crate::backend::Reply {
+                status: c.out_of_memory,
+                trailer: None,
+            }
+        }
+    };
+    let mut frame = Vec::new();
+    let out = frame_reply(c.out_of_memory, c.lane, &c.h, w, reply, &mut frame);
+    let sent = match &out.trailer {
+        Some(t) => c.sink.send_parts(&[&frame, t.bytes()], c.policy),
+        None => c.sink.send_parts(&[&frame], c.policy),
+    };
+    if let Err(e) = sent {
+        // The client is gone (or broke its ring): the lane's thread ends the session when it
+        // next reads; this thread is the driver's and goes back to it.
+        tracing::warn!(lane = c.lane, "could not send a reply answered later: {e}");
     }
 }
 
@@ -544,6 +596,32 @@ fn serve_lane(
                 body.resize(n, 0);
             }
             link.recv_exact(&mut body[..n])?;
+            if h.flags & FLAG_ASYNC == 0 && backend.answers_later(h.opcode) {
+                let later = Completion {
+                    h,
+                    lane,
+                    sink: link.sender(),
+                    policy: link.policy(),
+                    out_of_memory: backend.out_of_memory(),
+                    answered: false,
+                };
+                match backend.handle_later(&h, &body[..n], later) {
+                    Ok(None) => {
+                        // Taken: its client sends nothing on this lane before the reply, and
+                        // its next request follows the reply closely, so the lane waits for
+                        // it now (spinning briefly, as it always does).
+                        CALLS.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    Ok(Some(mut c)) => c.answered = true,
+                    Err(source) => {
+                        return Err(LaneError::Malformed {
+                            op: h.opcode,
+                            source,
+                        })
+                    }
+                }
+            }
         }
         if let Some(out) = handle(backend, lane, &h, &body[..h.len as usize], &mut reply)? {
             match &out.trailer {

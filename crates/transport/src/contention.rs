@@ -2,14 +2,17 @@
 //! keeps (or hands away) a CPU that others are queueing for: under oversubscription a yield
 //! gives a busy thread a whole time slice (milliseconds) before the waiter runs again, and a
 //! spinner delays the very thread it waits for. So waiters skip both and sleep at once while
-//! CPU pressure is high, and spin only on a machine with CPU to spare.
+//! the CPUs are oversubscribed, and poll only on a machine with CPU to spare.
 //!
 //! The signal is the kernel's pressure-stall accounting (`/proc/pressure/cpu`, "some": time in
-//! which at least one runnable task waited for a CPU), sampled at most every
-//! [`SAMPLE_EVERY`]; without PSI, the number of runnable tasks against the CPU count
-//! (`/proc/loadavg`). A verdict of "contended" holds for [`HOLD`] after the pressure was last
-//! seen, so a waiter that stops spinning (and so relieves the pressure it added) does not flap
-//! back at the next sample.
+//! which at least one runnable task waited for a CPU) above [`PRESSURE_SHARE`] in two
+//! [`SAMPLE_EVERY`] windows in a row; without PSI, more runnable tasks than CPUs
+//! (`/proc/loadavg`). The verdict "contended" holds for [`HOLD`] after pressure was last
+//! seen, so a waiter that stops polling (and so relieves the pressure it added) does not flap
+//! back at the next sample. The bar is high and the windows long because a tenant's own
+//! threads make pressure too: a forwarded call's client, lane and driver threads hand the CPU
+//! to each other in turn (a tiny-kernel loop on 2 CPUs: 0.4-0.6 in 25 ms windows, a single
+//! window up to 0.9), while tenants that keep every CPU busy hold it at 1.0.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -18,11 +21,12 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// How often the pressure is read (a read costs a few µs; the check in between is two loads).
-pub const SAMPLE_EVERY: Duration = Duration::from_millis(5);
+/// The kernel folds stall time into its totals in bursts, so shorter windows read as noise.
+pub const SAMPLE_EVERY: Duration = Duration::from_millis(25);
 /// How long a contended verdict holds once pressure was seen.
 pub const HOLD: Duration = Duration::from_millis(100);
-/// The share of an interval in which some task waited for a CPU that counts as contention.
-const PRESSURE_SHARE: f64 = 0.10;
+/// The share of a window in which some task waited for a CPU that counts as pressure.
+const PRESSURE_SHARE: f64 = 0.75;
 
 enum Source {
     /// `/proc/pressure/cpu`: the "some" line's cumulative µs.
@@ -42,6 +46,8 @@ struct Detector {
     last_total: AtomicU64,
     /// Nanoseconds since `start` when pressure was last seen.
     pressure_at: AtomicU64,
+    /// Whether the last window was over the bar (the verdict needs two in a row).
+    over_once: AtomicBool,
     contended: AtomicBool,
     /// One sampler at a time; the others use the verdict as it stands.
     sampling: AtomicBool,
@@ -64,6 +70,7 @@ fn detector() -> &'static Detector {
             sampled_at: AtomicU64::new(0),
             last_total: AtomicU64::new(0),
             pressure_at: AtomicU64::new(0),
+            over_once: AtomicBool::new(false),
             contended: AtomicBool::new(false),
             sampling: AtomicBool::new(false),
         }
@@ -115,7 +122,12 @@ fn sample(d: &Detector, now: u64, last: u64) {
             let before = d.last_total.swap(total, Ordering::Relaxed);
             let stalled_ns = total.saturating_sub(before).saturating_mul(1000);
             // The first sample has no interval to compare with.
-            last != 0 && stalled_ns as f64 > PRESSURE_SHARE * now.saturating_sub(last) as f64
+            let over =
+                last != 0 && stalled_ns as f64 > PRESSURE_SHARE * now.saturating_sub(last) as f64;
+            // A window longer than two means nobody asked for a while: it stands alone.
+            let recent = now.saturating_sub(last) < 2 * SAMPLE_EVERY.as_nanos() as u64;
+            let before_over = d.over_once.swap(over, Ordering::Relaxed) && recent;
+            over && before_over
         }),
         Source::LoadAvg(f, cpus) => read(f)
             .and_then(|t| loadavg_running(&t))

@@ -18,7 +18,7 @@ pub mod wait;
 
 pub use arena::Arena;
 pub use error::TransportError;
-pub use link::{FrameLink, ShmLink, StreamLink};
+pub use link::{FrameLink, ShmLink, ShmSender, StreamLink};
 pub use region::{Layout, Region};
 pub use rendezvous::Rendezvous;
 pub use wait::{FutexWaiter, PollWaiter, SpinPolicy, Waiter};

@@ -5,7 +5,7 @@ use crate::ring::{Ring, WaitCtx};
 use crate::wait::{SpinPolicy, Waiter};
 use crate::TransportError;
 use std::io::{Read, Write};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use wormhole_wire::{FrameHeader, HEADER_LEN};
 
 pub trait FrameLink: Send {
@@ -20,11 +20,37 @@ pub type Liveness = Arc<dyn Fn() -> bool + Send + Sync>;
 
 /// One lane of a shared region, from one side: frames go out on `tx` and come in on `rx`.
 pub struct ShmLink {
-    tx: Ring,
+    tx: Arc<ShmSender>,
     rx: Ring,
     waiter: Arc<dyn Waiter>,
     policy: SpinPolicy,
     alive: Liveness,
+}
+
+/// The sending half of a lane. The lane's own thread sends through it, and so may a thread
+/// that answers one of its requests later (the driver's thread that learns a wait is over):
+/// the lock keeps one frame whole in the ring at a time.
+pub struct ShmSender {
+    tx: Ring,
+    waiter: Arc<dyn Waiter>,
+    alive: Liveness,
+    lock: Mutex<()>,
+}
+
+impl ShmSender {
+    /// Sends one frame made of several parts, waiting for room as `policy` says.
+    pub fn send_parts(&self, parts: &[&[u8]], policy: SpinPolicy) -> Result<(), TransportError> {
+        let ctx = WaitCtx {
+            waiter: &*self.waiter,
+            policy,
+            peer_alive: &*self.alive,
+        };
+        let _one_frame_at_a_time = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        for p in parts {
+            self.tx.write_all(p, &ctx)?;
+        }
+        Ok(())
+    }
 }
 
 impl ShmLink {
@@ -35,6 +61,12 @@ impl ShmLink {
         policy: SpinPolicy,
         alive: Liveness,
     ) -> ShmLink {
+        let tx = Arc::new(ShmSender {
+            tx,
+            waiter: waiter.clone(),
+            alive: alive.clone(),
+            lock: Mutex::new(()),
+        });
         ShmLink {
             tx,
             rx,
@@ -57,13 +89,19 @@ impl ShmLink {
         self.policy = policy;
     }
 
+    /// How this side waits now.
+    pub fn policy(&self) -> SpinPolicy {
+        self.policy
+    }
+
+    /// The sending half, for a thread that sends on this lane besides its owner.
+    pub fn sender(&self) -> Arc<ShmSender> {
+        self.tx.clone()
+    }
+
     /// Sends one frame made of several parts (a header-and-body head, then bulk data).
     pub fn send_parts(&mut self, parts: &[&[u8]]) -> Result<(), TransportError> {
-        let ctx = self.ctx();
-        for p in parts {
-            self.tx.write_all(p, &ctx)?;
-        }
-        Ok(())
+        self.tx.send_parts(parts, self.policy)
     }
 
     /// Receives a frame's header; its body must then be read with [`ShmLink::recv_exact`].
@@ -108,7 +146,7 @@ impl ShmLink {
 
 impl FrameLink for ShmLink {
     fn send(&mut self, frame: &[u8]) -> Result<(), TransportError> {
-        self.tx.write_all(frame, &self.ctx())
+        self.tx.send_parts(&[frame], self.policy)
     }
 
     fn recv(&mut self, body: &mut Vec<u8>) -> Result<FrameHeader, TransportError> {

@@ -12,6 +12,7 @@ mod custom;
 mod deferred;
 mod driver;
 mod info;
+mod later;
 mod output;
 pub mod program_cache;
 mod props;
@@ -36,7 +37,7 @@ use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
 use wormhole_opencl_proto::cl::CL_SUCCESS;
 use wormhole_opencl_proto::{control, DecodeError, FrameHeader, Op, Reader, Writer, FLAG_ASYNC};
-use wormhole_server::backend::{Reply, SessionSetup, StreamError, Streamed};
+use wormhole_server::backend::{Completion, Reply, SessionSetup, StreamError, Streamed};
 
 /// The worker's one OpenCL session.
 pub(crate) fn session() -> &'static session::Session {
@@ -87,6 +88,31 @@ impl OpenCl {
                 None => Err(DecodeError::UnknownOp(other)),
             },
         }?;
+        Ok(Self::answer(
+            s,
+            opcode,
+            asynchronous,
+            request,
+            w,
+            enqueue_on,
+            limit,
+        ))
+    }
+
+    /// What every request's reply gets once its handler wrote the body: what the device
+    /// printed before a synchronisation point, the admission limit's bookkeeping, and the
+    /// failures of pipelined calls, reported at the synchronisation point that covers them.
+    /// `request` is the request's body as it arrived.
+    fn answer(
+        s: &session::Call<'_>,
+        opcode: u16,
+        asynchronous: bool,
+        request: Reader<'_>,
+        w: &mut Writer,
+        enqueue_on: Option<u64>,
+        limit: u64,
+    ) -> Reply {
+        let op = Op::from_u16(opcode);
         if !asynchronous && output::waited(opcode, request.clone(), w.body()) {
             // What the kernels waited for printed reaches the application before this reply.
             wormhole_server::output::drain();
@@ -116,12 +142,12 @@ impl OpenCl {
                 status = failed;
             }
         }
-        Ok(Reply {
+        Reply {
             status,
             trailer: s
                 .take_trailer()
                 .map(|t| Box::new(t) as Box<dyn wormhole_server::backend::Trailer>),
-        })
+        }
     }
 }
 
@@ -206,6 +232,20 @@ impl wormhole_server::Backend for OpenCl {
         w: &mut Writer,
     ) -> Result<Reply, DecodeError> {
         Self::run(session(), h.opcode, h.flags & FLAG_ASYNC != 0, r, w)
+    }
+
+    fn answers_later(&self, opcode: u16) -> bool {
+        opcode == Op::clFinish as u16
+    }
+
+    fn handle_later(
+        &self,
+        h: &FrameHeader,
+        body: &[u8],
+        c: Completion,
+    ) -> Result<Option<Completion>, DecodeError> {
+        debug_assert_eq!(h.opcode, Op::clFinish as u16);
+        later::finish(session(), body, c)
     }
 
     fn stream(

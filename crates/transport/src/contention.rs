@@ -13,6 +13,12 @@
 //! threads make pressure too: a forwarded call's client, lane and driver threads hand the CPU
 //! to each other in turn (a tiny-kernel loop on 2 CPUs: 0.4-0.6 in 25 ms windows, a single
 //! window up to 0.9), while tenants that keep every CPU busy hold it at 1.0.
+//!
+//! PSI misses a machine whose CPUs are each kept busy by one thread of others (a tenant
+//! flooding 2 CPUs with 2 driver threads): nobody waits until a poller yields to them, and
+//! then the poller waits a whole slice. So each waiting thread also watches its own wait for
+//! a CPU per time slice (`/proc/thread-self/schedstat`), and sleeps at once for [`OWN_HOLD`] after
+//! its wake-ups waited more than [`OWN_WAIT`] on average.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -27,7 +33,11 @@ pub const SAMPLE_EVERY: Duration = Duration::from_millis(25);
 pub const HOLD: Duration = Duration::from_millis(100);
 /// The share of a window in which some task waited for a CPU that counts as pressure.
 const PRESSURE_SHARE: f64 = 0.75;
-
+/// A thread whose time slices waited this long on average for a CPU is losing it to others.
+const OWN_WAIT: Duration = Duration::from_micros(100);
+/// How long that verdict holds: while it holds the thread sleeps, so its waits look short
+/// again, and each time polling resumes it costs a slice. Long, so that this is rare.
+pub const OWN_HOLD: Duration = Duration::from_secs(1);
 enum Source {
     /// `/proc/pressure/cpu`: the "some" line's cumulative µs.
     Psi(File),
@@ -102,7 +112,7 @@ pub fn loadavg_running(text: &str) -> Option<u64> {
         .ok()
 }
 
-/// Whether CPUs are oversubscribed now (see the module's comment).
+/// Whether CPUs are oversubscribed now, for the calling thread (see the module's comment).
 pub fn contended() -> bool {
     let d = detector();
     let now = d.start.elapsed().as_nanos() as u64;
@@ -113,7 +123,61 @@ pub fn contended() -> bool {
         sample(d, now, last);
         d.sampling.store(false, Ordering::Release);
     }
-    d.contended.load(Ordering::Relaxed)
+    d.contended.load(Ordering::Relaxed) || own_wake_ups_wait(now)
+}
+
+/// What this thread's own scheduler statistics said at its last look.
+#[derive(Clone, Copy, Default)]
+struct OwnWaits {
+    /// Nanoseconds since the detector's start of the last look (0: none yet).
+    sampled_at: u64,
+    /// Cumulative nanoseconds spent runnable but waiting for a CPU, and time slices run.
+    waited_ns: u64,
+    slices: u64,
+    /// Until when (detector nanoseconds) the last verdict "its wake-ups wait" holds.
+    until: u64,
+}
+
+thread_local! {
+    static OWN: std::cell::Cell<OwnWaits> = std::cell::Cell::new(OwnWaits::default());
+}
+
+/// Whether this thread, once runnable, has lately waited long for a CPU on average
+/// (`/proc/thread-self/schedstat`: time on a run queue per time slice). That is the cost of
+/// polling that PSI cannot tell from a tenant's own hand-offs: beside one flooding tenant
+/// (no CPU pressure to speak of, two CPUs busy) a polling lane's yield handed the flood a
+/// whole slice, ~0.6 ms per wake-up of the lane, where alone it waits ~10 µs.
+fn own_wake_ups_wait(now: u64) -> bool {
+    OWN.with(|own| {
+        let mut o = own.get();
+        if now.saturating_sub(o.sampled_at) >= SAMPLE_EVERY.as_nanos() as u64 {
+            if let Some((waited_ns, slices)) = own_schedstat() {
+                let (dw, ds) = (
+                    waited_ns.saturating_sub(o.waited_ns),
+                    slices.saturating_sub(o.slices),
+                );
+                if o.sampled_at != 0 && ds > 0 && dw / ds > OWN_WAIT.as_nanos() as u64 {
+                    o.until = now + OWN_HOLD.as_nanos() as u64;
+                }
+                (o.waited_ns, o.slices) = (waited_ns, slices);
+            }
+            o.sampled_at = now.max(1);
+            own.set(o);
+        }
+        now < o.until
+    })
+}
+
+/// The calling thread's run-queue wait (ns) and time slices, if the kernel keeps them.
+fn own_schedstat() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    schedstat_waits(&text)
+}
+
+/// The second and third fields of a schedstat line: run-queue wait (ns) and time slices.
+pub fn schedstat_waits(text: &str) -> Option<(u64, u64)> {
+    let mut f = text.split_whitespace().skip(1);
+    Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
 }
 
 fn sample(d: &Detector, now: u64, last: u64) {
@@ -155,6 +219,11 @@ mod tests {
         assert_eq!(psi_some_total("full total=3\n"), None);
         assert_eq!(loadavg_running("8.29 9.89 6.59 4/135 1273\n"), Some(4));
         assert_eq!(loadavg_running("garbage"), None);
+        assert_eq!(
+            schedstat_waits("1057062785 7345187 1176\n"),
+            Some((7345187, 1176))
+        );
+        assert_eq!(schedstat_waits("12"), None);
     }
 
     #[test]

@@ -1,8 +1,9 @@
-/* clFinish returns only once everything enqueued before it is done, and with the driver's own
- * status, however the server learns that (Wormhole answers it from the driver's completion
- * callback): work gated on a user event that another thread sets later; several queues of one
- * context finished from several threads at once; a gate set to a failure, whose outcome is
- * printed for the test to compare with native; a finish on no queue. */
+/* clFinish and clWaitForEvents return only once what they wait for is done, and with the
+ * driver's own status, however the server learns that (Wormhole answers them from the
+ * driver's completion callbacks): work gated on a user event that another thread sets later;
+ * several queues of one context finished from several threads at once; a gate set to a
+ * failure, whose outcome is printed for the test to compare with native; waits on an event
+ * already complete, on several events, on no queue. */
 #include "common.h"
 #include <pthread.h>
 #include <time.h>
@@ -136,6 +137,52 @@ static void failed_gate(cl_command_queue q) {
     CHECK(clReleaseMemObject(c));
 }
 
+static void event_waits(cl_command_queue q) {
+    cl_int err;
+    /* One event, gated on another thread's user event. */
+    struct gate g = {clCreateUserEvent(ctx, &err), CL_COMPLETE, 150};
+    CHECK(err);
+    cl_event done;
+    cl_mem b = put(q, 256, 9, &g.ev, &done);
+    CHECK(clFlush(q));
+    pthread_t t;
+    double t0 = now();
+    pthread_create(&t, NULL, open_gate, &g);
+    CHECK(clWaitForEvents(1, &done));
+    double waited = now() - t0;
+    EXPECT(waited > 0.1);
+    cl_int st = 1;
+    CHECK(clGetEventInfo(done, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof st, &st, NULL));
+    EXPECT(st == CL_COMPLETE);
+    pthread_join(t, NULL);
+    /* Already complete: at once. Twice the same, and two events: the ordinary path. */
+    CHECK(clWaitForEvents(1, &done));
+    cl_event both[2] = {done, done};
+    CHECK(clWaitForEvents(2, both));
+    int out[256] = {0};
+    CHECK(clEnqueueReadBuffer(q, b, CL_TRUE, 0, sizeof out, out, 0, NULL, NULL));
+    for (int i = 0; i < 256; i++) EXPECT(out[i] == 9);
+    CHECK(clReleaseEvent(done));
+    CHECK(clReleaseEvent(g.ev));
+    CHECK(clReleaseMemObject(b));
+    printf("event wait waited %s\n", waited > 0.1 ? "for the gate" : "too little");
+    /* A failed gate: the driver's answer, printed. */
+    struct gate f = {clCreateUserEvent(ctx, &err), -1, 50};
+    CHECK(err);
+    cl_mem c = put(q, 16, 4, &f.ev, &done);
+    CHECK(clFlush(q));
+    pthread_create(&t, NULL, open_gate, &f);
+    cl_int waitst = clWaitForEvents(1, &done);
+    pthread_join(t, NULL);
+    printf("wait for a kernel behind a failed gate: %d\n", waitst);
+    printf("wait for the failed gate itself: %d\n", clWaitForEvents(1, &f.ev));
+    printf("wait for no event: %d\n", clWaitForEvents(1, NULL));
+    CHECK(clFinish(q));
+    CHECK(clReleaseEvent(done));
+    CHECK(clReleaseEvent(f.ev));
+    CHECK(clReleaseMemObject(c));
+}
+
 int main(void) {
     cl_command_queue q;
     open_queue(&dev, &ctx, &q);
@@ -143,6 +190,7 @@ int main(void) {
     gated_finish(q);
     threads_finishing();
     failed_gate(q);
+    event_waits(q);
     printf("finish on no queue: %d\n", clFinish(NULL));
     CHECK(clReleaseCommandQueue(q));
     CHECK(clReleaseProgram(prog));

@@ -93,7 +93,9 @@ static void *finish_many(void *arg) {
 }
 
 static void threads_finishing(void) {
-    enum { N = 4 };
+    /* Few threads: a guest region has 8 lanes, and threads beyond them share one, so a wait
+     * there could hold up the call of another thread that would end it (see README). */
+    enum { N = 2 };
     struct worker w[N];
     pthread_t t[N];
     for (int i = 0; i < N; i++) {

@@ -11,6 +11,9 @@ export WORMHOLE_SOCKET="${WORMHOLE_SOCKET:-/tmp/wormhole-demo/wormhole.sock}"
 mkdir -p target/demo
 gcc -O2 -o target/demo/vector_add tests/c/vector_add.c -lOpenCL
 
+# A socket left by an earlier run (a killed server does not remove it) would pass the
+# readiness check below before this server has bound its own.
+rm -f "$WORMHOLE_SOCKET"
 "$WH" serve --socket "$WORMHOLE_SOCKET" 2> target/demo/server.log &
 server=$!
 trap 'kill $server 2>/dev/null || true' EXIT

@@ -204,6 +204,9 @@ static NEXT_LANE: AtomicUsize = AtomicUsize::new(0);
 
 thread_local! {
     static MY_LANE: Cell<Option<usize>> = const { Cell::new(None) };
+    /// Whether this thread sent requests without waiting (FLAG_ASYNC) on its lane since its
+    /// last reply there: then its next call must follow them on that lane.
+    static SENT_ASYNC: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Writes one line to stderr, prefixed so the user knows who speaks.
@@ -776,10 +779,11 @@ impl Connection {
         if self.dead.load(Ordering::Relaxed) || FORKED.load(Ordering::Relaxed) {
             return Err(CallError::Unavailable);
         }
-        let idx = self.my_lane();
+        let mut idx = self.my_lane();
         let res = match &self.transport {
             Transport::Shm { lanes, .. } => {
-                let mut lane = lanes[idx].lock().unwrap_or_else(|p| p.into_inner());
+                let (i, mut lane) = self.take_lane(lanes, idx);
+                idx = i;
                 lane.seq = lane.seq.wrapping_add(1);
                 let seq = lane.seq;
                 lane.link.set_policy(policy_for(&self.hooks, w.opcode()));
@@ -806,6 +810,8 @@ impl Connection {
                     if h.flags & FLAG_OUTPUT != 0 {
                         self.marks.wait(idx, seq, &self.dead);
                     }
+                    // The reply follows everything this thread sent on the lane before.
+                    SENT_ASYNC.set(false);
                     Ok(got)
                 })()
             }
@@ -825,6 +831,7 @@ impl Connection {
         let res = match &self.transport {
             Transport::Shm { lanes, .. } => {
                 let mut lane = lanes[idx].lock().unwrap_or_else(|p| p.into_inner());
+                SENT_ASYNC.set(true);
                 lane.seq = lane.seq.wrapping_add(1);
                 w.finish(FLAG_ASYNC, lane.seq)
                     .map_err(TransportError::from)
@@ -842,6 +849,33 @@ impl Connection {
                 }),
         };
         res.map_err(|e| self.broken(e))
+    }
+
+    /// The lane for this thread's call: its own, or, while another thread that shares it holds
+    /// it and this thread has nothing unanswered there, any free lane. Threads beyond the
+    /// lanes share them; waiting for the lane could otherwise wait for a call that waits for
+    /// this one (a `clWaitForEvents` on the user event this thread is about to set).
+    fn take_lane<'a>(
+        &self,
+        lanes: &'a [Mutex<ShmLane>],
+        own: usize,
+    ) -> (usize, std::sync::MutexGuard<'a, ShmLane>) {
+        match lanes[own].try_lock() {
+            Ok(lane) => return (own, lane),
+            Err(std::sync::TryLockError::Poisoned(p)) => return (own, p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => {}
+        }
+        if !SENT_ASYNC.get() {
+            for (i, l) in lanes.iter().enumerate().filter(|(i, _)| *i != own) {
+                if let Ok(lane) = l.try_lock() {
+                    if let Some(r) = &self.guest {
+                        r.rendezvous().use_lane(i as u32);
+                    }
+                    return (i, lane);
+                }
+            }
+        }
+        (own, lanes[own].lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     fn my_lane(&self) -> usize {

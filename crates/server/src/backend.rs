@@ -56,11 +56,6 @@ pub struct Completion {
 }
 
 impl Completion {
-    /// The request being answered.
-    pub fn header(&self) -> &FrameHeader {
-        &self.h
-    }
-
     /// Writes the reply's body with `f` (as [`Backend::handle`] does, a synchronisation point
     /// draining the device's output first) and sends the reply, on the calling thread.
     pub fn complete(mut self, f: impl FnOnce(&mut Writer) -> Result<Reply, DecodeError>) {

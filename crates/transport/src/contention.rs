@@ -17,8 +17,8 @@
 //! PSI misses a machine whose CPUs are each kept busy by one thread of others (a tenant
 //! flooding 2 CPUs with 2 driver threads): nobody waits until a poller yields to them, and
 //! then the poller waits a whole slice. So each waiting thread also watches its own wait for
-//! a CPU per time slice (`/proc/thread-self/schedstat`), and sleeps at once for [`OWN_HOLD`] after
-//! its wake-ups waited more than [`OWN_WAIT`] on average.
+//! a CPU per time slice (`/proc/thread-self/schedstat`), and sleeps at once for [`OWN_HOLD`]
+//! after its wake-ups waited more than [`OWN_WAIT`] on average.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -38,6 +38,7 @@ const OWN_WAIT: Duration = Duration::from_micros(100);
 /// How long that verdict holds: while it holds the thread sleeps, so its waits look short
 /// again, and each time polling resumes it costs a slice. Long, so that this is rare.
 pub const OWN_HOLD: Duration = Duration::from_secs(1);
+
 enum Source {
     /// `/proc/pressure/cpu`: the "some" line's cumulative µs.
     Psi(File),

@@ -59,9 +59,9 @@ fn markers_allowed(n: u64) -> usize {
     usize::try_from(n / batch(n)).unwrap_or(usize::MAX)
 }
 
-/// Gives back our reference to a marker's event.
-fn release(ev: usize) {
-    // SAFETY: `ev` is a marker event this module created and still holds one reference to.
+/// Gives back our reference to a marker's event (this module's, and `later`'s).
+pub(crate) fn release(ev: usize) {
+    // SAFETY: `ev` is a marker event its creator still holds one reference to.
     unsafe { ffi::clReleaseEvent(ev as Handle) };
 }
 

@@ -8,6 +8,7 @@
 //! Whatever this path cannot do as the driver would (a bad queue, a driver without markers or
 //! callbacks) is left to the ordinary `clFinish`, which gives the native answer.
 
+use crate::admission::release;
 use crate::generated::ffi;
 use crate::session::{Call, Handle, Session};
 use crate::OpenCl;
@@ -147,11 +148,6 @@ fn answer(p: &Pending, c: Completion, status: i32) {
             0,
         ))
     });
-}
-
-fn release(ev: usize) {
-    // SAFETY: `ev` is a marker this module created; its one reference is dropped here.
-    unsafe { ffi::clReleaseEvent(ev as Handle) };
 }
 
 /// How often the watch looks at markers, and how old a marker must be before it does.

@@ -5,9 +5,11 @@ both changed while the server runs (`wh tenant set`, root or the server's own us
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -385,3 +387,92 @@ def test_a_server_not_permitted_to_make_cgroups_says_why_and_serves(c_programs):
         shutil.rmtree(d, ignore_errors=True)
 
 # }}}
+
+
+# {{{ short time slices for lanes and brief driver threads
+
+def threads_of(pid):
+    """[(name, se.slice ns, run ns)] of a process's threads, or skips the test where the kernel
+    does not show slices (no /proc/PID/task/TID/sched with `se.slice`: before Linux 6.12, or
+    without scheduler debugging)."""
+    out = []
+    for t in pathlib.Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (t / "comm").read_text().strip()
+            sched = (t / "sched").read_text()
+            run = int((t / "schedstat").read_text().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread that ended meanwhile
+        m = re.search(r"^se\.slice\s*:\s*(\d+)", sched, re.M)
+        if not m:
+            pytest.skip("this kernel does not show time slices (se.slice in /proc/PID/task/TID/sched)")
+        out.append((name, int(m.group(1)), run))
+    return out
+
+
+def hogs(n):
+    """n processes that spin on a CPU each, until killed."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def wait_until_threads(pid, check, what, timeout=10):
+    """Polls `check(threads_of(pid))` until it holds; fails with the threads last seen."""
+    deadline = time.monotonic() + timeout
+    while True:
+        threads = threads_of(pid)
+        if check(threads):
+            return threads
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: {sorted((n, sl) for n, sl, _ in threads)}")
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("short", [True, False], ids=["short_slices", "no_short_slices"])
+def test_while_cpus_are_oversubscribed_lanes_and_brief_threads_get_short_slices(tmp_path, c_programs, short):
+    cfg = tmp_path / "wormhole.toml"
+    cfg.write_text(f"short_slices = {'true' if short else 'false'}\n")
+    s = Server(tmp_path, config=cfg).start()
+    flood = light = None
+    spinners = []
+    try:
+        # The server's own main thread has the kernel's default slice.
+        default = [sl for name, sl, _ in threads_of(s.proc.pid) if name == "wh"][0]
+        light = s.popen([c_programs["many_kernels"], "200"], WORMHOLE_SERVER="")
+        assert light.stdout.readline().strip() == "ready", light.stderr.read()
+        flood = s.popen([c_programs["flood"], ITERS, "4"], WORMHOLE_SERVER="")
+        assert flood.stdout.readline().strip() == "ready", flood.stderr.read()
+        workers = {x["client_pid"]: x["worker"] for x in wait_for(lambda: len(s.status()["sessions"]) == 2 and s.status()["sessions"])}
+        # With CPUs to spare (the flood alone may keep them busy: then it counts as
+        # oversubscribed already), and then with twice as many spinning processes as CPUs.
+        spinners = hogs(2 * os.cpu_count())
+
+        def oversubscribed(_):
+            flooding, idle = threads_of(workers[flood.pid]), threads_of(workers[light.pid])
+            # The flood's busiest thread computes its kernels (the driver's, named after the
+            # thread that made it, a lane maybe). Each worker has 16 lanes: the shortest slice.
+            busiest = max(flooding, key=lambda t: t[2])
+            lanes = [sum(sl == 100_000 for _, sl, _ in ts) for ts in (flooding, idle)]
+            others = {sl for name, sl, _ in idle if sl != 100_000 and name != "slices"}
+            print(f"default {default}; 100 µs slices {lanes}; flood's busiest {busiest}; the idle session's others {others}")
+            if short:
+                return lanes == [16, 16] and busiest[1] == default and others == {300_000}
+            return {sl for _, sl, _ in flooding + idle} == {default}
+
+        wait_until_threads(workers[light.pid], oversubscribed, "slices while oversubscribed")
+        for p in spinners + [flood]:
+            p.kill()
+            p.wait()
+        spinners, flood = [], None
+        # CPUs to spare again: once the verdict lapses (1 s), the next calls bring the review
+        # back from its park, and it gives every thread the default.
+        time.sleep(1.5)
+        light.stdin.write("go\n")
+        light.stdin.flush()
+        assert light.stdout.readline().strip() == "ok 200"
+        wait_until_threads(workers[light.pid], lambda ts: {sl for _, sl, _ in ts} == {default},
+                           "slices with CPUs to spare")
+    finally:
+        for c in spinners + [c for c in (flood, light) if c]:
+            c.kill()
+            c.wait()
+        s.stop()

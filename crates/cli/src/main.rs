@@ -143,6 +143,9 @@ enum Cmd {
         program_cache: Option<PathBuf>,
         #[arg(long, default_value_t = 256)]
         program_cache_mib: u64,
+        /// Leave every thread at the kernel's default time slice (`short_slices = false`).
+        #[arg(long)]
+        no_short_slices: bool,
     },
 }
 
@@ -342,6 +345,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             region,
             program_cache,
             program_cache_mib,
+            no_short_slices,
         } => {
             let backend = *BACKENDS
                 .iter()
@@ -362,6 +366,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 region,
                 build_cache: program_cache,
                 build_cache_bytes: program_cache_mib << 20,
+                short_slices: !no_short_slices,
             };
             wormhole_server::worker::main(args, backend)?;
             Ok(())

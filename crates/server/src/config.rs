@@ -50,6 +50,10 @@ pub struct Config {
     /// Where tenants made at run time (`wh tenant add`) are kept across restarts; one server
     /// per directory. Default: `$XDG_STATE_HOME/wormhole` (`~/.local/state/wormhole`).
     pub state_dir: Option<PathBuf>,
+    /// Whether workers ask the kernel for short CPU time slices for their lanes and for the
+    /// driver threads that run briefly, so that their wake-ups preempt busy threads instead
+    /// of waiting for a scheduler tick (see `slices`; Linux 6.12 and later). Default: true.
+    pub short_slices: bool,
     /// Serve tenant administration (`wh tenant ...`) on this socket only (mode 0600: root and
     /// the server's user); the session socket then refuses it. For servers whose session
     /// socket is handed to containers, where uid 0 is a tenant's root, not the operator.
@@ -183,6 +187,7 @@ impl Default for Config {
             program_cache_mib: wormhole_blobcache::DEFAULT_MAX_BYTES >> 20,
             cgroup: None,
             state_dir: None,
+            short_slices: true,
             admin_socket: None,
             tokens_only: false,
         }

@@ -13,6 +13,7 @@ pub mod deferred;
 pub mod handles;
 pub mod output;
 pub mod quota;
+pub mod slices;
 pub mod supervisor;
 pub mod tenants;
 pub mod worker;

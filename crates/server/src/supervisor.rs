@@ -1178,6 +1178,9 @@ fn spawn_worker(
     for d in &t.cfg.devices {
         cmd.arg("--device").arg(d);
     }
+    if !config.short_slices {
+        cmd.arg("--no-short-slices");
+    }
     if let Some(d) = config.program_cache_dir() {
         cmd.arg("--program-cache")
             .arg(d)

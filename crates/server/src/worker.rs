@@ -28,6 +28,12 @@ static LIMITS: OnceLock<Arc<Limits>> = OnceLock::new();
 
 /// Requests the session made, and requests sent without waiting that failed anyway.
 static CALLS: AtomicU64 = AtomicU64::new(0);
+
+/// One more call served: counted for `wh status`, and it wakes a parked slice review.
+fn count_call() {
+    CALLS.fetch_add(1, Ordering::Relaxed);
+    crate::slices::busy();
+}
 static ASYNC_FAILURES: AtomicU64 = AtomicU64::new(0);
 
 /// What the session's tenant may use (set once at start; unlimited if never set).
@@ -203,6 +209,7 @@ pub fn run(
         std::thread::Builder::new()
             .name(format!("lane-{lane}"))
             .spawn(move || {
+                crate::slices::lane();
                 let (req, rep) = region.lane(lane).expect("lane within layout");
                 let link = ShmLink::new(rep, req, Arc::new(FutexWaiter), policy, Arc::new(|| true));
                 if let Err(e) = serve_lane(backend, lane as usize, link) {
@@ -211,6 +218,7 @@ pub fn run(
                 }
             })?;
     }
+    crate::slices::start_review(&CALLS)?;
     if let Some(stats) = stats {
         let sink = callbacks_of_session.clone();
         std::thread::Builder::new()
@@ -267,6 +275,7 @@ pub fn run_guest(
                 std::thread::sleep(rendezvous::BEAT_INTERVAL);
             })?;
     }
+    crate::slices::start_review(&CALLS)?;
     if let Some(stats) = stats {
         // Nothing else tells a guest worker that its supervisor is gone (it has no client
         // socket), and an orphan must not keep serving a region a new server resets.
@@ -356,6 +365,7 @@ pub fn run_guest(
                 std::thread::Builder::new()
                     .name(format!("lane-{lane}"))
                     .spawn(move || {
+                        crate::slices::lane();
                         let (req, rep) = region.lane(lane).expect("lane within layout");
                         // The lane lives until the worker ends the session (below).
                         let link = ShmLink::new(rep, req, waiter, policy, Arc::new(|| true));
@@ -441,7 +451,7 @@ fn handle(
     body: &[u8],
     out: &mut Vec<u8>,
 ) -> Result<Option<Outgoing>, LaneError> {
-    CALLS.fetch_add(1, Ordering::Relaxed);
+    count_call();
     let mut w = Writer::with_buffer(h.opcode, std::mem::take(out));
     let mut r = Reader::new(body);
     let reply = backend
@@ -583,7 +593,7 @@ fn serve_lane(
                 }
             };
             if let Streamed::Done = streamed {
-                CALLS.fetch_add(1, Ordering::Relaxed);
+                count_call();
                 reply = w.finish_on(h.lane, FLAG_REPLY | output_flag(lane, &h), h.seq)?;
                 link.send(&reply)?;
                 continue;
@@ -610,7 +620,7 @@ fn serve_lane(
                         // Taken: its client sends nothing on this lane before the reply, and
                         // its next request follows the reply closely, so the lane waits for
                         // it now (spinning briefly, as it always does).
-                        CALLS.fetch_add(1, Ordering::Relaxed);
+                        count_call();
                         continue;
                     }
                     Ok(Some(mut c)) => c.answered = true,
@@ -755,6 +765,7 @@ pub fn run_tcp<S: Duplex>(
         arena: None,
         build_cache,
     });
+    crate::slices::start_review(&CALLS)?;
     if let Some(stats) = stats {
         std::thread::Builder::new()
             .name("stats".into())
@@ -791,6 +802,7 @@ pub fn run_tcp<S: Duplex>(
                 std::thread::Builder::new()
                     .name(format!("lane-{}", h.lane))
                     .spawn(move || {
+                        crate::slices::lane();
                         let mut reply = Vec::new();
                         for (h, body) in rx {
                             let handled =
@@ -962,6 +974,8 @@ pub struct WorkerArgs {
     /// The build cache shared by all sessions (checked by the supervisor), and its bound.
     pub build_cache: Option<std::path::PathBuf>,
     pub build_cache_bytes: u64,
+    /// Short time slices for lanes and brief driver threads (see `slices`).
+    pub short_slices: bool,
 }
 
 /// A worker process's life: take the descriptors the supervisor passed, set the tenant's
@@ -986,6 +1000,9 @@ pub fn main(args: WorkerArgs, backend: &'static dyn Backend) -> Result<(), Worke
         .map_err(|e| WorkerError::Io(e.into()))?;
         serde_json::to_writer(answer, &answer_json).map_err(|e| WorkerError::Io(e.into()))?;
         return Ok(());
+    }
+    if !args.short_slices {
+        crate::slices::disable();
     }
     let build_cache = args.build_cache.as_deref().and_then(|dir| {
         wormhole_blobcache::BlobCache::open(dir, args.build_cache_bytes)

@@ -1,0 +1,483 @@
+//! Short CPU time slices for the worker's threads that run briefly.
+//!
+//! With more runnable threads than CPUs, a thread that wakes waits for a CPU. Linux's fair
+//! scheduler (EEVDF, 6.6 and later) lets it preempt the running thread at once only when it
+//! asks for a shorter slice than the running one, or when that one has used up the slice it
+//! is protected for; otherwise it waits for the next scheduler tick (4 ms at HZ=250). And a
+//! thread whose slice is used up queues behind threads that are owed CPU time. Measured on 2
+//! CPUs with 3 tenants flooding the device (`perf sched timehist --state`, a light tenant's
+//! 1,500 tiny kernels + `clFinish`): its lane was preempted ~2 times per call, by the very
+//! driver threads it had just woken, and then waited behind the floods (233 waits over
+//! 0.3 ms, 0.5 s in all), and its own wake-ups waited 2-4 ms at the tail.
+//!
+//! So while the CPUs are oversubscribed (see [`Pressure`]), the worker asks for short slices (`sched_attr.sched_runtime` of `SCHED_OTHER`, Linux 6.12 and later;
+//! older kernels ignore it):
+//! - every lane for [`LANE_SLICE`], the shortest there is: a lane's wake-up preempts a
+//!   flooding thread at once, and the driver threads it wakes (asking for more) do not
+//!   preempt the lane before it has passed its requests on;
+//! - the worker's other threads (the driver's) for [`BRIEF_SLICE`] while they run briefly
+//!   between sleeps (less than [`BRIEF_BURST`] on average), and for the kernel's default
+//!   slice once they compute for long (a flooding tenant's driver threads), so that a brief
+//!   thread's wake-up preempts those too. A review every [`REVIEW_EVERY`] sorts them; it
+//!   parks while the session is idle, so an idle tenant costs no CPU.
+//!
+//! On a machine with CPUs to spare every thread keeps the default: there a lane with a short
+//! slice preempts its own client on the client's CPU before the client has sent its next
+//! request (a tenant alone on 2 CPUs: 80 µs per tiny kernel + `clFinish` instead of 57).
+//!
+//! A slice changes when a thread runs, not how much it runs: CPU shares stay as the weights
+//! (nice, cgroups) say. Threads the operator moved to another policy are left alone.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+/// A lane's slice: the least the kernel accepts (100 µs).
+pub const LANE_SLICE: Duration = Duration::from_micros(100);
+/// The slice of a driver thread that runs briefly. Longer than a lane's, so that the driver
+/// threads a lane wakes do not preempt it; shorter than the default (0.7-3 ms, by CPUs), so
+/// that they preempt a flood.
+pub const BRIEF_SLICE: Duration = Duration::from_micros(300);
+/// A thread that runs longer than this between sleeps, on average, computes: default slice.
+pub const BRIEF_BURST: Duration = Duration::from_millis(1);
+/// How often the worker's threads are sorted while its session is busy.
+pub const REVIEW_EVERY: Duration = Duration::from_millis(100);
+/// Reviews without a call after which the review parks until the next call.
+const IDLE_REVIEWS: u32 = 10;
+
+/// Whether this worker asks for short slices at all (`short_slices` in the server's config).
+static ENABLED: AtomicBool = AtomicBool::new(true);
+/// Set while the review is parked; the next call unparks it.
+static PARKED: AtomicBool = AtomicBool::new(false);
+static REVIEWER: OnceLock<std::thread::Thread> = OnceLock::new();
+/// Lanes keep their slice; the review leaves them out.
+static LANES: Mutex<Option<HashSet<libc::pid_t>>> = Mutex::new(None);
+
+/// What a thread asks of the scheduler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slice {
+    Lane,
+    Brief,
+    /// The kernel's own slice.
+    Default,
+}
+
+impl Slice {
+    fn runtime_ns(self) -> u64 {
+        match self {
+            Slice::Lane => LANE_SLICE.as_nanos() as u64,
+            Slice::Brief => BRIEF_SLICE.as_nanos() as u64,
+            Slice::Default => 0,
+        }
+    }
+}
+
+/// Turns the whole mechanism off (before any lane starts), for servers configured so.
+pub fn disable() {
+    ENABLED.store(false, Ordering::Relaxed);
+}
+
+fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+fn gettid() -> libc::pid_t {
+    // SAFETY: gettid has no arguments and cannot fail.
+    unsafe { libc::gettid() }
+}
+
+/// Asks the scheduler for `slice` on thread `tid` of this process, keeping its nice value.
+/// Threads not under `SCHED_OTHER` (an operator's choice) are left as they are.
+pub fn set(tid: libc::pid_t, slice: Slice) -> std::io::Result<()> {
+    // SAFETY: an all-zero sched_attr is a valid value of this plain C struct.
+    let mut attr: libc::sched_attr = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<libc::sched_attr>() as u32;
+    // SAFETY: sched_getattr writes at most `size` bytes into `attr`.
+    let r = unsafe { libc::syscall(libc::SYS_sched_getattr, tid, &mut attr, size, 0) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if attr.sched_policy != libc::SCHED_OTHER as u32 {
+        return Ok(());
+    }
+    attr.size = size;
+    attr.sched_flags = 0;
+    attr.sched_runtime = slice.runtime_ns();
+    // SAFETY: sched_setattr reads `attr` (of the size it states).
+    let r = unsafe { libc::syscall(libc::SYS_sched_setattr, tid, &attr, 0) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The slice `tid` has now, as the kernel reports it (Linux 6.12 and later report the slice
+/// in force, 0 before that).
+pub fn current(tid: libc::pid_t) -> std::io::Result<u64> {
+    // SAFETY: as in `set`.
+    let mut attr: libc::sched_attr = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<libc::sched_attr>() as u32;
+    // SAFETY: as in `set`.
+    let r = unsafe { libc::syscall(libc::SYS_sched_getattr, tid, &mut attr, size, 0) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(attr.sched_runtime)
+}
+
+/// Called by each lane thread as it starts: the review gives it a lane's slice.
+pub fn lane() {
+    if !enabled() {
+        return;
+    }
+    LANES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_with(HashSet::new)
+        .insert(gettid());
+}
+
+/// Called on each call a lane serves: wakes a parked review (one load otherwise).
+pub fn busy() {
+    if PARKED.load(Ordering::Relaxed) && PARKED.swap(false, Ordering::AcqRel) {
+        if let Some(t) = REVIEWER.get() {
+            t.unpark();
+        }
+    }
+}
+
+/// Starts the review of the worker's threads; `calls` counts the calls the lanes served.
+pub fn start_review(calls: &'static AtomicU64) -> std::io::Result<()> {
+    if !enabled() || REVIEWER.get().is_some() {
+        return Ok(());
+    }
+    let handle = std::thread::Builder::new()
+        .name("slices".into())
+        .spawn(move || review_loop(calls))?;
+    let _ = REVIEWER.set(handle.thread().clone());
+    Ok(())
+}
+
+fn review_loop(calls: &'static AtomicU64) {
+    let mut seen = Seen::default();
+    let mut pressure = Pressure::default();
+    let me = gettid();
+    let (mut last, mut idle) = (calls.load(Ordering::Relaxed), 0u32);
+    loop {
+        std::thread::sleep(REVIEW_EVERY);
+        let now = calls.load(Ordering::Relaxed);
+        if now == last {
+            idle += 1;
+            if idle >= IDLE_REVIEWS {
+                PARKED.store(true, Ordering::Release);
+                // A call between the load above and the store is caught by the next look.
+                while PARKED.load(Ordering::Acquire) && calls.load(Ordering::Relaxed) == last {
+                    std::thread::park();
+                }
+                PARKED.store(false, Ordering::Release);
+                idle = 0;
+            }
+        } else {
+            idle = 0;
+        }
+        last = calls.load(Ordering::Relaxed);
+        let lanes = LANES
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .unwrap_or_default();
+        seen.review(pressure.look(), |tid| lanes.contains(&tid), |tid| tid == me);
+    }
+}
+
+/// Whether the CPUs are oversubscribed, seen once per review (a window of [`REVIEW_EVERY`]):
+/// the kernel's CPU pressure ("some" in `/proc/pressure/cpu`: time in which some runnable
+/// task waited for a CPU) over [`PRESSURE_SHARE`] of the window. The verdict holds [`HOLD`]
+/// after it was last seen. Three tenants flooding 2 CPUs read 0.93-1.00 per window; a
+/// tenant alone, 0-0.2. The review's own wake-up delay (which `contention` also watches for
+/// pollers) is no help here: a driver that busy-waits (PoCL's workers spin for a while after
+/// their work) delays it by milliseconds now and then with the machine otherwise idle.
+/// Without PSI the CPUs never count as oversubscribed.
+#[derive(Default)]
+pub struct Pressure {
+    at: Option<std::time::Instant>,
+    psi_total_us: u64,
+    last_seen: Option<std::time::Instant>,
+}
+
+/// The share of a window in which some task waited for a CPU that counts as oversubscribed.
+pub const PRESSURE_SHARE: f64 = 0.75;
+/// How long the verdict holds once seen.
+pub const HOLD: Duration = Duration::from_secs(1);
+
+impl Pressure {
+    /// Called by the review thread once per review.
+    pub fn look(&mut self) -> bool {
+        let now = std::time::Instant::now();
+        let Some(total) = std::fs::read_to_string("/proc/pressure/cpu")
+            .ok()
+            .and_then(|t| wormhole_transport::contention::psi_some_total(&t))
+        else {
+            return false;
+        };
+        // A longer window (the review was parked) stands for no moment in particular: it only
+        // starts the next one.
+        if let Some(at) = self
+            .at
+            .filter(|at| now.duration_since(*at) < 2 * REVIEW_EVERY)
+        {
+            let window_ns = now.duration_since(at).as_nanos() as f64;
+            let stalled_ns = total.saturating_sub(self.psi_total_us).saturating_mul(1000);
+            if stalled_ns as f64 > PRESSURE_SHARE * window_ns {
+                self.last_seen = Some(now);
+            }
+        }
+        (self.at, self.psi_total_us) = (Some(now), total);
+        self.last_seen
+            .is_some_and(|seen| now.duration_since(seen) < HOLD)
+    }
+}
+
+/// What the review knew of each thread at its last look.
+#[derive(Clone, Copy)]
+struct Thread {
+    /// Run time (ns) and voluntary sleeps so far.
+    run: u64,
+    sleeps: u64,
+    /// What its behaviour calls for while the CPUs are oversubscribed.
+    class: Slice,
+    /// The slice it was given.
+    given: Slice,
+}
+
+/// The review's memory of the process's threads.
+#[derive(Default)]
+pub struct Seen {
+    threads: HashMap<libc::pid_t, Thread>,
+    /// Whether the last review gave short slices (else every thread has the default, and an
+    /// uncontended review has nothing to do).
+    shortened: bool,
+}
+
+impl Seen {
+    /// Looks at every thread of this process but those `skip` names, and gives each the
+    /// slice it calls for: while `contended`, lanes (`is_lane`) a lane's and the others
+    /// by their recent behaviour; otherwise everyone the default.
+    pub fn review(
+        &mut self,
+        contended: bool,
+        is_lane: impl Fn(libc::pid_t) -> bool,
+        skip: impl Fn(libc::pid_t) -> bool,
+    ) {
+        if !contended && !self.shortened {
+            return;
+        }
+        self.shortened = contended;
+        let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+            return;
+        };
+        let mut alive = HashSet::new();
+        for entry in dir.flatten() {
+            let Some(tid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
+                continue;
+            };
+            if skip(tid) {
+                continue;
+            }
+            let Some((run, sleeps)) = thread_counts(tid) else {
+                continue;
+            };
+            alive.insert(tid);
+            let before = self.threads.get(&tid).copied();
+            let class = if is_lane(tid) {
+                Slice::Lane
+            } else {
+                match before {
+                    Some(b) => {
+                        let (ran, slept) =
+                            (run.saturating_sub(b.run), sleeps.saturating_sub(b.sleeps));
+                        classify(ran, slept).unwrap_or(b.class)
+                    }
+                    // First sight: brief until it shows otherwise.
+                    None => Slice::Brief,
+                }
+            };
+            let want = if contended { class } else { Slice::Default };
+            // A thread first seen has what it inherited (a lane's slice, maybe): set it.
+            let mut given = before.map(|b| b.given);
+            if given != Some(want) {
+                match set(tid, want) {
+                    Ok(()) => given = Some(want),
+                    Err(e) => tracing::debug!("slice of thread {tid} unchanged: {e}"),
+                }
+            }
+            let given = given.unwrap_or(Slice::Default);
+            self.threads.insert(
+                tid,
+                Thread {
+                    run,
+                    sleeps,
+                    class,
+                    given,
+                },
+            );
+        }
+        self.threads.retain(|tid, _| alive.contains(tid));
+    }
+}
+
+/// The slice for a thread that ran `run_ns` and slept voluntarily `sleeps` times since the
+/// last look; `None` (keep what it has) if it did not run.
+pub fn classify(run_ns: u64, sleeps: u64) -> Option<Slice> {
+    if run_ns == 0 {
+        return None;
+    }
+    if run_ns / sleeps.max(1) < BRIEF_BURST.as_nanos() as u64 {
+        Some(Slice::Brief)
+    } else {
+        Some(Slice::Default)
+    }
+}
+
+/// A thread's total run time (ns, `schedstat`) and voluntary context switches (`status`).
+fn thread_counts(tid: libc::pid_t) -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
+    let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).ok()?;
+    Some((schedstat_run(&stat)?, voluntary_switches(&status)?))
+}
+
+/// The first field of a schedstat line: time run on a CPU (ns).
+pub fn schedstat_run(text: &str) -> Option<u64> {
+    text.split_whitespace().next()?.parse().ok()
+}
+
+/// The `voluntary_ctxt_switches` of a `status` file.
+pub fn voluntary_switches(text: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_counts() {
+        assert_eq!(schedstat_run("1057062785 7345187 1176\n"), Some(1057062785));
+        assert_eq!(schedstat_run(""), None);
+        let status =
+            "Name:\tlane-0\nvoluntary_ctxt_switches:\t812\nnonvoluntary_ctxt_switches:\t3\n";
+        assert_eq!(voluntary_switches(status), Some(812));
+        assert_eq!(voluntary_switches("Name:\tx\n"), None);
+    }
+
+    #[test]
+    fn sorts_by_run_between_sleeps() {
+        // A light tenant's driver thread: 20 µs per wake-up.
+        assert_eq!(classify(2_000_000, 100), Some(Slice::Brief));
+        // A flooding one: 100 ms of kernels between two sleeps.
+        assert_eq!(classify(100_000_000, 1), Some(Slice::Default));
+        // Ran without sleeping at all.
+        assert_eq!(classify(5_000_000, 0), Some(Slice::Default));
+        assert_eq!(classify(0, 0), None);
+    }
+
+    #[test]
+    fn pressure_is_seen_while_cpus_are_oversubscribed() {
+        if !std::path::Path::new("/proc/pressure/cpu").exists() {
+            eprintln!("skipped: no PSI here");
+            return;
+        }
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let hogs: Vec<_> = (0..2 * cpus + 1)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        let mut p = Pressure::default();
+        let mut seen = false;
+        for _ in 0..20 {
+            std::thread::sleep(REVIEW_EVERY);
+            seen |= p.look();
+        }
+        stop.store(true, Ordering::Relaxed);
+        hogs.into_iter().for_each(|h| h.join().unwrap());
+        assert!(seen, "oversubscription not seen");
+    }
+
+    /// Whether this kernel keeps custom slices (Linux 6.12+): a probe thread asks for one.
+    fn kernel_keeps_slices() -> bool {
+        std::thread::spawn(|| {
+            let tid = gettid();
+            set(tid, Slice::Lane).is_ok() && current(tid).ok() == Some(LANE_SLICE.as_nanos() as u64)
+        })
+        .join()
+        .unwrap()
+    }
+
+    #[test]
+    fn review_gives_brief_threads_short_slices_and_busy_ones_the_default() {
+        if !kernel_keeps_slices() {
+            eprintln!("skipped: this kernel has no custom slices");
+            return;
+        }
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let spawn = |busy: bool| {
+            let stop = stop.clone();
+            let (tx, rx) = std::sync::mpsc::channel();
+            let h = std::thread::spawn(move || {
+                tx.send(gettid()).unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    if busy {
+                        std::hint::spin_loop();
+                    } else {
+                        std::thread::sleep(Duration::from_micros(200));
+                    }
+                }
+            });
+            (rx.recv().unwrap(), h)
+        };
+        let (brief, hb) = spawn(false);
+        let (busy, hs) = spawn(true);
+        let me = gettid();
+        let mut seen = Seen::default();
+        let (lane, no_lane) = (|t| t == me, |_| false);
+        seen.review(true, no_lane, lane);
+        std::thread::sleep(Duration::from_millis(150));
+        seen.review(true, no_lane, lane);
+        let (b, s) = (current(brief).unwrap(), current(busy).unwrap());
+        // The calling thread stands for a lane here.
+        let mut lanes = Seen::default();
+        lanes.review(true, lane, |t| t != me);
+        let l = current(me).unwrap();
+        // With CPUs to spare, everyone goes back to the default.
+        seen.review(false, no_lane, lane);
+        lanes.review(false, lane, |t| t != me);
+        let (b2, s2, l2) = (
+            current(brief).unwrap(),
+            current(busy).unwrap(),
+            current(me).unwrap(),
+        );
+        stop.store(true, Ordering::Relaxed);
+        hb.join().unwrap();
+        hs.join().unwrap();
+        assert_eq!(b, BRIEF_SLICE.as_nanos() as u64, "the sleeper's slice");
+        assert!(
+            s > BRIEF_SLICE.as_nanos() as u64,
+            "the spinner's slice: {s}"
+        );
+        assert_eq!(l, LANE_SLICE.as_nanos() as u64, "the lane's slice");
+        assert!(
+            b2 == s2 && s2 == l2 && l2 == s,
+            "defaults: {b2} {s2} {l2} (busy had {s})"
+        );
+    }
+}

@@ -384,6 +384,8 @@ mod tests {
             (None, 100, None)
         );
         assert_eq!(Config::default().cgroup, None);
+        assert!(Config::default().short_slices);
+        assert!(!parse("short_slices = false").unwrap().short_slices);
         assert_eq!(
             parse("cgroup = false").unwrap().cgroup,
             Some(CgroupSetting::On(false))

@@ -1,32 +1,35 @@
-//! Short CPU time slices for the worker's threads that run briefly.
+//! Short CPU time slices for the worker's threads that run briefly, while the CPUs are
+//! oversubscribed.
 //!
 //! With more runnable threads than CPUs, a thread that wakes waits for a CPU. Linux's fair
 //! scheduler (EEVDF, 6.6 and later) lets it preempt the running thread at once only when it
-//! asks for a shorter slice than the running one, or when that one has used up the slice it
-//! is protected for; otherwise it waits for the next scheduler tick (4 ms at HZ=250). And a
-//! thread whose slice is used up queues behind threads that are owed CPU time. Measured on 2
-//! CPUs with 3 tenants flooding the device (`perf sched timehist --state`, a light tenant's
-//! 1,500 tiny kernels + `clFinish`): its lane was preempted ~2 times per call, by the very
-//! driver threads it had just woken, and then waited behind the floods (233 waits over
-//! 0.3 ms, 0.5 s in all), and its own wake-ups waited 2-4 ms at the tail.
+//! asks for a shorter slice than the running one, or when that one's protected slice is over;
+//! otherwise it waits for the next scheduler tick (4 ms at HZ=250). Measured on 2 CPUs with 3
+//! tenants flooding the device (`perf sched timehist --state`, a light tenant's 1,500 tiny
+//! kernels + `clFinish`): its lane's wake-ups waited 2-4 ms at the tail, and in half the runs
+//! of that setup the light tenant's median was 1.9 ms.
 //!
-//! So while the CPUs are oversubscribed (see [`Pressure`]), the worker asks for short slices (`sched_attr.sched_runtime` of `SCHED_OTHER`, Linux 6.12 and later;
-//! older kernels ignore it):
-//! - every lane for [`LANE_SLICE`], the shortest there is: a lane's wake-up preempts a
-//!   flooding thread at once, and the driver threads it wakes (asking for more) do not
-//!   preempt the lane before it has passed its requests on;
+//! So while the CPUs are oversubscribed (see [`Pressure`]) the worker asks for short slices
+//! (`sched_attr.sched_runtime` of `SCHED_OTHER`, Linux 6.12 and later; older kernels ignore
+//! it):
+//! - every lane for [`LANE_SLICE`], the shortest there is, so that a lane's wake-up preempts
+//!   a flooding thread;
 //! - the worker's other threads (the driver's) for [`BRIEF_SLICE`] while they run briefly
 //!   between sleeps (less than [`BRIEF_BURST`] on average), and for the kernel's default
 //!   slice once they compute for long (a flooding tenant's driver threads), so that a brief
-//!   thread's wake-up preempts those too. A review every [`REVIEW_EVERY`] sorts them; it
-//!   parks while the session is idle, so an idle tenant costs no CPU.
+//!   thread's wake-up preempts those too, and not a lane for being shorter.
 //!
-//! On a machine with CPUs to spare every thread keeps the default: there a lane with a short
-//! slice preempts its own client on the client's CPU before the client has sent its next
-//! request (a tenant alone on 2 CPUs: 80 µs per tiny kernel + `clFinish` instead of 57).
+//! A review every [`REVIEW_EVERY`] sorts them; it parks while the session is idle, so an
+//! idle tenant costs no CPU. With CPUs to spare every thread keeps the default: there a lane
+//! with a short slice preempts its own client on the client's CPU before the client has sent
+//! its next request (a tenant alone on 2 CPUs: 80 µs per tiny kernel + `clFinish`, not 57).
 //!
-//! A slice changes when a thread runs, not how much it runs: CPU shares stay as the weights
-//! (nice, cgroups) say. Threads the operator moved to another policy are left alone.
+//! What slices cannot do: EEVDF places a woken thread at zero lag, so it still waits while
+//! queued threads are owed CPU time, and once it has run ahead of them any eligible thread
+//! it wakes preempts it (the lane, by the driver threads it has just woken: ~1.8 times per
+//! call in the trace above). A slice changes when a thread runs, not how much it runs: CPU
+//! shares stay as the weights (nice, cgroups) say. Threads the operator moved to another
+//! policy are left alone.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -51,7 +54,7 @@ static ENABLED: AtomicBool = AtomicBool::new(true);
 /// Set while the review is parked; the next call unparks it.
 static PARKED: AtomicBool = AtomicBool::new(false);
 static REVIEWER: OnceLock<std::thread::Thread> = OnceLock::new();
-/// Lanes keep their slice; the review leaves them out.
+/// The lanes' threads: the review gives them a lane's slice.
 static LANES: Mutex<Option<HashSet<libc::pid_t>>> = Mutex::new(None);
 
 /// What a thread asks of the scheduler.

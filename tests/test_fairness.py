@@ -392,7 +392,7 @@ def test_a_server_not_permitted_to_make_cgroups_says_why_and_serves(c_programs):
 # {{{ short time slices for lanes and brief driver threads
 
 def threads_of(pid):
-    """[(name, se.slice ns, run ns)] of a process's threads, or skips the test where the kernel
+    """[(name, se.slice ns, run ns, tid)] of a process's threads, or skips the test where the kernel
     does not show slices (no /proc/PID/task/TID/sched with `se.slice`: before Linux 6.12, or
     without scheduler debugging)."""
     out = []
@@ -406,8 +406,24 @@ def threads_of(pid):
         m = re.search(r"^se\.slice\s*:\s*(\d+)", sched, re.M)
         if not m:
             pytest.skip("this kernel does not show time slices (se.slice in /proc/PID/task/TID/sched)")
-        out.append((name, int(m.group(1)), run))
+        out.append((name, int(m.group(1)), run, int(t.name)))
     return out
+
+
+def tids_of(pid):
+    return [(tid, sl) for _, sl, _, tid in threads_of(pid)]
+
+
+def cpus_allowed(pid, tid):
+    """The CPUs thread `tid` of `pid` may run on, as a frozenset."""
+    for line in pathlib.Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            cpus = set()
+            for part in line.split(":", 1)[1].strip().split(","):
+                lo, _, hi = part.partition("-")
+                cpus.update(range(int(lo), int(hi or lo) + 1))
+            return frozenset(cpus)
+    raise AssertionError("no Cpus_allowed_list")
 
 
 def hogs(n):
@@ -423,7 +439,7 @@ def wait_until_threads(pid, check, what, timeout=10):
         if check(threads):
             return threads
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: {sorted((n, sl) for n, sl, _ in threads)}")
+            raise AssertionError(f"{what}: {sorted((n, sl) for n, sl, _, _ in threads)}")
         time.sleep(0.2)
 
 
@@ -436,7 +452,8 @@ def test_while_cpus_are_oversubscribed_lanes_and_brief_threads_get_short_slices(
     spinners = []
     try:
         # The server's own main thread has the kernel's default slice.
-        default = [sl for name, sl, _ in threads_of(s.proc.pid) if name == "wh"][0]
+        default = [sl for name, sl, _, _ in threads_of(s.proc.pid) if name == "wh"][0]
+        everywhere = cpus_allowed(s.proc.pid, s.proc.pid)
         light = s.popen([c_programs["many_kernels"], "200"], WORMHOLE_SERVER="")
         assert light.stdout.readline().strip() == "ready", light.stderr.read()
         flood = s.popen([c_programs["flood"], ITERS, "4"], WORMHOLE_SERVER="")
@@ -451,12 +468,18 @@ def test_while_cpus_are_oversubscribed_lanes_and_brief_threads_get_short_slices(
             # The flood's busiest thread computes its kernels (the driver's, named after the
             # thread that made it, a lane maybe). Each worker has 16 lanes: the shortest slice.
             busiest = max(flooding, key=lambda t: t[2])
-            lanes = [sum(sl == 100_000 for _, sl, _ in ts) for ts in (flooding, idle)]
-            others = {sl for name, sl, _ in idle if sl != 100_000 and name != "slices"}
+            lanes = [sum(sl == 100_000 for _, sl, _, _ in ts) for ts in (flooding, idle)]
+            others = {sl for name, sl, _, _ in idle if sl != 100_000 and name != "slices"}
             print(f"default {default}; 100 µs slices {lanes}; flood's busiest {busiest}; the idle session's others {others}")
             if short:
-                return lanes == [16, 16] and busiest[1] == default and others == {300_000}
-            return {sl for _, sl, _ in flooding + idle} == {default}
+                # The flood's lanes are kept on the one CPU its client sends from, its
+                # computing threads are not.
+                kept = {cpus_allowed(workers[flood.pid], tid) for tid, sl in tids_of(workers[flood.pid]) if sl == 100_000}
+                print(f"the flood's lanes may run on {kept}; its busiest thread on {cpus_allowed(workers[flood.pid], busiest[3])}")
+                return (lanes == [16, 16] and busiest[1] == default and others == {300_000}
+                        and (os.cpu_count() == 1 or (len(kept) == 1 and len(next(iter(kept))) == 1))
+                        and cpus_allowed(workers[flood.pid], busiest[3]) == everywhere)
+            return {sl for _, sl, _, _ in flooding + idle} == {default}
 
         wait_until_threads(workers[light.pid], oversubscribed, "slices while oversubscribed")
         for p in spinners + [flood]:
@@ -469,8 +492,9 @@ def test_while_cpus_are_oversubscribed_lanes_and_brief_threads_get_short_slices(
         light.stdin.write("go\n")
         light.stdin.flush()
         assert light.stdout.readline().strip() == "ok 200"
-        wait_until_threads(workers[light.pid], lambda ts: {sl for _, sl, _ in ts} == {default},
-                           "slices with CPUs to spare")
+        wait_until_threads(workers[light.pid], lambda ts: {sl for _, sl, _, _ in ts} == {default}
+                           and {cpus_allowed(workers[light.pid], t[3]) for t in ts} == {everywhere},
+                           "slices and CPUs with CPUs to spare")
     finally:
         for c in spinners + [c for c in (flood, light) if c]:
             c.kill()

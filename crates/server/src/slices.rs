@@ -150,20 +150,27 @@ pub fn busy() {
     }
 }
 
-/// Starts the review of the worker's threads; `calls` counts the calls the lanes served.
-pub fn start_review(calls: &'static AtomicU64) -> std::io::Result<()> {
+/// What a local client's lanes say: per lane, the bytes it has sent so far and the CPU it
+/// last sent from (`Region::request_activity`).
+pub type ClientLanes = Box<dyn FnMut() -> Vec<(u64, Option<u32>)> + Send>;
+
+/// Starts the review of the worker's threads; `calls` counts the calls the lanes served;
+/// `client` (local clients only: a guest's CPUs are not the host's) tells where the client
+/// runs, so that brief threads can be kept on its CPU while the CPUs are oversubscribed.
+pub fn start_review(calls: &'static AtomicU64, client: Option<ClientLanes>) -> std::io::Result<()> {
     if !enabled() || REVIEWER.get().is_some() {
         return Ok(());
     }
     let handle = std::thread::Builder::new()
         .name("slices".into())
-        .spawn(move || review_loop(calls))?;
+        .spawn(move || review_loop(calls, client))?;
     let _ = REVIEWER.set(handle.thread().clone());
     Ok(())
 }
 
-fn review_loop(calls: &'static AtomicU64) {
+fn review_loop(calls: &'static AtomicU64, mut client: Option<ClientLanes>) {
     let mut seen = Seen::default();
+    let mut follow = Follow::default();
     let mut pressure = Pressure::default();
     let me = gettid();
     let (mut last, mut idle) = (calls.load(Ordering::Relaxed), 0u32);
@@ -190,7 +197,39 @@ fn review_loop(calls: &'static AtomicU64) {
             .unwrap_or_else(|e| e.into_inner())
             .clone()
             .unwrap_or_default();
-        seen.review(pressure.look(), |tid| lanes.contains(&tid), |tid| tid == me);
+        let contended = pressure.look();
+        let pin = match &mut client {
+            Some(lanes_of_client) if contended => follow.cpu(lanes_of_client()),
+            _ => None,
+        };
+        seen.review(contended, pin, |tid| lanes.contains(&tid), |tid| tid == me);
+    }
+}
+
+/// Where a local client runs: the one CPU that every lane it used since the last look last
+/// heard from (a client whose busy threads run on several CPUs has none).
+#[derive(Default)]
+pub struct Follow {
+    heads: Vec<u64>,
+    cpu: Option<u32>,
+}
+
+impl Follow {
+    pub fn cpu(&mut self, lanes: Vec<(u64, Option<u32>)>) -> Option<u32> {
+        let mut cpus = HashSet::new();
+        for (i, &(head, cpu)) in lanes.iter().enumerate() {
+            if self.heads.get(i).is_some_and(|&h| h != head) {
+                cpus.insert(cpu);
+            }
+        }
+        self.heads = lanes.iter().map(|l| l.0).collect();
+        match cpus.len() {
+            // Nothing sent: where it was.
+            0 => {}
+            1 => self.cpu = cpus.into_iter().next().flatten(),
+            _ => self.cpu = None,
+        }
+        self.cpu
     }
 }
 
@@ -252,31 +291,50 @@ struct Thread {
     class: Slice,
     /// The slice it was given.
     given: Slice,
+    /// The CPU it was kept on (None: those the worker may use), if known.
+    kept_on: Option<Option<u32>>,
 }
 
 /// The review's memory of the process's threads.
 #[derive(Default)]
 pub struct Seen {
     threads: HashMap<libc::pid_t, Thread>,
-    /// Whether the last review gave short slices (else every thread has the default, and an
-    /// uncontended review has nothing to do).
-    shortened: bool,
+    /// Whether the last review gave short slices or kept threads on a CPU (else every
+    /// thread has the defaults, and an uncontended review has nothing to do).
+    acted: bool,
+    /// The CPUs the worker may use, as it started.
+    allowed: Option<libc::cpu_set_t>,
 }
 
 impl Seen {
     /// Looks at every thread of this process but those `skip` names, and gives each the
     /// slice it calls for: while `contended`, lanes (`is_lane`) a lane's and the others
-    /// by their recent behaviour; otherwise everyone the default.
+    /// by their recent behaviour; otherwise everyone the default. Lanes and brief threads
+    /// are kept on CPU `pin` (the client's), where given and allowed; computing threads,
+    /// and every thread without `pin`, may run on any CPU the worker may use.
     pub fn review(
         &mut self,
         contended: bool,
+        pin: Option<u32>,
         is_lane: impl Fn(libc::pid_t) -> bool,
         skip: impl Fn(libc::pid_t) -> bool,
     ) {
-        if !contended && !self.shortened {
+        if !contended && !self.acted {
             return;
         }
-        self.shortened = contended;
+        self.acted = contended;
+        let allowed = *self.allowed.get_or_insert_with(|| {
+            // SAFETY: an all-zero cpu_set_t is an empty set; sched_getaffinity fills it.
+            let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+            // SAFETY: `set` is a cpu_set_t of the size given.
+            unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
+            set
+        });
+        // SAFETY: CPU_ISSET reads the set; the index is checked against its size first.
+        let pin = pin.filter(|&c| {
+            (c as usize) < libc::CPU_SETSIZE as usize
+                && unsafe { libc::CPU_ISSET(c as usize, &allowed) }
+        });
         let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
             return;
         };
@@ -316,6 +374,14 @@ impl Seen {
                 }
             }
             let given = given.unwrap_or(Slice::Default);
+            let keep_on = if want == Slice::Default { None } else { pin };
+            let mut kept_on = before.and_then(|b| b.kept_on);
+            if kept_on != Some(keep_on) {
+                match keep(tid, keep_on, &allowed) {
+                    Ok(()) => kept_on = Some(keep_on),
+                    Err(e) => tracing::debug!("CPUs of thread {tid} unchanged: {e}"),
+                }
+            }
             self.threads.insert(
                 tid,
                 Thread {
@@ -323,11 +389,30 @@ impl Seen {
                     sleeps,
                     class,
                     given,
+                    kept_on,
                 },
             );
         }
         self.threads.retain(|tid, _| alive.contains(tid));
     }
+}
+
+/// Keeps thread `tid` on CPU `cpu`, or (None) lets it run on every CPU in `allowed`.
+fn keep(tid: libc::pid_t, cpu: Option<u32>, allowed: &libc::cpu_set_t) -> std::io::Result<()> {
+    let set = match cpu {
+        Some(c) => {
+            // SAFETY: an all-zero cpu_set_t is an empty set; `c` was checked against its size.
+            let mut one: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+            unsafe { libc::CPU_SET(c as usize, &mut one) };
+            one
+        }
+        None => *allowed,
+    };
+    // SAFETY: `set` is a cpu_set_t of the size given.
+    if unsafe { libc::sched_setaffinity(tid, std::mem::size_of_val(&set), &set) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// The slice for a thread that ran `run_ns` and slept voluntarily `sleeps` times since the
@@ -416,6 +501,23 @@ mod tests {
         assert!(seen, "oversubscription not seen");
     }
 
+    #[test]
+    fn follows_the_one_cpu_the_busy_lanes_heard_from() {
+        let mut f = Follow::default();
+        // First look: nothing to compare with.
+        assert_eq!(f.cpu(vec![(100, Some(1)), (0, None)]), None);
+        // Lane 0 sent from CPU 1.
+        assert_eq!(f.cpu(vec![(200, Some(1)), (0, None)]), Some(1));
+        // Nothing sent: still CPU 1.
+        assert_eq!(f.cpu(vec![(200, Some(1)), (0, None)]), Some(1));
+        // The client moved.
+        assert_eq!(f.cpu(vec![(300, Some(0)), (0, None)]), Some(0));
+        // Two busy lanes on two CPUs: none.
+        assert_eq!(f.cpu(vec![(400, Some(0)), (50, Some(1))]), None);
+        // Both on one CPU again.
+        assert_eq!(f.cpu(vec![(500, Some(1)), (60, Some(1))]), Some(1));
+    }
+
     /// Whether this kernel keeps custom slices (Linux 6.12+): a probe thread asks for one.
     fn kernel_keeps_slices() -> bool {
         std::thread::spawn(|| {
@@ -453,17 +555,17 @@ mod tests {
         let me = gettid();
         let mut seen = Seen::default();
         let (lane, no_lane) = (|t| t == me, |_| false);
-        seen.review(true, no_lane, lane);
+        seen.review(true, None, no_lane, lane);
         std::thread::sleep(Duration::from_millis(150));
-        seen.review(true, no_lane, lane);
+        seen.review(true, None, no_lane, lane);
         let (b, s) = (current(brief).unwrap(), current(busy).unwrap());
         // The calling thread stands for a lane here.
         let mut lanes = Seen::default();
-        lanes.review(true, lane, |t| t != me);
+        lanes.review(true, None, lane, |t| t != me);
         let l = current(me).unwrap();
         // With CPUs to spare, everyone goes back to the default.
-        seen.review(false, no_lane, lane);
-        lanes.review(false, lane, |t| t != me);
+        seen.review(false, None, no_lane, lane);
+        lanes.review(false, None, lane, |t| t != me);
         let (b2, s2, l2) = (
             current(brief).unwrap(),
             current(busy).unwrap(),

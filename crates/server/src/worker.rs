@@ -218,7 +218,16 @@ pub fn run(
                 }
             })?;
     }
-    crate::slices::start_review(&CALLS)?;
+    // A local client's CPU is the host's: brief threads may be kept beside it.
+    let (client_region, lanes) = (region.clone(), layout.lanes);
+    crate::slices::start_review(
+        &CALLS,
+        Some(Box::new(move || {
+            (0..lanes)
+                .filter_map(|i| client_region.request_activity(i))
+                .collect()
+        })),
+    )?;
     if let Some(stats) = stats {
         let sink = callbacks_of_session.clone();
         std::thread::Builder::new()
@@ -275,7 +284,7 @@ pub fn run_guest(
                 std::thread::sleep(rendezvous::BEAT_INTERVAL);
             })?;
     }
-    crate::slices::start_review(&CALLS)?;
+    crate::slices::start_review(&CALLS, None)?;
     if let Some(stats) = stats {
         // Nothing else tells a guest worker that its supervisor is gone (it has no client
         // socket), and an orphan must not keep serving a region a new server resets.
@@ -765,7 +774,7 @@ pub fn run_tcp<S: Duplex>(
         arena: None,
         build_cache,
     });
-    crate::slices::start_review(&CALLS)?;
+    crate::slices::start_review(&CALLS, None)?;
     if let Some(stats) = stats {
         std::thread::Builder::new()
             .name("stats".into())

@@ -46,6 +46,7 @@ impl ShmSender {
             peer_alive: &*self.alive,
         };
         let _one_frame_at_a_time = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.tx.note_producer_cpu();
         for p in parts {
             self.tx.write_all(p, &ctx)?;
         }

@@ -325,6 +325,25 @@ impl Region {
     /// let (req, _rep) = Region::create_memfd(layout).unwrap().lane(0).unwrap();
     /// req.readable().unwrap();
     /// ```
+    /// How much lane `i`'s client has sent so far (its request ring's head, bytes) and the
+    /// CPU it last sent from ([`RingCtrl::producer_cpu`], None if not known): what the
+    /// server reads to keep a local client's brief threads beside it. Values the client
+    /// wrote: hints, nothing more.
+    pub fn request_activity(&self, i: u32) -> Option<(u64, Option<u32>)> {
+        if i >= self.layout.lanes {
+            return None;
+        }
+        let base = PAGE + u64::from(i) * self.layout.lane_stride();
+        // SAFETY: as in `lane`: the lane lies inside the mapping, which `self` holds.
+        let ctrl = unsafe { &*(self.map.as_mut_ptr().add(base as usize) as *const RingCtrl) };
+        let head = ctrl.head.0.load(std::sync::atomic::Ordering::Relaxed);
+        let cpu = ctrl
+            .producer_cpu
+            .0
+            .load(std::sync::atomic::Ordering::Relaxed);
+        Some((head, cpu.checked_sub(1)))
+    }
+
     pub fn lane(self: &Arc<Self>, i: u32) -> Option<(Ring, Ring)> {
         if i >= self.layout.lanes {
             return None;
@@ -333,7 +352,7 @@ impl Region {
         let cap = self.layout.ring_capacity;
         // SAFETY: `open_file`/`init` checked that every lane lies inside the mapping, which
         // each ring keeps alive by its clone of `self`; the control blocks are 64-byte aligned
-        // (page-aligned lane + 256-byte blocks).
+        // (page-aligned lane + 320-byte blocks).
         unsafe {
             let p = self.map.as_mut_ptr().add(base as usize);
             let req_ctrl = p as *const RingCtrl;
@@ -355,7 +374,7 @@ mod tests {
     #[test]
     fn header_layout_is_stable() {
         assert_eq!(std::mem::size_of::<RegionHeader>(), 48);
-        assert_eq!(CTRL_SIZE, 256);
+        assert_eq!(CTRL_SIZE, 320);
     }
 
     #[test]

@@ -29,7 +29,7 @@ use std::time::Instant;
 #[derive(Debug, Default)]
 pub struct Line<T>(pub T);
 
-/// The control block of one ring, 256 bytes, at the start of the ring's lane.
+/// The control block of one ring, 320 bytes, at the start of the ring's lane.
 #[repr(C)]
 #[derive(Debug, Default)]
 pub struct RingCtrl {
@@ -37,6 +37,10 @@ pub struct RingCtrl {
     pub tail: Line<AtomicU64>,
     pub consumer_waiting: Line<AtomicU32>,
     pub producer_waiting: Line<AtomicU32>,
+    /// The CPU the producer's thread last sent from, plus one (0: not known). A hint only:
+    /// the server keeps a local client's brief threads on the CPU it runs on (see the server's
+    /// `slices`); nothing else depends on it, and a peer may write anything there.
+    pub producer_cpu: Line<AtomicU32>,
 }
 
 pub const CTRL_SIZE: usize = std::mem::size_of::<RingCtrl>();
@@ -111,6 +115,18 @@ impl Ring {
 
     pub fn capacity(&self) -> u64 {
         self.cap
+    }
+
+    /// Producer: notes the CPU the calling thread runs on (see [`RingCtrl::producer_cpu`]).
+    pub fn note_producer_cpu(&self) {
+        // SAFETY: sched_getcpu has no arguments; glibc answers from rseq or the vDSO.
+        let cpu = unsafe { libc::sched_getcpu() };
+        if let Ok(cpu) = u32::try_from(cpu) {
+            self.ctrl()
+                .producer_cpu
+                .0
+                .store(cpu.saturating_add(1), Ordering::Relaxed);
+        }
     }
 
     /// Bytes readable now (consumer side).

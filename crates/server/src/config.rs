@@ -50,9 +50,10 @@ pub struct Config {
     /// Where tenants made at run time (`wh tenant add`) are kept across restarts; one server
     /// per directory. Default: `$XDG_STATE_HOME/wormhole` (`~/.local/state/wormhole`).
     pub state_dir: Option<PathBuf>,
-    /// Whether workers ask the kernel for short CPU time slices for their lanes and for the
-    /// driver threads that run briefly, so that their wake-ups preempt busy threads instead
-    /// of waiting for a scheduler tick (see `slices`; Linux 6.12 and later). Default: true.
+    /// Whether workers, while the CPUs are oversubscribed, ask the kernel for short CPU time
+    /// slices for their lanes and for the driver threads that run briefly, and keep those on
+    /// their local client's CPU, so that their hand-offs neither wait for a scheduler tick
+    /// nor cross CPUs busy with others' work (see `slices`). Default: true.
     pub short_slices: bool,
     /// Serve tenant administration (`wh tenant ...`) on this socket only (mode 0600: root and
     /// the server's user); the session socket then refuses it. For servers whose session

@@ -1,5 +1,5 @@
-//! Short CPU time slices for the worker's threads that run briefly, while the CPUs are
-//! oversubscribed.
+//! Short CPU time slices for the worker's threads that run briefly, and those threads kept on
+//! their local client's CPU, while the CPUs are oversubscribed.
 //!
 //! With more runnable threads than CPUs, a thread that wakes waits for a CPU. Linux's fair
 //! scheduler (EEVDF, 6.6 and later) lets it preempt the running thread at once only when it
@@ -17,7 +17,12 @@
 //! - the worker's other threads (the driver's) for [`BRIEF_SLICE`] while they run briefly
 //!   between sleeps (less than [`BRIEF_BURST`] on average), and for the kernel's default
 //!   slice once they compute for long (a flooding tenant's driver threads), so that a brief
-//!   thread's wake-up preempts those too, and not a lane for being shorter.
+//!   thread's wake-up preempts those too, and not a lane for being shorter;
+//! - lanes and brief threads on the CPU the client sends from ([`Follow`]; local sessions
+//!   only), computing threads anywhere. Traces of that setup showed two kinds of runs: in
+//!   good ones client, lane and driver threads shared a CPU and handed it to each other
+//!   (0-3 calls of 1,500 over 300 µs); in bad ones they had settled on different CPUs and
+//!   every hand-off had to preempt a flood (100-600 over 300 µs).
 //!
 //! A review every [`REVIEW_EVERY`] sorts them; it parks while the session is idle, so an
 //! idle tenant costs no CPU. With CPUs to spare every thread keeps the default: there a lane
@@ -330,9 +335,9 @@ impl Seen {
             unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
             set
         });
-        // SAFETY: CPU_ISSET reads the set; the index is checked against its size first.
         let pin = pin.filter(|&c| {
             (c as usize) < libc::CPU_SETSIZE as usize
+                // SAFETY: CPU_ISSET reads the set; the index was checked against its size.
                 && unsafe { libc::CPU_ISSET(c as usize, &allowed) }
         });
         let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
@@ -401,8 +406,9 @@ impl Seen {
 fn keep(tid: libc::pid_t, cpu: Option<u32>, allowed: &libc::cpu_set_t) -> std::io::Result<()> {
     let set = match cpu {
         Some(c) => {
-            // SAFETY: an all-zero cpu_set_t is an empty set; `c` was checked against its size.
+            // SAFETY: an all-zero cpu_set_t is an empty set.
             let mut one: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+            // SAFETY: `c` was checked against the set's size by the caller (`review`).
             unsafe { libc::CPU_SET(c as usize, &mut one) };
             one
         }

@@ -466,17 +466,18 @@ def test_while_cpus_are_oversubscribed_lanes_and_brief_threads_get_short_slices(
         def oversubscribed(_):
             flooding, idle = threads_of(workers[flood.pid]), threads_of(workers[light.pid])
             # The flood's busiest thread computes its kernels (the driver's, named after the
-            # thread that made it, a lane maybe). Each worker has 16 lanes: the shortest slice.
+            # thread that made it, a lane maybe). Each worker has 16 lanes: the shortest slice;
+            # the idle session's other threads run briefly: the same.
             busiest = max(flooding, key=lambda t: t[2])
             lanes = [sum(sl == 100_000 for _, sl, _, _ in ts) for ts in (flooding, idle)]
-            others = {sl for name, sl, _, _ in idle if sl != 100_000 and name != "slices"}
+            others = {sl for name, sl, _, _ in idle if name != "slices"}
             print(f"default {default}; 100 µs slices {lanes}; flood's busiest {busiest}; the idle session's others {others}")
             if short:
                 # The flood's lanes are kept on the one CPU its client sends from, its
                 # computing threads are not.
                 kept = {cpus_allowed(workers[flood.pid], tid) for tid, sl in tids_of(workers[flood.pid]) if sl == 100_000}
                 print(f"the flood's lanes may run on {kept}; its busiest thread on {cpus_allowed(workers[flood.pid], busiest[3])}")
-                return (lanes == [16, 16] and busiest[1] == default and others == {300_000}
+                return (min(lanes) >= 16 and busiest[1] == default and others == {100_000}
                         and (os.cpu_count() == 1 or (len(kept) == 1 and len(next(iter(kept))) == 1))
                         and cpus_allowed(workers[flood.pid], busiest[3]) == everywhere)
             return {sl for _, sl, _, _ in flooding + idle} == {default}

@@ -50,6 +50,9 @@ pub const LANE_SLICE: Duration = Duration::from_micros(100);
 pub const BRIEF_SLICE: Duration = LANE_SLICE;
 /// A thread that runs longer than this between sleeps, on average, computes: default slice.
 pub const BRIEF_BURST: Duration = Duration::from_millis(1);
+/// The first look of a session (and after a park) comes sooner: a light tenant's whole run
+/// may last well under a second.
+pub const FIRST_LOOK: Duration = Duration::from_millis(50);
 /// How often the worker's threads are sorted while its session is busy.
 pub const REVIEW_EVERY: Duration = Duration::from_millis(100);
 /// Reviews without a call after which the review parks until the next call.
@@ -180,8 +183,12 @@ fn review_loop(calls: &'static AtomicU64, mut client: Option<ClientLanes>) {
     let mut pressure = Pressure::default();
     let me = gettid();
     let (mut last, mut idle) = (calls.load(Ordering::Relaxed), 0u32);
+    // The pressure's first window starts now.
+    pressure.look();
+    let mut wait = FIRST_LOOK;
     loop {
-        std::thread::sleep(REVIEW_EVERY);
+        std::thread::sleep(wait);
+        wait = REVIEW_EVERY;
         let now = calls.load(Ordering::Relaxed);
         if now == last {
             idle += 1;
@@ -193,6 +200,9 @@ fn review_loop(calls: &'static AtomicU64, mut client: Option<ClientLanes>) {
                 }
                 PARKED.store(false, Ordering::Release);
                 idle = 0;
+                wait = FIRST_LOOK;
+                pressure.look();
+                continue;
             }
         } else {
             idle = 0;
@@ -224,7 +234,8 @@ impl Follow {
     pub fn cpu(&mut self, lanes: Vec<(u64, Option<u32>)>) -> Option<u32> {
         let mut cpus = HashSet::new();
         for (i, &(head, cpu)) in lanes.iter().enumerate() {
-            if self.heads.get(i).is_some_and(|&h| h != head) {
+            // A lane not seen before counts from nothing: a session's first look follows too.
+            if self.heads.get(i).copied().unwrap_or(0) != head {
                 cpus.insert(cpu);
             }
         }
@@ -511,9 +522,9 @@ mod tests {
     #[test]
     fn follows_the_one_cpu_the_busy_lanes_heard_from() {
         let mut f = Follow::default();
-        // First look: nothing to compare with.
-        assert_eq!(f.cpu(vec![(100, Some(1)), (0, None)]), None);
-        // Lane 0 sent from CPU 1.
+        // Lane 0 sent from CPU 1 (since the start), lane 1 nothing.
+        assert_eq!(f.cpu(vec![(100, Some(1)), (0, None)]), Some(1));
+        // And again.
         assert_eq!(f.cpu(vec![(200, Some(1)), (0, None)]), Some(1));
         // Nothing sent: still CPU 1.
         assert_eq!(f.cpu(vec![(200, Some(1)), (0, None)]), Some(1));

@@ -28,13 +28,13 @@ static LIMITS: OnceLock<Arc<Limits>> = OnceLock::new();
 
 /// Requests the session made, and requests sent without waiting that failed anyway.
 static CALLS: AtomicU64 = AtomicU64::new(0);
+static ASYNC_FAILURES: AtomicU64 = AtomicU64::new(0);
 
 /// One more call served: counted for `wh status`, and it wakes a parked slice review.
 fn count_call() {
     CALLS.fetch_add(1, Ordering::Relaxed);
     crate::slices::busy();
 }
-static ASYNC_FAILURES: AtomicU64 = AtomicU64::new(0);
 
 /// What the session's tenant may use (set once at start; unlimited if never set).
 #[derive(Default)]

@@ -497,25 +497,14 @@ mod tests {
             return;
         }
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let stop = std::sync::Arc::new(AtomicBool::new(false));
-        let hogs: Vec<_> = (0..2 * cpus + 1)
-            .map(|_| {
-                let stop = stop.clone();
-                std::thread::spawn(move || {
-                    while !stop.load(Ordering::Relaxed) {
-                        std::hint::spin_loop();
-                    }
-                })
-            })
-            .collect();
+        let hogs = wormhole_transport::contention::SpinningThreads::start(2 * cpus + 1);
         let mut p = Pressure::default();
         let mut seen = false;
         for _ in 0..20 {
             std::thread::sleep(REVIEW_EVERY);
             seen |= p.look();
         }
-        stop.store(true, Ordering::Relaxed);
-        hogs.into_iter().for_each(|h| h.join().unwrap());
+        drop(hogs);
         assert!(seen, "oversubscription not seen");
     }
 

@@ -208,6 +208,40 @@ fn sample(d: &Detector, now: u64, last: u64) {
     }
 }
 
+/// Threads that keep this many CPUs busy until dropped: for tests of what happens while the
+/// CPUs are oversubscribed (here and in the server's).
+#[doc(hidden)]
+pub struct SpinningThreads {
+    stop: std::sync::Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl SpinningThreads {
+    pub fn start(n: usize) -> SpinningThreads {
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let threads = (0..n)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        SpinningThreads { stop, threads }
+    }
+}
+
+impl Drop for SpinningThreads {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -234,25 +268,14 @@ mod tests {
         }
         // Twice as many spinning threads as CPUs, for a few sample intervals.
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let stop = std::sync::Arc::new(AtomicBool::new(false));
-        let hogs: Vec<_> = (0..2 * cpus + 1)
-            .map(|_| {
-                let stop = stop.clone();
-                std::thread::spawn(move || {
-                    while !stop.load(Ordering::Relaxed) {
-                        std::hint::spin_loop();
-                    }
-                })
-            })
-            .collect();
+        let hogs = SpinningThreads::start(2 * cpus + 1);
         let deadline = Instant::now() + Duration::from_secs(2);
         let mut seen = false;
         while Instant::now() < deadline && !seen {
             seen = contended();
             std::thread::sleep(Duration::from_millis(2));
         }
-        stop.store(true, Ordering::Relaxed);
-        hogs.into_iter().for_each(|h| h.join().unwrap());
+        drop(hogs);
         assert!(seen, "oversubscription not detected");
     }
 }

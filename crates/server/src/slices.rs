@@ -40,6 +40,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
+use wormhole_transport::contention::schedstat_run;
 
 /// A lane's slice: the least the kernel accepts (100 µs).
 pub const LANE_SLICE: Duration = Duration::from_micros(100);
@@ -99,9 +100,8 @@ fn gettid() -> libc::pid_t {
     unsafe { libc::gettid() }
 }
 
-/// Asks the scheduler for `slice` on thread `tid` of this process, keeping its nice value.
-/// Threads not under `SCHED_OTHER` (an operator's choice) are left as they are.
-pub fn set(tid: libc::pid_t, slice: Slice) -> std::io::Result<()> {
+/// Thread `tid`'s scheduling attributes, as `sched_getattr` reports them.
+fn getattr(tid: libc::pid_t) -> std::io::Result<libc::sched_attr> {
     // SAFETY: an all-zero sched_attr is a valid value of this plain C struct.
     let mut attr: libc::sched_attr = unsafe { std::mem::zeroed() };
     let size = std::mem::size_of::<libc::sched_attr>() as u32;
@@ -110,10 +110,17 @@ pub fn set(tid: libc::pid_t, slice: Slice) -> std::io::Result<()> {
     if r != 0 {
         return Err(std::io::Error::last_os_error());
     }
+    attr.size = size;
+    Ok(attr)
+}
+
+/// Asks the scheduler for `slice` on thread `tid` of this process, keeping its nice value.
+/// Threads not under `SCHED_OTHER` (an operator's choice) are left as they are.
+pub fn set(tid: libc::pid_t, slice: Slice) -> std::io::Result<()> {
+    let mut attr = getattr(tid)?;
     if attr.sched_policy != libc::SCHED_OTHER as u32 {
         return Ok(());
     }
-    attr.size = size;
     attr.sched_flags = 0;
     attr.sched_runtime = slice.runtime_ns();
     // SAFETY: sched_setattr reads `attr` (of the size it states).
@@ -127,15 +134,7 @@ pub fn set(tid: libc::pid_t, slice: Slice) -> std::io::Result<()> {
 /// The slice `tid` has now, as the kernel reports it (Linux 6.12 and later report the slice
 /// in force, 0 before that).
 pub fn current(tid: libc::pid_t) -> std::io::Result<u64> {
-    // SAFETY: as in `set`.
-    let mut attr: libc::sched_attr = unsafe { std::mem::zeroed() };
-    let size = std::mem::size_of::<libc::sched_attr>() as u32;
-    // SAFETY: as in `set`.
-    let r = unsafe { libc::syscall(libc::SYS_sched_getattr, tid, &mut attr, size, 0) };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(attr.sched_runtime)
+    Ok(getattr(tid)?.sched_runtime)
 }
 
 /// Called by each lane thread as it starts: the review gives it a lane's slice.
@@ -207,7 +206,7 @@ fn review_loop(calls: &'static AtomicU64, mut client: Option<ClientLanes>) {
         } else {
             idle = 0;
         }
-        last = calls.load(Ordering::Relaxed);
+        last = now;
         let lanes = LANES
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -451,11 +450,6 @@ fn thread_counts(tid: libc::pid_t) -> Option<(u64, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
     let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).ok()?;
     Some((schedstat_run(&stat)?, voluntary_switches(&status)?))
-}
-
-/// The first field of a schedstat line: time run on a CPU (ns).
-pub fn schedstat_run(text: &str) -> Option<u64> {
-    text.split_whitespace().next()?.parse().ok()
 }
 
 /// The `voluntary_ctxt_switches` of a `status` file.

@@ -38,7 +38,6 @@ const OWN_WAIT: Duration = Duration::from_micros(100);
 /// How long that verdict holds: while it holds the thread sleeps, so its waits look short
 /// again, and each time polling resumes it costs a slice. Long, so that this is rare.
 pub const OWN_HOLD: Duration = Duration::from_secs(1);
-
 enum Source {
     /// `/proc/pressure/cpu`: the "some" line's cumulative µs.
     Psi(File),
@@ -173,6 +172,11 @@ fn own_wake_ups_wait(now: u64) -> bool {
 fn own_schedstat() -> Option<(u64, u64)> {
     let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
     schedstat_waits(&text)
+}
+
+/// The first field of a schedstat line: time run on a CPU (ns).
+pub fn schedstat_run(text: &str) -> Option<u64> {
+    text.split_whitespace().next()?.parse().ok()
 }
 
 /// The second and third fields of a schedstat line: run-queue wait (ns) and time slices.

@@ -16,6 +16,7 @@ pub mod quota;
 pub mod slices;
 pub mod supervisor;
 pub mod tenants;
+pub mod vendor_library;
 pub mod worker;
 
 pub use backend::Backend;

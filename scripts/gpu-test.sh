@@ -12,7 +12,7 @@ if [ "${1:-}" = "--prepare" ]; then
     echo "gpu-test: pytest in target/gpu-py; carry target/release and target/gpu-py"
     exit 0
 fi
-for f in target/release/wh target/release/libwormhole_cuda.so; do
+for f in target/release/wh target/release/libwormhole_cuda.so target/release/libwormhole_nvml.so; do
     [ -e "$f" ] || { echo "gpu-test: $f is missing (build here: cargo build --release)" >&2; exit 1; }
 done
 nvidia-smi -L || { echo "gpu-test: no NVIDIA GPU here" >&2; exit 1; }

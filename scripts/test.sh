@@ -39,6 +39,7 @@ echo "== fuzzing the decoders and the server's request path (bounded)"
 (cd fuzz && ASAN_OPTIONS=detect_leaks=0 cargo +nightly fuzz run frame_decode -- -max_total_time=30 2>&1 | tail -n 2)
 (cd fuzz && ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 cargo +nightly fuzz run server_request -- -max_total_time=90 -rss_limit_mb=4096 -malloc_limit_mb=1048576 2>&1 | tail -n 2)
 (cd fuzz && ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 cargo +nightly fuzz run cuda_request -- -max_total_time=30 -rss_limit_mb=4096 -malloc_limit_mb=1048576 2>&1 | tail -n 2)
+(cd fuzz && ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 cargo +nightly fuzz run nvml_request -- -max_total_time=20 -rss_limit_mb=4096 -malloc_limit_mb=1048576 2>&1 | tail -n 2)
 echo "== the Kubernetes DRA driver: gofmt, go vet, go test"
 go=$(scripts/k8s/go.sh)
 unformatted=$(cd kubernetes && "$(dirname "$go")/gofmt" -l .)

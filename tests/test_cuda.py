@@ -120,6 +120,28 @@ def test_a_driver_api_program_learns_that_there_is_no_device(cpu_server, cuda_pr
     assert "error: cuInit(0) -> 100 CUDA_ERROR_NO_DEVICE" in r.stdout
 
 
+def test_an_nvml_program_learns_quickly_that_the_driver_is_not_loaded(cpu_server, cuda_programs):
+    """NVML through Wormhole against a server without NVIDIA's driver: nvmlInit answers
+    NVML_ERROR_DRIVER_NOT_LOADED within a second, saying why; the rules that need no device
+    (status texts, NVML_ERROR_UNINITIALIZED before nvmlInit) hold (the program checks them)."""
+    r = cpu_server.run([cuda_programs["nvml_queries"]], timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "FAIL" not in r.stdout, r.stdout
+    assert "Wormhole's NVML: yes" in r.stderr
+    assert "nvmlInit_v2 -> 9 Driver Not Loaded" in r.stdout, r.stdout
+    took = float(re.search(r"nvmlInit_v2: ([0-9.]+) ms", r.stderr).group(1))
+    assert took < 1000, r.stderr
+    assert "no NVIDIA driver: the server refused the session" in r.stderr
+    assert "the server cannot load NVML (libnvidia-ml.so.1)" in cpu_server.log.read_text()
+
+
+def test_natively_the_nvml_program_finds_no_library(cuda_programs):
+    if has_gpu():
+        pytest.skip("this machine has NVIDIA's driver")
+    r = subprocess.run([cuda_programs["nvml_queries"]], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "no NVML: libnvidia-ml.so.1" in r.stdout, r.stdout + r.stderr
+
+
 def test_wh_devices_says_why_there_is_no_cuda_device(cpu_server):
     import json
     out = subprocess.run([cpu_server.wh, "devices", "--socket", cpu_server.socket], capture_output=True, text=True,
@@ -129,6 +151,8 @@ def test_wh_devices_says_why_there_is_no_cuda_device(cpu_server):
     # Not a failure (a cluster integration waits out failures): no driver, so no devices.
     assert "error" not in cuda
     assert "no libcuda.so.1" in cuda["not_installed"]
+    nvml = [a for a in json.loads(out.stdout)["apis"] if a["api"] == "nvml"][0]
+    assert nvml["devices"] == [] and "no libnvidia-ml.so.1" in nvml["not_installed"]
 
 
 # ---- on the GPU machine (scripts/gpu-test.sh) ----
@@ -166,3 +190,40 @@ def test_the_driver_api_gives_native_results(gpu_server, cuda_programs):
     r = gpu_server.run(argv, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr + gpu_server.log.read_text()[-4000:]
     assert r.stdout == native.stdout
+
+
+@gpu
+def test_nvml_reports_the_forwarded_gpu_as_natively(gpu_server, cuda_programs):
+    """Name, UUID, PCI address, capability, memory total, driver versions, and NVML's own
+    errors (a short buffer, a wrong struct version), as a program on the GPU's machine sees
+    them."""
+    prog = cuda_programs["nvml_queries"]
+    native = subprocess.run([prog], capture_output=True, text=True, timeout=120)
+    assert native.returncode == 0, native.stdout + native.stderr
+    r = gpu_server.run([prog], timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr + gpu_server.log.read_text()[-4000:]
+    assert "Wormhole's NVML: yes" in r.stderr
+    assert r.stdout == native.stdout
+
+
+@gpu
+def test_a_tenant_with_a_quota_sees_its_quota_as_the_gpus_memory(tmp_path, cuda_programs):
+    if not has_gpu():
+        pytest.skip("no NVIDIA GPU here (scripts/gpu-test.sh runs these on the GPU machine)")
+    import os
+    cfg = tmp_path / "wormhole.toml"
+    cfg.write_text(f'[[tenant]]\nname = "local"\nuids = [{os.getuid()}]\nmem_quota_mib = 1024\n')
+    s = Server(tmp_path, config=cfg).start()
+    try:
+        prog = cuda_programs["nvml_queries"]
+        native = subprocess.run([prog], capture_output=True, text=True, timeout=120)
+        r = s.run([prog], timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr + s.log.read_text()[-4000:]
+        quota = 1024 << 20
+        expected = re.sub(r"(memory(?: v2)? -> 0 total )\d+", rf"\g<1>{quota}", native.stdout)
+        assert r.stdout == expected
+        # Free never exceeds what the quota leaves, and the parts add up (the program checks).
+        free = int(re.search(r"memory free (\d+)", r.stderr).group(1))
+        assert free <= quota
+    finally:
+        s.stop()

@@ -12,7 +12,11 @@ use wormhole_server::{Backend, Config};
 
 /// The APIs this server serves, each plugged in as a backend (the first one is the default of
 /// guest regions).
-static BACKENDS: &[&dyn Backend] = &[&wormhole_opencl_server::OPENCL, &wormhole_cuda_server::CUDA];
+static BACKENDS: &[&dyn Backend] = &[
+    &wormhole_opencl_server::OPENCL,
+    &wormhole_cuda_server::CUDA,
+    &wormhole_nvml_server::NVML,
+];
 
 #[derive(Parser)]
 #[command(
@@ -482,21 +486,30 @@ fn icd_library() -> Result<PathBuf, CliError> {
     Err(CliError::NoIcd(dir.join("libwormhole_opencl.so")))
 }
 
-/// Where Wormhole's `libcuda.so.1` is: $WORMHOLE_CUDA_LIB, or `libwormhole_cuda.so` next to
-/// this binary; None if it was not built (OpenCL alone is forwarded then).
-fn cuda_library() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("WORMHOLE_CUDA_LIB") {
+/// Wormhole's libraries that stand in for a vendor's under its soname, found on the library
+/// path by the programs `wh run` starts (and by what they `dlopen`): the soname, the variable
+/// that may name Wormhole's library, and its file name next to `wh`.
+const STAND_INS: &[(&str, &str, &str)] = &[
+    ("libcuda.so.1", "WORMHOLE_CUDA_LIB", "libwormhole_cuda.so"),
+    (
+        "libnvidia-ml.so.1",
+        "WORMHOLE_NVML_LIB",
+        "libwormhole_nvml.so",
+    ),
+];
+
+/// Where a stand-in library is: the variable's path, or the file next to this binary (or in
+/// ../lib); None if it was not built (that API is not forwarded then).
+fn stand_in_library(var: &str, file: &str) -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os(var) {
         return Some(PathBuf::from(p));
     }
     let exe = std::env::current_exe().ok()?;
     let dir = exe.parent()?;
-    [
-        dir.join("libwormhole_cuda.so"),
-        dir.join("../lib/libwormhole_cuda.so"),
-    ]
-    .into_iter()
-    .find(|c| c.exists())
-    .and_then(|c| c.canonicalize().ok())
+    [dir.join(file), dir.join("../lib").join(file)]
+        .into_iter()
+        .find(|c| c.exists())
+        .and_then(|c| c.canonicalize().ok())
 }
 
 fn run_program(socket: Option<PathBuf>, program: Vec<String>) -> Result<(), CliError> {
@@ -526,16 +539,23 @@ fn run_program(socket: Option<PathBuf>, program: Vec<String>) -> Result<(), CliE
     cmd.args(&program[1..])
         .env("OCL_ICD_VENDORS", &dir)
         .env("OPENCL_VENDOR_PATH", &dir);
-    // CUDA programs (and cudart's dlopen) find the driver by its soname on the library path:
-    // the same directory holds `libcuda.so.1`, a link to Wormhole's.
-    if let Some(cuda) = cuda_library() {
-        let link = dir.join("libcuda.so.1");
-        if std::fs::read_link(&link).ok().as_deref() != Some(cuda.as_path()) {
-            let tmp = dir.join(format!("libcuda.so.1.{}", std::process::id()));
+    // CUDA programs (and cudart's dlopen), and NVML's users, find those libraries by their
+    // sonames on the library path: the same directory holds links to Wormhole's.
+    let mut linked = false;
+    for (soname, var, file) in STAND_INS {
+        let Some(ours) = stand_in_library(var, file) else {
+            continue;
+        };
+        let link = dir.join(soname);
+        if std::fs::read_link(&link).ok().as_deref() != Some(ours.as_path()) {
+            let tmp = dir.join(format!("{soname}.{}", std::process::id()));
             let _ = std::fs::remove_file(&tmp);
-            std::os::unix::fs::symlink(&cuda, &tmp)?;
+            std::os::unix::fs::symlink(&ours, &tmp)?;
             std::fs::rename(&tmp, &link)?;
         }
+        linked = true;
+    }
+    if linked {
         let mut path = std::ffi::OsString::from(&dir);
         if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|p| !p.is_empty()) {
             path.push(":");

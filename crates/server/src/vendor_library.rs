@@ -77,7 +77,10 @@ impl VendorLibrary {
         };
         match paths.iter().find(|p| p.exists() && !ours(p)) {
             Some(_) => Ok(()),
-            None => Err(format!("no {} ({}) on this machine", self.soname, self.what)),
+            None => Err(format!(
+                "no {} ({}) on this machine",
+                self.soname, self.what
+            )),
         }
     }
 }

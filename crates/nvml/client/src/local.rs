@@ -1,0 +1,86 @@
+//! Entry points answered in the client: initialisation and shutdown (which open the session
+//! and count, as NVML counts), status texts (which work with no server), and the version check
+//! of `nvmlDeviceGetMemoryInfo_v2`'s struct.
+
+// Entry points keep the C names the description gives them.
+#![allow(non_snake_case)]
+
+use crate::connection;
+use crate::generated;
+use crate::rt::{self, entry_status, ApiErr};
+use std::ffi::c_void;
+use wormhole_nvml_proto::nv::*;
+
+/// `nvmlInit_v2`: opens the session (the first call). Without a server, or with a server that
+/// has no NVML, the answer is NVML_ERROR_DRIVER_NOT_LOADED, as NVIDIA's library answers on a
+/// machine whose driver is not loaded, and the reason is logged.
+///
+/// # Safety
+/// None (no pointer parameters).
+pub unsafe fn nvmlInit_v2() -> i32 {
+    entry_status(|| {
+        connection::get().map_err(|_| ApiErr(NVML_ERROR_DRIVER_NOT_LOADED))?;
+        rt::initialized();
+        Ok(NVML_SUCCESS)
+    })
+}
+
+/// `nvmlInit` (the first ABI): initialises as `nvmlInit_v2` does.
+///
+/// # Safety
+/// None (no pointer parameters).
+pub unsafe fn nvmlInit() -> i32 {
+    // SAFETY: no pointer parameters.
+    unsafe { nvmlInit_v2() }
+}
+
+/// `nvmlInitWithFlags`: the flags say which devices NVML may skip attaching to (those that
+/// failed to attach, or all of them); the server's NVML attached as it needed, so they change
+/// nothing that a tenant can see.
+///
+/// # Safety
+/// None (no pointer parameters).
+pub unsafe fn nvmlInitWithFlags(_flags: u32) -> i32 {
+    // SAFETY: no pointer parameters.
+    unsafe { nvmlInit_v2() }
+}
+
+/// `nvmlShutdown`: one initialisation fewer; NVML_ERROR_UNINITIALIZED if none was in force.
+///
+/// # Safety
+/// None (no pointer parameters).
+pub unsafe fn nvmlShutdown() -> i32 {
+    match rt::shut_down() {
+        true => NVML_SUCCESS,
+        false => NVML_ERROR_UNINITIALIZED,
+    }
+}
+
+/// `nvmlErrorString`: a static text for every status.
+///
+/// # Safety
+/// None (no pointer parameters).
+pub unsafe fn nvmlErrorString(result: i32) -> *mut c_void {
+    error_string(result).as_ptr() as *mut c_void
+}
+
+/// `nvmlDeviceGetMemoryInfo_v2`: the caller names the struct's version in it; a version this
+/// library does not know is refused as NVML refuses it, before anything is sent.
+///
+/// # Safety
+/// `memory` NULL or a writable `nvmlMemory_v2_t`.
+pub unsafe fn nvmlDeviceGetMemoryInfo_v2(device: *mut c_void, memory: *mut c_void) -> i32 {
+    entry_status(|| {
+        rt::check_initialized()?;
+        if memory.is_null() {
+            return Err(ApiErr(NVML_ERROR_INVALID_ARGUMENT));
+        }
+        // SAFETY: per the contract (the version is the struct's first field).
+        let version = unsafe { (memory as *const u32).read_unaligned() };
+        if version != wormhole_nvml_proto::MEMORY_V2_VERSION {
+            return Err(ApiErr(NVML_ERROR_ARGUMENT_VERSION_MISMATCH));
+        }
+        // SAFETY: per the contract.
+        Ok(unsafe { generated::wire_nvmlDeviceGetMemoryInfo_v2(device, memory) })
+    })
+}

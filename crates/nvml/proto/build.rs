@@ -1,0 +1,9 @@
+//! Generates the opcode table and the handle kinds from the single API description
+//! (`api/nvml.api`).
+fn main() {
+    let api_path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("api/nvml.api");
+    println!("cargo:rerun-if-changed={}", api_path.display());
+    let api = wormhole_apigen::Api::load(&api_path).unwrap_or_else(|e| panic!("{e}"));
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("proto.rs");
+    std::fs::write(out, wormhole_apigen::emit_proto(&api)).unwrap();
+}

@@ -236,7 +236,9 @@ def test_claims_are_placed_by_memory_and_become_tenants_with_that_quota(cluster,
                 str(BIN / "wh-dra"), "kubelet-plugin", "--kubeconfig", str(plugin_cfg), "--node", node,
                 "--registry-dir", str(pd / "registry"), "--plugin-dir", str(pd / "plugin"),
                 "--cdi-dir", str(pd / "cdi"), "--state-dir", str(pd / "claims"),
-                "--client-lib", str(ROOT / "target" / "release" / "libwormhole_opencl.so")]))
+                "--client-lib", str(ROOT / "target" / "release" / "libwormhole_opencl.so"),
+                "--cuda-lib", str(ROOT / "target" / "release" / "libwormhole_cuda.so"),
+                "--nvml-lib", str(ROOT / "target" / "release" / "libwormhole_nvml.so")]))
 
         def kubelet(node, verb, cl):
             reg = plugins[node] / "registry" / "wormhole.dev-reg.sock"
@@ -261,6 +263,13 @@ def test_claims_are_placed_by_memory_and_become_tenants_with_that_quota(cluster,
             env, edits = client_env(spec_file, f"{uid}-{pool}")
             mounts = {m["containerPath"] for m in edits["mounts"]}
             assert {"/etc/OpenCL/vendors/wormhole.icd", "/usr/lib/wormhole/libwormhole_opencl.so"} <= mounts
+            # CUDA programs find Wormhole's libcuda.so.1 and libnvidia-ml.so.1 where they look
+            # for NVIDIA's (the dynamic linker's default directory).
+            stand_ins = {m["containerPath"]: m for m in edits["mounts"] if m["containerPath"].startswith("/usr/lib/x86_64")}
+            assert {p: m["hostPath"] for p, m in stand_ins.items()} == {
+                "/usr/lib/x86_64-linux-gnu/libcuda.so.1": str(ROOT / "target" / "release" / "libwormhole_cuda.so"),
+                "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1": str(ROOT / "target" / "release" / "libwormhole_nvml.so")}
+            assert all("ro" in m["options"] for m in stand_ins.values())
             token_file = pathlib.Path(env["WORMHOLE_TOKEN_FILE"])
             assert oct(token_file.stat().st_mode & 0o777) == "0o444"
             if pool == "server-b":

@@ -295,6 +295,8 @@ func kubeletPlugin(ctx context.Context, args []string) error {
 	fs.StringVar(&p.CDIDir, "cdi-dir", kubeletplugin.DefaultCDIDir, "where the container runtime reads CDI specs")
 	fs.StringVar(&p.StateDir, "state-dir", "/var/lib/wormhole-dra/claims", "where the claims' token files are kept (never in or under a server's socket directory)")
 	fs.StringVar(&p.ClientLib, "client-lib", "/var/lib/wormhole-dra/lib/libwormhole_opencl.so", "the node's Wormhole OpenCL client library")
+	fs.StringVar(&p.CUDALib, "cuda-lib", "/var/lib/wormhole-dra/lib/libwormhole_cuda.so", "the node's Wormhole libcuda.so.1 (containers get it where CUDA programs look; missing: no CUDA)")
+	fs.StringVar(&p.NVMLLib, "nvml-lib", "/var/lib/wormhole-dra/lib/libwormhole_nvml.so", "the node's Wormhole libnvidia-ml.so.1 (as --cuda-lib)")
 	_ = fs.Parse(args)
 	if node == "" {
 		return fmt.Errorf("--node (or $NODE_NAME) is required")

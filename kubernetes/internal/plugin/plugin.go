@@ -2,7 +2,8 @@
 // before a pod's containers start: for each share of a Wormhole server the pod's claim was
 // allocated, it fetches the token the controller minted, writes it to a file on the node, and
 // describes to the container runtime (as a CDI device) what the container gets: the token
-// file, where to connect, and the OpenCL client library registered as an ICD.
+// file, where to connect, the OpenCL client library registered as an ICD, and Wormhole's
+// libcuda.so.1 and libnvidia-ml.so.1 where CUDA programs look for NVIDIA's.
 package plugin
 
 import (
@@ -12,6 +13,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -35,6 +37,17 @@ const (
 	containerDir = "/run/wormhole"
 )
 
+// containerSystemLibDir is where a container finds Wormhole's libcuda.so.1 and
+// libnvidia-ml.so.1: the directory the dynamic linker searches by default on the Debian and
+// Ubuntu bases CUDA images are built on, where NVIDIA's container toolkit puts the real
+// libraries (so programs, and the runtimes that dlopen them by soname, need no setting).
+func containerSystemLibDir() string {
+	if runtime.GOARCH == "arm64" {
+		return "/usr/lib/aarch64-linux-gnu"
+	}
+	return "/usr/lib/x86_64-linux-gnu"
+}
+
 // Plugin implements kubeletplugin.DRAPlugin.
 type Plugin struct {
 	Driver string
@@ -47,6 +60,10 @@ type Plugin struct {
 	StateDir string
 	// ClientLib is the node's copy of libwormhole_opencl.so.
 	ClientLib string
+	// CUDALib and NVMLLib are the node's copies of libwormhole_cuda.so and
+	// libwormhole_nvml.so; empty (or missing at Setup): containers get OpenCL only.
+	CUDALib string
+	NVMLLib string
 }
 
 var _ kubeletplugin.DRAPlugin = (*Plugin)(nil)
@@ -70,6 +87,15 @@ func (p *Plugin) Setup() error {
 	}
 	if _, err := os.Stat(p.ClientLib); err != nil {
 		return fmt.Errorf("the client library: %w", err)
+	}
+	for _, lib := range []*string{&p.CUDALib, &p.NVMLLib} {
+		if *lib == "" {
+			continue
+		}
+		if _, err := os.Stat(*lib); err != nil {
+			klog.Background().Info("A stand-in library is missing: containers get no CUDA forwarding through it", "library", *lib, "err", err)
+			*lib = ""
+		}
 	}
 	return writeFile(filepath.Join(p.StateDir, "wormhole.icd"), []byte(containerLib+"\n"), 0o444)
 }
@@ -166,6 +192,11 @@ func (p *Plugin) grant(ctx context.Context, claim *resourceapi.ResourceClaim, po
 		{HostPath: tokenFile, ContainerPath: inside + "/token", Options: []string{"ro", "bind"}},
 		{HostPath: p.ClientLib, ContainerPath: containerLib, Options: []string{"ro", "bind"}},
 		{HostPath: filepath.Join(p.StateDir, "wormhole.icd"), ContainerPath: containerICD, Options: []string{"ro", "bind"}},
+	}
+	for _, lib := range []struct{ host, soname string }{{p.CUDALib, "libcuda.so.1"}, {p.NVMLLib, "libnvidia-ml.so.1"}} {
+		if lib.host != "" {
+			edits.Mounts = append(edits.Mounts, &cdispec.Mount{HostPath: lib.host, ContainerPath: containerSystemLibDir() + "/" + lib.soname, Options: []string{"ro", "bind"}})
+		}
 	}
 	if ca := secret.Data[grant.KeyCA]; len(ca) > 0 {
 		caFile := filepath.Join(dir, "ca.pem")

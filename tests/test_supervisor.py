@@ -231,3 +231,29 @@ def test_runtime_directory_is_created_reachable_and_an_existing_one_left_alone(t
         assert stat.S_IMODE(mine.stat().st_mode) == 0o750
     finally:
         s.stop()
+
+
+def test_a_second_server_on_a_live_socket_is_refused_and_a_dead_ones_socket_replaced(tmp_path, c_programs):
+    """A server started on the socket of one that is serving would take the socket over and
+    strand the first one's clients: it stops, saying why, before it starts anything. The
+    socket of a killed server (nothing answers on it) is replaced."""
+    first = Server(tmp_path).start()
+    try:
+        second = subprocess.run([WH, "serve", "--socket", first.socket, "--state-dir", str(tmp_path / "state2")],
+                                capture_output=True, text=True, timeout=30)
+        assert second.returncode != 0
+        assert "another server is serving on it" in second.stderr, second.stderr
+        r = first.run([c_programs["vector_add"]], timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+    finally:
+        first.stop()
+    assert os.path.exists(first.socket), "the killed server's socket should lie there"
+    again = subprocess.Popen([WH, "serve", "--socket", first.socket, "--state-dir", str(tmp_path / "state3")],
+                             stdout=subprocess.DEVNULL, stderr=open(tmp_path / "again.log", "w"), start_new_session=True)
+    try:
+        wait_for(lambda: "wormhole server listening" in (tmp_path / "again.log").read_text(), timeout=10)
+        r = first.run([c_programs["vector_add"]], timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+    finally:
+        os.killpg(again.pid, signal.SIGKILL)
+        again.wait()

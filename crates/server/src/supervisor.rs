@@ -205,6 +205,11 @@ pub fn serve(
         path: dir.clone(),
         source,
     })?;
+    // Before anything is started: a second server would otherwise take the socket over from
+    // a live one (the rename in `bind_socket` replaces it) and leave its clients to the first.
+    for path in std::iter::once(&config.socket).chain(&config.admin_socket) {
+        refuse_if_served(path)?;
+    }
     let mut env = Vec::new();
     for b in backends {
         env.push(b.worker_env(&dir).map_err(|source| ServeError::Runtime {
@@ -437,6 +442,22 @@ pub fn serve(
         }
     }
     Ok(())
+}
+
+/// Refuses a socket another server answers on. One that only lies there (its server was
+/// killed) is replaced when this server binds. Two servers starting at the same moment are not
+/// told apart: the one that binds last serves.
+fn refuse_if_served(path: &std::path::Path) -> Result<(), ServeError> {
+    match UnixStream::connect(path) {
+        Ok(_) => Err(ServeError::Listen {
+            path: path.to_path_buf(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                "another server is serving on it (stop it first, or give this one another socket)",
+            ),
+        }),
+        Err(_) => Ok(()),
+    }
 }
 
 /// Binds and listens on a Unix socket under a temporary name, then renames it into place: it

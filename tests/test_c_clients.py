@@ -101,3 +101,22 @@ def test_image_transfers_beyond_a_frame(server, c_programs):
     if "skipped" in r.stdout:
         pytest.skip(r.stdout.strip())
     assert "big image OK" in r.stdout
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_threads_sharing_few_lanes_never_wait_for_each_other(tmp_path, c_programs, transport):
+    """With 2 lanes, finish_waits' 9 threads share them: a thread blocked in clFinish or
+    clWaitForEvents on a user event holds its lane while the thread that sets the event needs
+    one. A call whose lane is held takes a free one (unless its own pipelined calls must come
+    first), over TCP as over shared memory, so the program ends as natively."""
+    cfg = tmp_path / "wormhole.toml"
+    cfg.write_text("lanes = 2\n")
+    s = Server(tmp_path, tcp=transport == "tcp", config=cfg).start()
+    try:
+        native = subprocess.run([c_programs["finish_waits"]], capture_output=True, text=True, timeout=120)
+        assert native.returncode == 0, native.stdout + native.stderr
+        r = s.run([c_programs["finish_waits"]], timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert r.stdout == native.stdout
+    finally:
+        s.stop()

@@ -782,7 +782,7 @@ impl Connection {
         let mut idx = self.my_lane();
         let res = match &self.transport {
             Transport::Shm { lanes, .. } => {
-                let (i, mut lane) = self.take_lane(lanes, idx);
+                let (i, mut lane) = self.take_lane(lanes.len(), |i| &lanes[i], idx);
                 idx = i;
                 lane.seq = lane.seq.wrapping_add(1);
                 let seq = lane.seq;
@@ -815,9 +815,11 @@ impl Connection {
                     Ok(got)
                 })()
             }
-            Transport::Tcp { writer, slots } => self
-                .call_tcp(writer, &slots[idx], idx, w, payload)
-                .map(|r| (r, false)),
+            Transport::Tcp { writer, slots } => {
+                let (i, busy) = self.take_lane(slots.len(), |i| &slots[i].busy, idx);
+                self.call_tcp(writer, &slots[i], busy, i, w, payload)
+                    .map(|r| (r, false))
+            }
         };
         res.map_err(|e: TransportError| self.broken(e))
     }
@@ -837,16 +839,18 @@ impl Connection {
                     .map_err(TransportError::from)
                     .and_then(|frame| lane.link.send(&frame))
             }
-            Transport::Tcp { writer, .. } => w
-                .finish_on(idx as u16, FLAG_ASYNC, 0)
-                .map_err(TransportError::from)
-                .and_then(|frame| {
-                    writer
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .write_all(&frame)
-                        .map_err(|_| TransportError::PeerGone)
-                }),
+            Transport::Tcp { writer, .. } => {
+                SENT_ASYNC.set(true);
+                w.finish_on(idx as u16, FLAG_ASYNC, 0)
+                    .map_err(TransportError::from)
+                    .and_then(|frame| {
+                        writer
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .write_all(&frame)
+                            .map_err(|_| TransportError::PeerGone)
+                    })
+            }
         };
         res.map_err(|e| self.broken(e))
     }
@@ -855,27 +859,28 @@ impl Connection {
     /// it and this thread has nothing unanswered there, any free lane. Threads beyond the
     /// lanes share them; waiting for the lane could otherwise wait for a call that waits for
     /// this one (a `clWaitForEvents` on the user event this thread is about to set).
-    fn take_lane<'a>(
+    fn take_lane<'a, L>(
         &self,
-        lanes: &'a [Mutex<ShmLane>],
+        n: usize,
+        lane: impl Fn(usize) -> &'a Mutex<L>,
         own: usize,
-    ) -> (usize, std::sync::MutexGuard<'a, ShmLane>) {
-        match lanes[own].try_lock() {
-            Ok(lane) => return (own, lane),
+    ) -> (usize, std::sync::MutexGuard<'a, L>) {
+        match lane(own).try_lock() {
+            Ok(held) => return (own, held),
             Err(std::sync::TryLockError::Poisoned(p)) => return (own, p.into_inner()),
             Err(std::sync::TryLockError::WouldBlock) => {}
         }
         if !SENT_ASYNC.get() {
-            for (i, l) in lanes.iter().enumerate().filter(|(i, _)| *i != own) {
-                if let Ok(lane) = l.try_lock() {
+            for i in (0..n).filter(|i| *i != own) {
+                if let Ok(held) = lane(i).try_lock() {
                     if let Some(r) = &self.guest {
                         r.rendezvous().use_lane(i as u32);
                     }
-                    return (i, lane);
+                    return (i, held);
                 }
             }
         }
-        (own, lanes[own].lock().unwrap_or_else(|p| p.into_inner()))
+        (own, lane(own).lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     fn my_lane(&self) -> usize {
@@ -911,11 +916,11 @@ impl Connection {
         &self,
         writer: &Mutex<Box<dyn Write + Send>>,
         slot: &TcpSlot,
+        mut busy: std::sync::MutexGuard<'_, u32>,
         idx: usize,
         w: Writer,
         payload: &[u8],
     ) -> Result<Vec<u8>, TransportError> {
-        let mut busy = slot.busy.lock().unwrap_or_else(|p| p.into_inner());
         *busy = busy.wrapping_add(1);
         let seq = *busy;
         let frame = w.finish_on(idx as u16, 0, seq)?;
@@ -935,6 +940,8 @@ impl Connection {
                     // hardly ever waits.
                     self.marks.wait(idx, seq, &self.dead);
                 }
+                // The reply follows everything this thread sent on the lane before.
+                SENT_ASYNC.set(false);
                 return Ok(body);
             }
             if self.dead.load(Ordering::SeqCst) {

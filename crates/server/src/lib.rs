@@ -10,6 +10,7 @@ pub mod backend;
 pub mod cgroup;
 pub mod config;
 pub mod deferred;
+pub mod driver_table;
 pub mod handles;
 pub mod output;
 pub mod quota;

@@ -5,9 +5,9 @@
 //! there CUDA sessions are refused with the reason (the program sees no device).
 
 use crate::generated::ffi::Table;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::AtomicBool;
 use wormhole_cuda_proto::cu;
+use wormhole_server::driver_table::DriverTable;
 use wormhole_server::vendor_library::VendorLibrary;
 
 /// NVIDIA's driver, by its soname and where distributions install it.
@@ -24,15 +24,14 @@ const LIBRARY: VendorLibrary = VendorLibrary {
     ours: "libwormhole_cuda",
 };
 
-struct Driver {
-    // Kept open for the life of the process: the table's pointers point into it.
-    _lib: libloading::Library,
-    table: Table,
-}
+static DRIVER: DriverTable<Table> = DriverTable::new(
+    "the CUDA driver",
+    "CUDA_ERROR_NOT_SUPPORTED",
+    open,
+    Table::EMPTY,
+);
 
-static DRIVER: OnceLock<Result<Driver, String>> = OnceLock::new();
-
-fn open() -> Result<Driver, String> {
+fn open() -> Result<(libloading::Library, Table), String> {
     let (lib, name) = LIBRARY
         .open()
         .map_err(|e| format!("the server cannot load the CUDA driver (libcuda.so.1): {e}"))
@@ -55,7 +54,7 @@ fn open() -> Result<Driver, String> {
     // SAFETY: `lib` is a CUDA driver (NVIDIA's): its symbols have the signatures of cuda.h.
     let table = unsafe { Table::load(&lib) };
     tracing::info!(library = name, "CUDA driver loaded");
-    Ok(Driver { _lib: lib, table })
+    Ok((lib, table))
 }
 
 /// Whether NVIDIA's `libcuda.so.1` is on this machine, judged from files alone (the
@@ -64,31 +63,20 @@ pub fn installed() -> Result<(), String> {
     LIBRARY.installed()
 }
 
-/// Loads and initialises the driver if no call did yet; Err says why there is none (logged
-/// once). A worker refuses its session on Err.
+/// Loads the driver if no call did yet; Err says why there is none (logged once). A worker
+/// refuses its session on Err.
 pub fn load() -> Result<(), &'static str> {
-    match DRIVER.get_or_init(open) {
-        Ok(_) => Ok(()),
-        Err(reason) => Err(reason),
-    }
+    DRIVER.load()
 }
 
 /// The entry points: one atomic load after the first call.
 #[inline]
 pub(crate) fn table() -> &'static Table {
-    static EMPTY: Table = Table::EMPTY;
-    match DRIVER.get_or_init(open) {
-        Ok(d) => &d.table,
-        Err(_) => &EMPTY,
-    }
+    DRIVER.table()
 }
 
-/// A wrapper found no entry point `name` (a driver older than the description): logs it once.
+/// A wrapper found no entry point `name`: logged once per entry point.
 #[cold]
 pub(crate) fn missing(name: &str, logged: &AtomicBool) {
-    if matches!(DRIVER.get(), Some(Ok(_))) && !logged.swap(true, Ordering::Relaxed) {
-        tracing::warn!(
-            "the CUDA driver has no {name}: calls to it answer CUDA_ERROR_NOT_SUPPORTED"
-        );
-    }
+    DRIVER.missing(name, logged)
 }

@@ -5,9 +5,9 @@
 //! refused with the reason (the program's `nvmlInit` says the driver is not loaded).
 
 use crate::generated::ffi::Table;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::AtomicBool;
 use wormhole_nvml_proto::nv;
+use wormhole_server::driver_table::DriverTable;
 use wormhole_server::vendor_library::VendorLibrary;
 
 /// NVIDIA's NVML, by its soname and where distributions install it.
@@ -24,15 +24,10 @@ const LIBRARY: VendorLibrary = VendorLibrary {
     ours: "libwormhole_nvml",
 };
 
-struct Driver {
-    // Kept open for the life of the process: the table's pointers point into it.
-    _lib: libloading::Library,
-    table: Table,
-}
+static DRIVER: DriverTable<Table> =
+    DriverTable::new("NVML", "NVML_ERROR_NOT_SUPPORTED", open, Table::EMPTY);
 
-static DRIVER: OnceLock<Result<Driver, String>> = OnceLock::new();
-
-fn open() -> Result<Driver, String> {
+fn open() -> Result<(libloading::Library, Table), String> {
     let (lib, name) = LIBRARY
         .open()
         .map_err(|e| format!("the server cannot load NVML (libnvidia-ml.so.1): {e}"))
@@ -54,7 +49,7 @@ fn open() -> Result<Driver, String> {
     // SAFETY: `lib` is NVIDIA's NVML: its symbols have the signatures of nvml.h.
     let table = unsafe { Table::load(&lib) };
     tracing::info!(library = name, "NVML loaded");
-    Ok(Driver { _lib: lib, table })
+    Ok((lib, table))
 }
 
 /// Whether NVIDIA's `libnvidia-ml.so.1` is on this machine, judged from files alone (the
@@ -63,29 +58,20 @@ pub fn installed() -> Result<(), String> {
     LIBRARY.installed()
 }
 
-/// Loads and initialises NVML if no call did yet; Err says why there is none (logged once).
-/// A worker refuses its session on Err.
+/// Loads the driver if no call did yet; Err says why there is none (logged once). A worker
+/// refuses its session on Err.
 pub fn load() -> Result<(), &'static str> {
-    match DRIVER.get_or_init(open) {
-        Ok(_) => Ok(()),
-        Err(reason) => Err(reason),
-    }
+    DRIVER.load()
 }
 
 /// The entry points: one atomic load after the first call.
 #[inline]
 pub(crate) fn table() -> &'static Table {
-    static EMPTY: Table = Table::EMPTY;
-    match DRIVER.get_or_init(open) {
-        Ok(d) => &d.table,
-        Err(_) => &EMPTY,
-    }
+    DRIVER.table()
 }
 
-/// A wrapper found no entry point `name` (an NVML older than the description): logs it once.
+/// A wrapper found no entry point `name`: logged once per entry point.
 #[cold]
 pub(crate) fn missing(name: &str, logged: &AtomicBool) {
-    if matches!(DRIVER.get(), Some(Ok(_))) && !logged.swap(true, Ordering::Relaxed) {
-        tracing::warn!("NVML has no {name}: calls to it answer NVML_ERROR_NOT_SUPPORTED");
-    }
+    DRIVER.missing(name, logged)
 }

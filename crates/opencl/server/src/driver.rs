@@ -5,27 +5,26 @@
 //! that lacks some entry point costs only that entry point.
 
 use crate::generated::ffi::Table;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::AtomicBool;
+use wormhole_server::driver_table::DriverTable;
 
 /// The library the entry points come from: the ICD loader, by its soname.
 pub const LIBRARY: &str = "libOpenCL.so.1";
 
-struct Driver {
-    // Kept open for the life of the process: the table's pointers point into it.
-    _lib: libloading::Library,
-    table: Table,
-}
+static DRIVER: DriverTable<Table> = DriverTable::new(
+    "the OpenCL driver (libOpenCL.so.1)",
+    "CL_INVALID_OPERATION",
+    open,
+    Table::EMPTY,
+);
 
-static DRIVER: OnceLock<Result<Driver, String>> = OnceLock::new();
-
-fn open() -> Result<Driver, String> {
+fn open() -> Result<(libloading::Library, Table), String> {
     // SAFETY: loading the ICD loader runs its initialisers, which expect nothing of us; the
     // library's symbols are OpenCL's, as `Table::load` requires.
     let loaded = unsafe { libloading::Library::new(LIBRARY) }.map(|lib| {
         // SAFETY: as above: `lib` is the OpenCL ICD loader.
         let table = unsafe { Table::load(&lib) };
-        Driver { _lib: lib, table }
+        (lib, table)
     });
     match loaded {
         Ok(d) => {
@@ -43,31 +42,19 @@ fn open() -> Result<Driver, String> {
 /// Loads the driver if no call did yet; Err says why there is none (logged once, when it
 /// failed). A worker refuses its session on Err.
 pub fn load() -> Result<(), &'static str> {
-    match DRIVER.get_or_init(open) {
-        Ok(_) => Ok(()),
-        Err(reason) => Err(reason),
-    }
+    DRIVER.load()
 }
 
 /// The entry points. After the first call this is one atomic load (`OnceLock`'s completed
 /// check): no lock and no lookup on the forwarding path.
 #[inline]
 pub(crate) fn table() -> &'static Table {
-    static EMPTY: Table = Table::EMPTY;
-    match DRIVER.get_or_init(open) {
-        Ok(d) => &d.table,
-        Err(_) => &EMPTY,
-    }
+    DRIVER.table()
 }
 
 /// A wrapper found no entry point `name`: logs it once per function (`logged` is the
 /// function's own flag). Without a driver at all, the failed load was already logged.
 #[cold]
 pub(crate) fn missing(name: &str, logged: &AtomicBool) {
-    if matches!(DRIVER.get(), Some(Ok(_))) && !logged.swap(true, Ordering::Relaxed) {
-        tracing::warn!(
-            library = LIBRARY,
-            "the OpenCL driver has no {name}: calls to it answer CL_INVALID_OPERATION"
-        );
-    }
+    DRIVER.missing(name, logged)
 }

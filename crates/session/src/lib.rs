@@ -214,6 +214,48 @@ pub fn log(msg: &str) {
     eprintln!("wormhole: {msg}");
 }
 
+/// Logs that Wormhole does not forward entry point `what` and what the call answers instead:
+/// once per entry point (a program may call one in a loop).
+pub fn log_unsupported_once(what: &'static str, answer: &str) {
+    static LOGGED: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+    let mut logged = LOGGED.lock().unwrap_or_else(|p| p.into_inner());
+    if !logged.contains(&what) {
+        logged.push(what);
+        log(&format!(
+            "{what} is not forwarded by Wormhole; returning {answer}"
+        ));
+    }
+}
+
+/// An API client library's one session, opened on first use; what a failed open said is kept
+/// (logged once, after `why`: "no CUDA device"), so later calls fail at once the same way.
+pub struct OnceConnection(OnceLock<Result<Connection, String>>);
+
+impl OnceConnection {
+    pub const fn new() -> Self {
+        OnceConnection(OnceLock::new())
+    }
+
+    pub fn get(&self, hooks: ApiHooks, why: &str) -> Result<&Connection, &str> {
+        self.0
+            .get_or_init(|| {
+                Connection::open(hooks).map_err(|e| {
+                    let reason = e.to_string();
+                    log(&format!("{why}: {reason}"));
+                    reason
+                })
+            })
+            .as_ref()
+            .map_err(String::as_str)
+    }
+}
+
+impl Default for OnceConnection {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// Set in the child of a fork(): the session (its lanes, its worker) stays the parent's, so
 /// the child's calls fail instead of corrupting it. A fork handler, not a getpid() per call
 /// (a system call on every forwarded call).

@@ -1,9 +1,8 @@
 //! The library's one session with the server, opened on first use through the session
 //! machinery every API shares (`wormhole-session`).
 
-use std::sync::OnceLock;
 use wormhole_cuda_proto::Op;
-pub use wormhole_session::{log, CallError, Connection};
+pub use wormhole_session::{log, CallError, Connection, OnceConnection};
 
 /// What the session needs to know of CUDA.
 const CUDA: wormhole_session::ApiHooks = wormhole_session::ApiHooks {
@@ -28,15 +27,6 @@ fn deliver_callback(body: &[u8]) {
 
 /// The session, connecting on first use; Err says why there is none (logged once).
 pub fn get() -> Result<&'static Connection, &'static str> {
-    static CONNECTION: OnceLock<Result<Connection, String>> = OnceLock::new();
-    CONNECTION
-        .get_or_init(|| {
-            Connection::open(CUDA).map_err(|e| {
-                let why = e.to_string();
-                log(&format!("no CUDA device: {why}"));
-                why
-            })
-        })
-        .as_ref()
-        .map_err(String::as_str)
+    static CONNECTION: OnceConnection = OnceConnection::new();
+    CONNECTION.get(CUDA, "no CUDA device")
 }

@@ -90,14 +90,7 @@ fn call_failed(e: connection::CallError) -> ApiErr {
 /// A call of an entry point Wormhole does not forward: logged once per entry point (a program
 /// may call one in a loop).
 pub fn log_unsupported(what: &'static str) {
-    static LOGGED: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
-    let mut logged = LOGGED.lock().unwrap_or_else(|p| p.into_inner());
-    if !logged.contains(&what) {
-        logged.push(what);
-        connection::log(&format!(
-            "{what} is not forwarded by Wormhole; returning CUDA_ERROR_NOT_SUPPORTED"
-        ));
-    }
+    wormhole_session::log_unsupported_once(what, "CUDA_ERROR_NOT_SUPPORTED");
 }
 
 /// The id of a handle. NULL travels as 0 (the driver then answers what it answers for NULL:

@@ -1,8 +1,7 @@
 //! The library's one session with the server, opened by the first `nvmlInit` through the
 //! session machinery every API shares (`wormhole-session`).
 
-use std::sync::OnceLock;
-pub use wormhole_session::{log, CallError, Connection};
+pub use wormhole_session::{log, CallError, Connection, OnceConnection};
 
 /// What the session needs to know of NVML.
 const NVML: wormhole_session::ApiHooks = wormhole_session::ApiHooks {
@@ -23,15 +22,6 @@ fn deliver_callback(body: &[u8]) {
 
 /// The session, connecting on first use; Err says why there is none (logged once).
 pub fn get() -> Result<&'static Connection, &'static str> {
-    static CONNECTION: OnceLock<Result<Connection, String>> = OnceLock::new();
-    CONNECTION
-        .get_or_init(|| {
-            Connection::open(NVML).map_err(|e| {
-                let why = e.to_string();
-                log(&format!("no NVIDIA driver: {why}"));
-                why
-            })
-        })
-        .as_ref()
-        .map_err(String::as_str)
+    static CONNECTION: OnceConnection = OnceConnection::new();
+    CONNECTION.get(NVML, "no NVIDIA driver")
 }

@@ -74,14 +74,7 @@ pub fn call(w: Writer) -> Result<Vec<u8>, ApiErr> {
 /// A call of an entry point Wormhole does not forward: logged once per entry point (a tool
 /// may call one for every device, every second).
 pub fn log_unsupported(what: &'static str) {
-    static LOGGED: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
-    let mut logged = LOGGED.lock().unwrap_or_else(|p| p.into_inner());
-    if !logged.contains(&what) {
-        logged.push(what);
-        connection::log(&format!(
-            "{what} is not forwarded by Wormhole; returning NVML_ERROR_NOT_SUPPORTED"
-        ));
-    }
+    wormhole_session::log_unsupported_once(what, "NVML_ERROR_NOT_SUPPORTED");
 }
 
 /// The id of a device handle; anything that is not one the server returned is refused here

@@ -42,6 +42,13 @@ fn tenant_view(s: &Call<'_>, real: Memory) -> Memory {
     quota_view(real, limits.mem_quota, limits.tenant_bytes().max(0) as u64)
 }
 
+/// The device behind `id`, or None with the reply written (the status of a bad handle).
+fn device_or_reply(s: &Call<'_>, id: u64, w: &mut Writer) -> Option<crate::session::Handle> {
+    s.resolve(id, wormhole_nvml_proto::HandleKind::Device, false)
+        .inspect_err(|st| w.i32(*st))
+        .ok()
+}
+
 fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
@@ -52,12 +59,8 @@ pub fn nvmlDeviceGetMemoryInfo(
     a: args::nvmlDeviceGetMemoryInfo,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let device = match s.resolve(a.device_id, wormhole_nvml_proto::HandleKind::Device, false) {
-        Ok(d) => d,
-        Err(st) => {
-            w.i32(st);
-            return Ok(());
-        }
+    let Some(device) = device_or_reply(s, a.device_id, w) else {
+        return Ok(());
     };
     let mut b = [0u8; MEMORY_SIZE];
     // SAFETY: `device` is a device NVML gave this session; `b` is an nvmlMemory_t's size.
@@ -87,12 +90,8 @@ pub fn nvmlDeviceGetMemoryInfo_v2(
     a: args::nvmlDeviceGetMemoryInfo_v2,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let device = match s.resolve(a.device_id, wormhole_nvml_proto::HandleKind::Device, false) {
-        Ok(d) => d,
-        Err(st) => {
-            w.i32(st);
-            return Ok(());
-        }
+    let Some(device) = device_or_reply(s, a.device_id, w) else {
+        return Ok(());
     };
     let mut b = [0u8; MEMORY_V2_SIZE];
     b[..4].copy_from_slice(&MEMORY_V2_VERSION.to_le_bytes());

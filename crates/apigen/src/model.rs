@@ -194,6 +194,17 @@ impl Api {
             .unwrap_or_else(|| panic!("unknown callback kind {kind}"))
     }
 
+    /// The symbols of `list` (one per line, as `nm -D` lists a real library's) that the
+    /// description lacks: a client library generated from it must export every one.
+    pub fn not_described<'a>(&self, list: &'a str) -> Vec<&'a str> {
+        let described: std::collections::HashSet<&str> =
+            self.funcs.iter().map(|f| f.name.as_str()).collect();
+        list.lines()
+            .map(str::trim)
+            .filter(|s| !s.is_empty() && !described.contains(s))
+            .collect()
+    }
+
     /// The status for a bad handle in list parameter `param` of handles of `kind`.
     pub fn list_error(&self, param: &str, kind: &str) -> &str {
         self.list_errors

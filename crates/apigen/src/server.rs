@@ -76,7 +76,7 @@ fn emit_ffi(s: &mut String, api: &Api) {
     for f in &funcs {
         let _ = writeln!(s, "            {}: None,", f.name);
     }
-    s.push_str("        };\n\n        /// Resolves every entry point in `lib`.\n        ///\n        /// # Safety\n        /// `lib` must be an OpenCL ICD loader: a symbol of one of these names must be the\n        /// OpenCL function of that name, with the C signature declared here.\n        pub unsafe fn load(lib: &libloading::Library) -> Table {\n            Table {\n");
+    s.push_str("        };\n\n        /// Resolves every entry point in `lib`.\n        ///\n        /// # Safety\n        /// `lib` must be the API's driver library: a symbol of one of these names must be the\n        /// API's function of that name, with the C signature declared here.\n        pub unsafe fn load(lib: &libloading::Library) -> Table {\n            Table {\n");
     for f in &funcs {
         // `Option<fn>` has the null pointer as None: a symbol that resolves to NULL is missing.
         let _ = writeln!(
@@ -91,7 +91,7 @@ fn emit_ffi(s: &mut String, api: &Api) {
         let args: Vec<&str> = f.params.iter().map(|p| p.name.as_str()).collect();
         let _ = writeln!(
             s,
-            "    /// As the C `{0}`, through the loaded driver.\n    ///\n    /// # Safety\n    /// As the C function.\n    #[inline]\n    pub unsafe fn {0}({1}) -> {2} {{\n        match crate::driver::table().{0} {{\n            // SAFETY: the caller keeps the C function's contract.\n            Some(entry) => unsafe {{ entry({3}) }},\n            None => {{\n                static LOGGED: AtomicBool = AtomicBool::new(false);\n                crate::driver::missing(\"{0}\", &LOGGED);",
+            "    /// As the C `{0}`, through the loaded driver.\n    ///\n    /// # Safety\n    /// As the C function.\n    #[inline]\n    pub unsafe fn {0}({1}) -> {2} {{\n        match crate::driver::DRIVER.table().{0} {{\n            // SAFETY: the caller keeps the C function's contract.\n            Some(entry) => unsafe {{ entry({3}) }},\n            None => {{\n                static LOGGED: AtomicBool = AtomicBool::new(false);\n                crate::driver::DRIVER.missing(\"{0}\", &LOGGED);",
             f.name,
             signature(f),
             ret_type(&f.ret),

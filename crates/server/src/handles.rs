@@ -143,6 +143,15 @@ impl<K: Copy + Eq + Hash> HandleTable<K> {
         id
     }
 
+    /// Writes objects the driver returned as a list of the ids the client knows them by
+    /// (count first), new ones given a server id (see [`HandleTable::export`]).
+    pub fn write_exported<P>(&self, w: &mut wormhole_wire::Writer, kind: K, ptrs: &[*mut P]) {
+        w.u32(ptrs.len() as u32);
+        for p in ptrs {
+            w.u64(self.export(kind, *p as usize));
+        }
+    }
+
     /// Live objects per kind.
     pub fn counts(&self) -> HashMap<K, usize> {
         let mut counts = HashMap::new();

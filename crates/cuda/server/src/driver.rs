@@ -5,13 +5,12 @@
 //! there CUDA sessions are refused with the reason (the program sees no device).
 
 use crate::generated::ffi::Table;
-use std::sync::atomic::AtomicBool;
 use wormhole_cuda_proto::cu;
 use wormhole_server::driver_table::DriverTable;
 use wormhole_server::vendor_library::VendorLibrary;
 
 /// NVIDIA's driver, by its soname and where distributions install it.
-const LIBRARY: VendorLibrary = VendorLibrary {
+pub(crate) const LIBRARY: VendorLibrary = VendorLibrary {
     soname: "libcuda.so.1",
     what: "NVIDIA's driver",
     paths: &[
@@ -24,7 +23,9 @@ const LIBRARY: VendorLibrary = VendorLibrary {
     ours: "libwormhole_cuda",
 };
 
-static DRIVER: DriverTable<Table> = DriverTable::new(
+/// The driver, opened on first use; the generated wrappers read its table. A worker refuses
+/// its session when `DRIVER.load()` says why there is none.
+pub(crate) static DRIVER: DriverTable<Table> = DriverTable::new(
     "the CUDA driver",
     "CUDA_ERROR_NOT_SUPPORTED",
     open,
@@ -55,28 +56,4 @@ fn open() -> Result<(libloading::Library, Table), String> {
     let table = unsafe { Table::load(&lib) };
     tracing::info!(library = name, "CUDA driver loaded");
     Ok((lib, table))
-}
-
-/// Whether NVIDIA's `libcuda.so.1` is on this machine, judged from files alone (the
-/// supervisor loads no driver).
-pub fn installed() -> Result<(), String> {
-    LIBRARY.installed()
-}
-
-/// Loads the driver if no call did yet; Err says why there is none (logged once). A worker
-/// refuses its session on Err.
-pub fn load() -> Result<(), &'static str> {
-    DRIVER.load()
-}
-
-/// The entry points: one atomic load after the first call.
-#[inline]
-pub(crate) fn table() -> &'static Table {
-    DRIVER.table()
-}
-
-/// A wrapper found no entry point `name`: logged once per entry point.
-#[cold]
-pub(crate) fn missing(name: &str, logged: &AtomicBool) {
-    DRIVER.missing(name, logged)
 }

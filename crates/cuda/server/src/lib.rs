@@ -70,20 +70,21 @@ impl wormhole_server::Backend for Cuda {
     }
 
     fn installed(&self) -> Result<(), String> {
-        driver::installed()
+        // From files alone: the supervisor loads no driver.
+        driver::LIBRARY.installed()
     }
 
     fn load(&self) -> Result<(), String> {
-        driver::load().map_err(str::to_string)
+        driver::DRIVER.load().map_err(str::to_string)
     }
 
     fn warm_up(&self) {
         // A driver that cannot be loaded is logged; the session that comes is refused.
-        let _ = driver::load();
+        let _ = driver::DRIVER.load();
     }
 
     fn inventory(&self) -> Result<Vec<DeviceInventory>, String> {
-        driver::load().map_err(str::to_string)?;
+        driver::DRIVER.load().map_err(str::to_string)?;
         let mut count = 0u32;
         // SAFETY: a valid output pointer.
         let st = unsafe { generated::ffi::cuDeviceGetCount(&mut count) };

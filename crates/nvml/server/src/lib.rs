@@ -65,16 +65,17 @@ impl wormhole_server::Backend for Nvml {
     }
 
     fn installed(&self) -> Result<(), String> {
-        driver::installed()
+        // From files alone: the supervisor loads no driver.
+        driver::LIBRARY.installed()
     }
 
     fn load(&self) -> Result<(), String> {
-        driver::load().map_err(str::to_string)
+        driver::DRIVER.load().map_err(str::to_string)
     }
 
     fn warm_up(&self) {
         // An NVML that cannot be loaded is logged; the session that comes is refused.
-        let _ = driver::load();
+        let _ = driver::DRIVER.load();
     }
 
     /// NVML manages the GPUs the CUDA backend offers: they are listed, and published to a

@@ -45,10 +45,7 @@ impl Session {
     /// Devices NVML returned, under the ids the client knows them by (new ones given a
     /// server id).
     pub fn export_list(&self, w: &mut Writer, kind: HandleKind, ptrs: &[Handle]) {
-        w.u32(ptrs.len() as u32);
-        for p in ptrs {
-            w.u64(self.handles.export(kind, *p as usize));
-        }
+        self.handles.write_exported(w, kind, ptrs);
     }
 
     /// Devices known, for status reports.

@@ -5,13 +5,14 @@
 //! that lacks some entry point costs only that entry point.
 
 use crate::generated::ffi::Table;
-use std::sync::atomic::AtomicBool;
 use wormhole_server::driver_table::DriverTable;
 
 /// The library the entry points come from: the ICD loader, by its soname.
 pub const LIBRARY: &str = "libOpenCL.so.1";
 
-static DRIVER: DriverTable<Table> = DriverTable::new(
+/// The driver, opened on first use; the generated wrappers read its table. A worker refuses
+/// its session when `DRIVER.load()` says why there is none.
+pub(crate) static DRIVER: DriverTable<Table> = DriverTable::new(
     "the OpenCL driver (libOpenCL.so.1)",
     "CL_INVALID_OPERATION",
     open,
@@ -37,24 +38,4 @@ fn open() -> Result<(libloading::Library, Table), String> {
             Err(reason)
         }
     }
-}
-
-/// Loads the driver if no call did yet; Err says why there is none (logged once, when it
-/// failed). A worker refuses its session on Err.
-pub fn load() -> Result<(), &'static str> {
-    DRIVER.load()
-}
-
-/// The entry points. After the first call this is one atomic load (`OnceLock`'s completed
-/// check): no lock and no lookup on the forwarding path.
-#[inline]
-pub(crate) fn table() -> &'static Table {
-    DRIVER.table()
-}
-
-/// A wrapper found no entry point `name`: logs it once per function (`logged` is the
-/// function's own flag). Without a driver at all, the failed load was already logged.
-#[cold]
-pub(crate) fn missing(name: &str, logged: &AtomicBool) {
-    DRIVER.missing(name, logged)
 }

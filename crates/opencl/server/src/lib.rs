@@ -199,18 +199,18 @@ impl wormhole_server::Backend for OpenCl {
     }
 
     fn load(&self) -> Result<(), String> {
-        driver::load().map_err(str::to_string)
+        driver::DRIVER.load().map_err(str::to_string)
     }
 
     fn warm_up(&self) {
         // A driver that cannot be loaded is logged; the session that comes is refused.
-        if driver::load().is_ok() {
+        if driver::DRIVER.load().is_ok() {
             custom::warm_up();
         }
     }
 
     fn inventory(&self) -> Result<Vec<wormhole_server::backend::DeviceInventory>, String> {
-        driver::load().map_err(str::to_string)?;
+        driver::DRIVER.load().map_err(str::to_string)?;
         custom::inventory()
     }
 

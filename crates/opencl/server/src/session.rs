@@ -319,10 +319,7 @@ impl Session {
     }
 
     pub fn export_list(&self, w: &mut Writer, kind: HandleKind, ptrs: &[Handle]) {
-        w.u32(ptrs.len() as u32);
-        for p in ptrs {
-            w.u64(self.export(kind, *p));
-        }
+        self.handles.write_exported(w, kind, ptrs);
     }
 
     /// Live objects per kind, for status reports.

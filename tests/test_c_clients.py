@@ -9,7 +9,7 @@ from conftest import Server
 PROGRAMS = [
     "vector_add", "multithread", "callbacks", "gated_callbacks", "errors", "svm", "svm_fine", "bulk", "windows",
     "host_ptr_maps", "empty_source_part", "long_kernel_name", "big_image", "bad_ranges",
-    "bad_rect_ranges", "bad_sizes", "finish_waits",
+    "bad_rect_ranges", "bad_sizes", "finish_waits", "cross_thread_order",
 ]
 
 

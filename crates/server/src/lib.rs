@@ -12,6 +12,7 @@ pub mod config;
 pub mod deferred;
 pub mod driver_table;
 pub mod handles;
+pub mod order;
 pub mod output;
 pub mod quota;
 pub mod slices;

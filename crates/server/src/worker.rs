@@ -28,6 +28,13 @@ static LIMITS: OnceLock<Arc<Limits>> = OnceLock::new();
 
 /// Requests the session made, and requests sent without waiting that failed anyway.
 static CALLS: AtomicU64 = AtomicU64::new(0);
+/// How far each lane has handled its requests (see `order`), made when the session's lanes are
+/// known.
+static ORDER: OnceLock<crate::order::LaneOrder> = OnceLock::new();
+
+fn order() -> &'static crate::order::LaneOrder {
+    ORDER.get_or_init(|| crate::order::LaneOrder::new(0))
+}
 static ASYNC_FAILURES: AtomicU64 = AtomicU64::new(0);
 
 /// One more call served: counted for `wh status`, and it wakes a parked slice review.
@@ -204,6 +211,7 @@ pub fn run(
         sleep_slice: Duration::from_secs(3600),
         ..SpinPolicy::default()
     };
+    let _ = ORDER.set(crate::order::LaneOrder::new(layout.lanes as usize));
     for lane in 0..layout.lanes {
         let region = region.clone();
         std::thread::Builder::new()
@@ -212,7 +220,7 @@ pub fn run(
                 crate::slices::lane();
                 let (req, rep) = region.lane(lane).expect("lane within layout");
                 let link = ShmLink::new(rep, req, Arc::new(FutexWaiter), policy, Arc::new(|| true));
-                if let Err(e) = serve_lane(backend, lane as usize, link) {
+                if let Err(e) = serve_lane(backend, lane as usize, link, &region) {
                     tracing::error!(lane, "ending session: {e}");
                     std::process::exit(3);
                 }
@@ -356,6 +364,7 @@ pub fn run_guest(
     let events = ShmLink::new(ev_rep, ev_req, waiter.clone(), policy, alive.clone());
     let callbacks: CallbackSink = Arc::new(Mutex::new(LinkWriter(events)));
     capture_output(&callbacks, call_lanes);
+    let _ = ORDER.set(crate::order::LaneOrder::new(call_lanes as usize));
     backend.begin(SessionSetup {
         limits: limits().clone(),
         callbacks,
@@ -378,7 +387,7 @@ pub fn run_guest(
                         let (req, rep) = region.lane(lane).expect("lane within layout");
                         // The lane lives until the worker ends the session (below).
                         let link = ShmLink::new(rep, req, waiter, policy, Arc::new(|| true));
-                        if let Err(e) = serve_lane(backend, lane as usize, link) {
+                        if let Err(e) = serve_lane(backend, lane as usize, link, &region) {
                             tracing::error!(lane, "ending guest session: {e}");
                             std::process::exit(3);
                         }
@@ -578,76 +587,29 @@ const KEEP_BUFFER: usize = 64 << 20;
 /// Requests at least this large are offered to the backend to stream from the ring.
 const STREAM_MIN: u64 = 64 * 1024;
 
+/// Serves one lane of a shared region (`region`: where the other lanes' senders say how far
+/// they have sent, for the order across lanes).
 fn serve_lane(
     backend: &'static dyn Backend,
     lane: usize,
     mut link: ShmLink,
+    region: &Region,
 ) -> Result<(), LaneError> {
     let mut body = Vec::new();
     let mut reply = Vec::new();
     loop {
         let h = link.recv_header()?;
-        let mut streamed = Streamed::Declined;
-        if h.flags & FLAG_ASYNC == 0 && u64::from(h.len) >= STREAM_MIN {
-            // Bulk data may go from the ring straight into the driver's memory.
-            let mut w = Writer::with_buffer(h.opcode, std::mem::take(&mut reply));
-            streamed = match backend.stream(&h, &mut link, &mut body, &mut w) {
-                Ok(s) => s,
-                Err(StreamError::Transport(e)) => return Err(e.into()),
-                Err(StreamError::Malformed(source)) => {
-                    return Err(LaneError::Malformed {
-                        op: h.opcode,
-                        source,
-                    })
-                }
-            };
-            if let Streamed::Done = streamed {
-                count_call();
-                reply = w.finish_on(h.lane, FLAG_REPLY | output_flag(lane, &h), h.seq)?;
-                link.send(&reply)?;
-                continue;
-            }
-            reply = w.finish_on(h.lane, 0, 0).unwrap_or_default();
+        if h.flags & FLAG_ASYNC == 0 {
+            // What other threads sent without waiting before this was sent comes first.
+            order().took_sync(lane);
+            order().wait_for_others(lane, |j| {
+                region
+                    .request_activity(j as u32)
+                    .map_or(0, |(head, _)| head)
+            });
         }
-        if let Streamed::Declined = streamed {
-            let n = h.len as usize;
-            if body.len() < n {
-                body.resize(n, 0);
-            }
-            link.recv_exact(&mut body[..n])?;
-            if h.flags & FLAG_ASYNC == 0 && backend.answers_later(h.opcode) {
-                let later = Completion {
-                    h,
-                    lane,
-                    sink: link.sender(),
-                    policy: link.policy(),
-                    out_of_memory: backend.out_of_memory(),
-                    answered: false,
-                };
-                match backend.handle_later(&h, &body[..n], later) {
-                    Ok(None) => {
-                        // Taken: its client sends nothing on this lane before the reply, and
-                        // its next request follows the reply closely, so the lane waits for
-                        // it now (spinning briefly, as it always does).
-                        count_call();
-                        continue;
-                    }
-                    Ok(Some(mut c)) => c.answered = true,
-                    Err(source) => {
-                        return Err(LaneError::Malformed {
-                            op: h.opcode,
-                            source,
-                        })
-                    }
-                }
-            }
-        }
-        if let Some(out) = handle(backend, lane, &h, &body[..h.len as usize], &mut reply)? {
-            match &out.trailer {
-                Some(t) => link.send_parts(&[&reply, t.bytes()])?,
-                None => link.send(&reply)?,
-            }
-        }
+        serve_request(backend, lane, &mut link, h, &mut body, &mut reply)?;
+        order().handled(lane, link.received());
         if body.len() > KEEP_BUFFER {
             body = Vec::new();
         }
@@ -655,6 +617,79 @@ fn serve_lane(
             reply = Vec::new();
         }
     }
+}
+
+/// Serves one request of a shared region's lane, whose header `h` was read.
+fn serve_request(
+    backend: &'static dyn Backend,
+    lane: usize,
+    link: &mut ShmLink,
+    h: FrameHeader,
+    body: &mut Vec<u8>,
+    reply: &mut Vec<u8>,
+) -> Result<(), LaneError> {
+    let mut streamed = Streamed::Declined;
+    if h.flags & FLAG_ASYNC == 0 && u64::from(h.len) >= STREAM_MIN {
+        // Bulk data may go from the ring straight into the driver's memory.
+        let mut w = Writer::with_buffer(h.opcode, std::mem::take(reply));
+        streamed = match backend.stream(&h, link, body, &mut w) {
+            Ok(s) => s,
+            Err(StreamError::Transport(e)) => return Err(e.into()),
+            Err(StreamError::Malformed(source)) => {
+                return Err(LaneError::Malformed {
+                    op: h.opcode,
+                    source,
+                })
+            }
+        };
+        if let Streamed::Done = streamed {
+            count_call();
+            *reply = w.finish_on(h.lane, FLAG_REPLY | output_flag(lane, &h), h.seq)?;
+            link.send(reply)?;
+            return Ok(());
+        }
+        *reply = w.finish_on(h.lane, 0, 0).unwrap_or_default();
+    }
+    if let Streamed::Declined = streamed {
+        let n = h.len as usize;
+        if body.len() < n {
+            body.resize(n, 0);
+        }
+        link.recv_exact(&mut body[..n])?;
+        if h.flags & FLAG_ASYNC == 0 && backend.answers_later(h.opcode) {
+            let later = Completion {
+                h,
+                lane,
+                sink: link.sender(),
+                policy: link.policy(),
+                out_of_memory: backend.out_of_memory(),
+                answered: false,
+            };
+            match backend.handle_later(&h, &body[..n], later) {
+                Ok(None) => {
+                    // Taken: its client sends nothing on this lane before the reply, and its
+                    // next request follows the reply closely, so the lane waits for it now
+                    // (spinning briefly, as it always does).
+                    count_call();
+                    return Ok(());
+                }
+                Ok(Some(mut c)) => c.answered = true,
+                Err(source) => {
+                    return Err(LaneError::Malformed {
+                        op: h.opcode,
+                        source,
+                    })
+                }
+            }
+        }
+    }
+    if let Some(out) = handle(backend, lane, &h, &body[..h.len as usize], reply)? {
+        match &out.trailer {
+            Some(t) => link.send_parts(&[reply, t.bytes()])?,
+            None => link.send(reply)?,
+        }
+    }
+    Ok(())
 }
 
 /// A byte stream the TCP-style transport can read on one thread and write on others: a TCP
@@ -781,6 +816,10 @@ pub fn run_tcp<S: Duplex>(
             .spawn(move || serve_stats(backend, stats, Some(callbacks)))?;
     }
     let mut queues: Vec<Option<LaneQueue>> = (0..lanes).map(|_| None).collect();
+    // Frames received per lane, for the order across lanes: the stream is one, so what any
+    // thread sent before a request was received before it.
+    let received: Arc<[AtomicU64]> = (0..lanes).map(|_| AtomicU64::new(0)).collect();
+    let _ = ORDER.set(crate::order::LaneOrder::new(lanes as usize));
     let mut reader = std::io::BufReader::with_capacity(1 << 16, stream);
     let bodies = BodyPool::default();
     loop {
@@ -808,14 +847,23 @@ pub fn run_tcp<S: Duplex>(
                 let lane_held = held.clone();
                 let writer = writer.clone();
                 let bodies = bodies.clone();
+                let received = received.clone();
                 std::thread::Builder::new()
                     .name(format!("lane-{}", h.lane))
                     .spawn(move || {
                         crate::slices::lane();
                         let mut reply = Vec::new();
+                        let mut taken = 0u64;
                         for (h, body) in rx {
-                            let handled =
-                                handle(backend, usize::from(h.lane), &h, &body, &mut reply);
+                            let lane = usize::from(h.lane);
+                            if h.flags & FLAG_ASYNC == 0 {
+                                order().took_sync(lane);
+                                order()
+                                    .wait_for_others(lane, |j| received[j].load(Ordering::Acquire));
+                            }
+                            let handled = handle(backend, lane, &h, &body, &mut reply);
+                            taken += 1;
+                            order().handled(lane, taken);
                             lane_held.release(QueuedBytes::cost(&body));
                             bodies.give_back(body);
                             match handled {
@@ -848,6 +896,7 @@ pub fn run_tcp<S: Duplex>(
             tracing::info!("client gone while a lane's queue was full: ending the session");
             return Ok(());
         }
+        received[usize::from(h.lane)].fetch_add(1, Ordering::Release);
         let _ = queue.tx.send((h, body));
     }
 }

@@ -105,6 +105,12 @@ impl ShmLink {
         self.tx.send_parts(parts, self.policy)
     }
 
+    /// Where what this side has received ends (bytes since the lane began): what the peer's
+    /// side of the ring calls its head once this side has read everything sent.
+    pub fn received(&self) -> u64 {
+        self.rx.consumed()
+    }
+
     /// Receives a frame's header; its body must then be read with [`ShmLink::recv_exact`].
     pub fn recv_header(&mut self) -> Result<FrameHeader, TransportError> {
         let mut h = [0u8; HEADER_LEN];

@@ -129,6 +129,11 @@ impl Ring {
         }
     }
 
+    /// Consumer: where what it has read ends (bytes since the ring began).
+    pub fn consumed(&self) -> u64 {
+        self.ctrl().tail.0.load(Ordering::Relaxed)
+    }
+
     /// Bytes readable now (consumer side).
     pub fn readable(&self) -> Result<u64, TransportError> {
         let c = self.ctrl();

@@ -599,15 +599,20 @@ fn serve_lane(
     let mut reply = Vec::new();
     loop {
         let h = link.recv_header()?;
-        if h.flags & FLAG_ASYNC == 0 {
-            // What other threads sent without waiting before this was sent comes first.
-            order().took_sync(lane);
-            order().wait_for_others(lane, |j| {
+        // What other threads sent before this was sent comes first.
+        order().took(lane, h.seq, h.flags & FLAG_ASYNC == 0);
+        let used = region.rendezvous().lanes_used.load(Ordering::Acquire);
+        order().wait_for_others(
+            lane,
+            h.seq,
+            // Lanes the client marked used (past 64 lanes there are no marks: all of them).
+            (0..region.layout().lanes as usize).filter(|j| *j >= 64 || used & (1 << j) != 0),
+            |j| {
                 region
                     .request_activity(j as u32)
                     .map_or(0, |(head, _)| head)
-            });
-        }
+            },
+        );
         serve_request(backend, lane, &mut link, h, &mut body, &mut reply)?;
         order().handled(lane, link.received());
         if body.len() > KEEP_BUFFER {
@@ -856,11 +861,10 @@ pub fn run_tcp<S: Duplex>(
                         let mut taken = 0u64;
                         for (h, body) in rx {
                             let lane = usize::from(h.lane);
-                            if h.flags & FLAG_ASYNC == 0 {
-                                order().took_sync(lane);
-                                order()
-                                    .wait_for_others(lane, |j| received[j].load(Ordering::Acquire));
-                            }
+                            order().took(lane, h.seq, h.flags & FLAG_ASYNC == 0);
+                            order().wait_for_others(lane, h.seq, 0..received.len(), |j| {
+                                received[j].load(Ordering::Acquire)
+                            });
                             let handled = handle(backend, lane, &h, &body, &mut reply);
                             taken += 1;
                             order().handled(lane, taken);

@@ -66,7 +66,7 @@ pub struct ShmLane {
 /// One lane of a TCP session: the reply the reader thread handed over, and who waits for it.
 #[derive(Default)]
 struct TcpSlot {
-    busy: Mutex<u32>,
+    busy: Mutex<()>,
     reply: Mutex<Option<(FrameHeader, Vec<u8>)>>,
     ready: Condvar,
 }
@@ -194,8 +194,14 @@ pub struct Connection {
     lanes: usize,
     dead: Arc<AtomicBool>,
     marks: Arc<Marks>,
-    /// A guest session's region: the worker serves a lane once it is marked used here.
-    guest: Option<Arc<Region>>,
+    /// Where the lanes this client uses are marked (a region's rendezvous): a guest's worker
+    /// serves a lane once it is marked; a local worker looks only at marked lanes for the
+    /// order across lanes.
+    used_lanes: Option<Arc<Region>>,
+    /// Every request's ticket (its seq), from one counter for all lanes: a request sent after
+    /// another one finished sending has a later ticket, which is how the worker orders
+    /// requests across lanes.
+    tickets: AtomicU32,
     /// Local sessions: where windowed buffers' bytes lie (see the server's `arena` module).
     arena: Option<Arena>,
 }
@@ -522,7 +528,8 @@ fn connect_guest(hooks: ApiHooks, spec: &str) -> Result<Connection, ConnectError
         lanes: n as usize,
         dead,
         marks,
-        guest: Some(region),
+        used_lanes: Some(region),
+        tickets: AtomicU32::new(0),
         arena: None,
     })
 }
@@ -590,12 +597,13 @@ fn connect_local(hooks: ApiHooks) -> Result<Connection, ConnectError> {
         hooks,
         transport: Transport::Shm {
             lanes,
-            _region: region,
+            _region: region.clone(),
         },
         lanes: n,
         dead,
         marks,
-        guest: None,
+        used_lanes: Some(region),
+        tickets: AtomicU32::new(0),
         arena,
     })
 }
@@ -709,7 +717,8 @@ fn connect_tcp(hooks: ApiHooks, addr: &str, tls: bool) -> Result<Connection, Con
         lanes: n,
         dead,
         marks,
-        guest: None,
+        used_lanes: None,
+        tickets: AtomicU32::new(0),
         arena: None,
     })
 }
@@ -826,7 +835,7 @@ impl Connection {
             Transport::Shm { lanes, .. } => {
                 let (i, mut lane) = self.take_lane(lanes.len(), |i| &lanes[i], idx);
                 idx = i;
-                lane.seq = lane.seq.wrapping_add(1);
+                lane.seq = self.ticket();
                 let seq = lane.seq;
                 lane.link.set_policy(policy_for(&self.hooks, w.opcode()));
                 (|| {
@@ -876,22 +885,18 @@ impl Connection {
             Transport::Shm { lanes, .. } => {
                 let mut lane = lanes[idx].lock().unwrap_or_else(|p| p.into_inner());
                 SENT_ASYNC.set(true);
-                lane.seq = lane.seq.wrapping_add(1);
+                lane.seq = self.ticket();
                 w.finish(FLAG_ASYNC, lane.seq)
                     .map_err(TransportError::from)
                     .and_then(|frame| lane.link.send(&frame))
             }
             Transport::Tcp { writer, .. } => {
                 SENT_ASYNC.set(true);
-                w.finish_on(idx as u16, FLAG_ASYNC, 0)
+                // The ticket is taken where the frame's place in the stream is.
+                let mut out = writer.lock().unwrap_or_else(|p| p.into_inner());
+                w.finish_on(idx as u16, FLAG_ASYNC, self.ticket())
                     .map_err(TransportError::from)
-                    .and_then(|frame| {
-                        writer
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .write_all(&frame)
-                            .map_err(|_| TransportError::PeerGone)
-                    })
+                    .and_then(|frame| out.write_all(&frame).map_err(|_| TransportError::PeerGone))
             }
         };
         res.map_err(|e| self.broken(e))
@@ -915,7 +920,7 @@ impl Connection {
         if !SENT_ASYNC.get() {
             for i in (0..n).filter(|i| *i != own) {
                 if let Ok(held) = lane(i).try_lock() {
-                    if let Some(r) = &self.guest {
+                    if let Some(r) = &self.used_lanes {
                         r.rendezvous().use_lane(i as u32);
                     }
                     return (i, held);
@@ -925,12 +930,18 @@ impl Connection {
         (own, lane(own).lock().unwrap_or_else(|p| p.into_inner()))
     }
 
+    /// The next request's ticket (its seq): later than every request whose sending finished
+    /// before this was asked for.
+    fn ticket(&self) -> u32 {
+        self.tickets.fetch_add(1, Ordering::Relaxed).wrapping_add(1)
+    }
+
     fn my_lane(&self) -> usize {
         MY_LANE.with(|l| match l.get() {
             Some(i) => i,
             None => {
                 let i = NEXT_LANE.fetch_add(1, Ordering::Relaxed) % self.lanes;
-                if let Some(r) = &self.guest {
+                if let Some(r) = &self.used_lanes {
                     r.rendezvous().use_lane(i as u32);
                 }
                 l.set(Some(i));
@@ -958,20 +969,21 @@ impl Connection {
         &self,
         writer: &Mutex<Box<dyn Write + Send>>,
         slot: &TcpSlot,
-        mut busy: std::sync::MutexGuard<'_, u32>,
+        _held: std::sync::MutexGuard<'_, ()>,
         idx: usize,
         w: Writer,
         payload: &[u8],
     ) -> Result<Vec<u8>, TransportError> {
-        *busy = busy.wrapping_add(1);
-        let seq = *busy;
-        let frame = w.finish_on(idx as u16, 0, seq)?;
-        {
+        let seq = {
+            // The ticket is taken where the frame's place in the stream is.
             let mut out = writer.lock().unwrap_or_else(|p| p.into_inner());
+            let seq = self.ticket();
+            let frame = w.finish_on(idx as u16, 0, seq)?;
             out.write_all(&frame)
                 .and_then(|_| out.write_all(payload))
                 .map_err(|_| TransportError::PeerGone)?;
-        }
+            seq
+        };
         let mut reply = slot.reply.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             if let Some((h, body)) = reply.take() {
@@ -1084,7 +1096,8 @@ mod tests {
             lanes: 1,
             dead: Arc::new(AtomicBool::new(false)),
             marks: Marks::new(1),
-            guest: None,
+            used_lanes: None,
+            tickets: AtomicU32::new(0),
             arena: None,
         };
         let region = Arc::new(
@@ -1111,7 +1124,8 @@ mod tests {
             lanes: 1,
             dead: Arc::new(AtomicBool::new(false)),
             marks: Marks::new(1),
-            guest: None,
+            used_lanes: None,
+            tickets: AtomicU32::new(0),
             arena: None,
         };
         for c in [&tcp, &shm] {

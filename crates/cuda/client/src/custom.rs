@@ -14,7 +14,7 @@ use wormhole_cuda_proto::requests::{
     LaunchArgs, LaunchKernel, Message, ModuleGetFunction, ModuleLoad, ModuleLoaded, ParamLayout,
     IMAGE_INLINE,
 };
-use wormhole_cuda_proto::{HandleKind, Op, Reader};
+use wormhole_cuda_proto::{HandleKind, Op};
 use wormhole_session::host_memory;
 
 /// The program's `len` bytes at `addr`, if it has them.
@@ -28,6 +28,29 @@ fn send<'a, M: Message<'a>>(op: Op, m: &M) -> Result<Vec<u8>, ApiErr> {
     let mut w = rt::request(op);
     m.encode(&mut w);
     rt::call(w)
+}
+
+/// Sends without waiting: the caller ruled out every error it can see.
+fn send_async<'a, M: Message<'a>>(op: Op, m: &M) -> Result<i32, ApiErr> {
+    let mut w = rt::request(op);
+    m.encode(&mut w);
+    rt::call_async(w)?;
+    Ok(CUDA_SUCCESS)
+}
+
+/// The launch geometry every CUDA device accepts (compute capability 3.0 on: blocks of at most
+/// 1024 threads, 1024 × 1024 × 64; grids of 2³¹−1 × 65535 × 65535): what falls outside is the
+/// driver's CUDA_ERROR_INVALID_VALUE, answered here since launches are not waited for.
+fn geometry_ok(grid: [u32; 3], block: [u32; 3]) -> bool {
+    let threads = u64::from(block[0]) * u64::from(block[1]) * u64::from(block[2]);
+    grid.iter().chain(&block).all(|&d| d >= 1)
+        && grid[0] < 1 << 31
+        && grid[1] <= 65535
+        && grid[2] <= 65535
+        && block[0] <= 1024
+        && block[1] <= 1024
+        && block[2] <= 64
+        && threads <= 1024
 }
 
 /// `cuModuleLoadData`: the image (cubin, PTX or fatbin) measured, then sent by its digest
@@ -218,7 +241,13 @@ unsafe fn launch(
             (true, true) if layout.params.is_empty() => LaunchArgs::Each(Vec::new()),
             _ => return Err(ApiErr(CUDA_ERROR_INVALID_VALUE)),
         };
-        let reply = send(
+        if !geometry_ok(grid, block) {
+            return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
+        }
+        // Not waited for: what only the driver can refuse (shared memory beyond the
+        // function's limit, too many registers for the block) comes at the next
+        // synchronisation point.
+        send_async(
             op,
             &LaunchKernel {
                 function: func.id,
@@ -228,8 +257,7 @@ unsafe fn launch(
                 stream,
                 args,
             },
-        )?;
-        Ok(Reader::new(&reply).i32()?)
+        )
     })
 }
 
@@ -296,5 +324,24 @@ pub unsafe fn cuLaunchKernel_ptsz(
             kernel_params,
             extra,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn launch_geometry_outside_every_device_is_refused() {
+        assert!(geometry_ok([1, 1, 1], [1, 1, 1]));
+        assert!(geometry_ok([(1 << 31) - 1, 65535, 65535], [1024, 1, 1]));
+        assert!(geometry_ok([1, 1, 1], [32, 32, 1]));
+        assert!(!geometry_ok([0, 1, 1], [1, 1, 1]));
+        assert!(!geometry_ok([1, 1, 1], [1, 0, 1]));
+        assert!(!geometry_ok([1 << 31, 1, 1], [1, 1, 1]));
+        assert!(!geometry_ok([1, 65536, 1], [1, 1, 1]));
+        assert!(!geometry_ok([1, 1, 1], [1025, 1, 1]));
+        assert!(!geometry_ok([1, 1, 1], [1, 1, 65]));
+        assert!(!geometry_ok([1, 1, 1], [32, 32, 2]));
     }
 }

@@ -28,8 +28,9 @@ pub mod generated {
 use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
 use wormhole_cuda_proto::cu::*;
-use wormhole_cuda_proto::{DecodeError, FrameHeader, Op, Reader, Writer};
+use wormhole_cuda_proto::{DecodeError, FrameHeader, Op, Reader, Writer, FLAG_ASYNC};
 use wormhole_server::backend::{DeviceInventory, Reply, SessionSetup};
+use wormhole_server::deferred::SESSION;
 
 /// The worker's one CUDA session.
 fn session() -> &'static session::Session {
@@ -58,6 +59,35 @@ pub fn run(
     }
     // Every reply body begins with the call's CUresult.
     Ok(w.status())
+}
+
+/// The status request `h` answers once its handler wrote `status` into `w`: a failure of a
+/// request the client did not wait for is kept, and answered by the next synchronisation
+/// point that succeeds (in its place: the program learns of it there, once).
+fn settle(s: &session::Session, h: &FrameHeader, status: i32, w: &mut Writer) -> i32 {
+    if h.flags & FLAG_ASYNC != 0 {
+        if status != CUDA_SUCCESS {
+            s.deferred.record(SESSION, status);
+        }
+        return status;
+    }
+    if status != CUDA_SUCCESS
+        || s.deferred.is_empty()
+        || !Op::from_u16(h.opcode).is_some_and(|op| op.is_sync())
+    {
+        return status;
+    }
+    match s.deferred.take(&[]) {
+        Some(failed) => {
+            tracing::warn!(
+                status = failed,
+                "answering the failure of a request the client did not wait for at this synchronisation point"
+            );
+            w.replace_status(failed);
+            failed
+        }
+        None => status,
+    }
 }
 
 impl wormhole_server::Backend for Cuda {
@@ -129,9 +159,10 @@ impl wormhole_server::Backend for Cuda {
         r: &mut Reader<'_>,
         w: &mut Writer,
     ) -> Result<Reply, DecodeError> {
-        let status = run(session(), h.opcode, r, w)?;
+        let s = session();
+        let status = run(s, h.opcode, r, w)?;
         Ok(Reply {
-            status,
+            status: settle(s, h, status, w),
             trailer: None,
         })
     }
@@ -161,4 +192,66 @@ pub fn fuzz_request(data: &[u8]) {
     let s = session::Session::default();
     let mut w = Writer::new(op);
     let _ = run(&s, op, &mut Reader::new(body), &mut w);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(op: Op, flags: u8) -> FrameHeader {
+        let mut w = Writer::new(op as u16);
+        w.i32(0);
+        let frame = w.finish(flags, 7).unwrap();
+        FrameHeader::decode(frame[..wormhole_cuda_proto::HEADER_LEN].try_into().unwrap()).unwrap()
+    }
+
+    fn reply(status: i32) -> Writer {
+        let mut w = Writer::new(0);
+        w.i32(status);
+        w
+    }
+
+    /// A launch the client did not wait for fails in the driver: the next synchronisation
+    /// point answers that failure (once); calls that are not synchronisation points do not.
+    #[test]
+    fn a_failure_nobody_waited_for_is_answered_at_the_next_synchronisation_point() {
+        let s = session::Session::default();
+        let launch = header(Op::cuLaunchKernel, FLAG_ASYNC);
+        assert_eq!(
+            settle(
+                &s,
+                &launch,
+                CUDA_ERROR_INVALID_VALUE,
+                &mut reply(CUDA_ERROR_INVALID_VALUE)
+            ),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        let query = header(Op::cuStreamQuery, 0);
+        assert_eq!(
+            settle(&s, &query, CUDA_SUCCESS, &mut reply(0)),
+            CUDA_SUCCESS
+        );
+        let sync = header(Op::cuStreamSynchronize, 0);
+        let mut w = reply(CUDA_SUCCESS);
+        assert_eq!(
+            settle(&s, &sync, CUDA_SUCCESS, &mut w),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        assert_eq!(w.status(), CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(settle(&s, &sync, CUDA_SUCCESS, &mut reply(0)), CUDA_SUCCESS);
+    }
+
+    #[test]
+    fn launches_copies_to_the_device_and_memsets_are_not_waited_for() {
+        for op in [
+            Op::cuMemcpyHtoD_v2,
+            Op::cuMemsetD8_v2,
+            Op::cuMemsetD32_v2,
+            Op::cuEventRecord,
+            Op::cuStreamWaitEvent,
+        ] {
+            assert!(!op.is_sync(), "{op:?}");
+        }
+        assert!(Op::cuStreamSynchronize.is_sync() && Op::cuMemcpyDtoH_v2.is_sync());
+    }
 }

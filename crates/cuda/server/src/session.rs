@@ -27,6 +27,9 @@ pub struct Session {
     layouts: Mutex<HashMap<u64, Arc<ParamLayout>>>,
     /// The server's store of build products: module images the tenant sent, by digest.
     cache: OnceLock<BlobCache>,
+    /// Failures of requests the client did not wait for, answered at the next synchronisation
+    /// point (CUDA's are the context's: one key for the session).
+    pub deferred: wormhole_server::deferred::DeferredErrors,
 }
 
 /// One request being handled (what the generated dispatch passes the handlers).

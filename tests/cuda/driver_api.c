@@ -133,6 +133,25 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n; i++) bad += hd[i] != hc[i] * 2.0f + 3 + 0.25f + (float)(i % 4 + 1) + 5;
     printf("affine (extra buffer): %ld wrong\n", bad);
 
+    /* Stream-ordered copies and memsets (sent without waiting, but for the copy back):
+     * memset, copy in, copy across, copy back, on one stream. */
+    unsigned *hu = malloc(bytes);
+    CHECK(cuMemsetD32Async(db, 0xdeadbeef, n, stream));
+    CHECK(cuMemsetD8Async(dc, 0x11, bytes / 2, stream));
+    CHECK(cuMemsetD16Async(dc + bytes / 2, 0x2233, bytes / 4, stream));
+    CHECK(cuMemcpyHtoDAsync(da, ha, bytes / 4, stream));
+    CHECK(cuMemcpyDtoDAsync(db + bytes / 2, da, bytes / 4, stream));
+    CHECK(cuMemcpyDtoHAsync(hu, db, bytes, stream));
+    CHECK(cuStreamSynchronize(stream));
+    bad = 0;
+    for (int i = 0; i < n / 2; i++) bad += hu[i] != 0xdeadbeefu;
+    for (int i = 0; i < n / 4; i++) bad += ((float *)hu)[n / 2 + i] != ha[i];
+    for (int i = n / 2 + n / 4; i < n; i++) bad += hu[i] != 0xdeadbeefu;
+    CHECK(cuMemcpyDtoH(hu, dc, bytes));
+    for (int i = 0; i < n / 2; i++) bad += hu[i] != 0x11111111u;
+    for (int i = n / 2; i < n; i++) bad += hu[i] != 0x22332233u;
+    printf("async memsets and copies: %ld wrong\n", bad);
+
     /* Errors the driver reports. */
     printf("free of a bad pointer: %d\n", (int)cuMemFree(da + 4));
     printf("launch with too many threads: %d\n",

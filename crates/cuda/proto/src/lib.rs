@@ -77,9 +77,27 @@ mod tests {
             "cuMemcpyDtoH_v2",
             "cuStreamSynchronize",
             "cuEventElapsedTime_v2",
+            "cuMemcpyHtoDAsync_v2",
+            "cuMemcpyDtoHAsync_v2",
+            "cuMemsetD32Async",
         ] {
             assert!(gen(n), "{n} is not forwarded");
         }
+        // What the driver queues is sent without waiting; a copy to the host is waited for.
+        let flags = |n: &str| {
+            api.funcs
+                .iter()
+                .find(|f| f.name == n)
+                .map(|f| (f.asynchronous, f.sync))
+        };
+        assert_eq!(
+            flags("cuLaunchKernel"),
+            Some((false, false)),
+            "custom: async in the client"
+        );
+        assert_eq!(flags("cuMemcpyHtoDAsync_v2"), Some((true, false)));
+        assert_eq!(flags("cuMemsetD8_v2"), Some((true, false)));
+        assert_eq!(flags("cuMemcpyDtoHAsync_v2"), Some((false, true)));
         let since = |n: &str| api.funcs.iter().find(|f| f.name == n).and_then(|f| f.since);
         assert_eq!(since("cuMemAlloc_v2"), Some(3020));
         assert_eq!(since("cuMemcpyHtoD_v2_ptds"), Some(7000));

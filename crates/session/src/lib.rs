@@ -220,6 +220,15 @@ pub fn log(msg: &str) {
     eprintln!("wormhole: {msg}");
 }
 
+/// `ApiHooks::deliver_callback` of an API none of whose entry points registers a callback: a
+/// CALLBACK frame is the server's mistake, logged and dropped.
+pub fn no_callbacks(body: &[u8]) {
+    log(&format!(
+        "ignoring a callback of {} bytes from the server: this client registered none",
+        body.len()
+    ));
+}
+
 /// Logs that Wormhole does not forward entry point `what` and what the call answers instead:
 /// once per entry point (a program may call one in a loop).
 pub fn log_unsupported_once(what: &'static str, answer: &str) {

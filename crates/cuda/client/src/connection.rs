@@ -8,21 +8,14 @@ pub use wormhole_session::{log, CallError, Connection, OnceConnection};
 const CUDA: wormhole_session::ApiHooks = wormhole_session::ApiHooks {
     api: wormhole_cuda_proto::API,
     waits_for_device,
-    deliver_callback,
+    // No entry point registers a callback yet (host functions and stream callbacks will run
+    // in the client).
+    deliver_callback: wormhole_session::no_callbacks,
     when_gone: "further CUDA calls fail with CUDA_ERROR_DEVICE_UNAVAILABLE",
 };
 
 fn waits_for_device(opcode: u16) -> bool {
     Op::from_u16(opcode).is_some_and(|op| op.is_sync())
-}
-
-/// No CUDA entry point registers a server-side callback yet (host functions and stream
-/// callbacks will run in the client): a CALLBACK frame is the server's mistake.
-fn deliver_callback(body: &[u8]) {
-    log(&format!(
-        "ignoring a callback of {} bytes from the server: this client registered none",
-        body.len()
-    ));
 }
 
 /// The session, connecting on first use; Err says why there is none (logged once).

@@ -9,6 +9,7 @@
 //! and every failure becomes a CUDA status.
 
 mod connection;
+mod copies;
 mod custom;
 mod image;
 mod local;

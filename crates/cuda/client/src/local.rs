@@ -7,6 +7,7 @@
 #![allow(non_snake_case)]
 
 use crate::connection;
+pub use crate::copies::*;
 use crate::generated;
 use crate::rt::{entry_status, ApiErr};
 use std::collections::HashSet;

@@ -1,0 +1,210 @@
+//! Copies between the host and the device, in pieces: one request carries at most what a
+//! frame and the worker's output buffer hold, so a copy larger than that travels as several,
+//! one after another on the caller's lane (copies to the device are not waited for, so the
+//! pieces follow each other without a round trip each). A piece the driver refuses ends the
+//! copy with its status: the pieces before it have been copied, where natively nothing is.
+
+// Entry points keep the C names of the functions they stand for.
+#![allow(non_snake_case)]
+
+use crate::generated::{self, Handle};
+use std::ffi::c_void;
+use wormhole_cuda_proto::cu::CUDA_SUCCESS;
+
+/// The largest piece: what the worker returns in one reply.
+pub const PIECE: usize = 64 << 20;
+
+/// Runs `copy(offset, length)` for each piece of `n` bytes (one call, also for 0 bytes, when
+/// it fits), stopping at the first failure.
+fn in_pieces(n: usize, mut copy: impl FnMut(usize, usize) -> i32) -> i32 {
+    if n <= PIECE {
+        return copy(0, n);
+    }
+    let mut at = 0;
+    while at < n {
+        let len = PIECE.min(n - at);
+        let status = copy(at, len);
+        if status != CUDA_SUCCESS {
+            return status;
+        }
+        at += len;
+    }
+    CUDA_SUCCESS
+}
+
+/// Where piece `at` of a device range begins (the driver checks what wraps).
+fn device_at(base: u64, at: usize) -> u64 {
+    base.wrapping_add(at as u64)
+}
+
+/// `cuMemcpyDtoH_v2`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, n: usize) -> i32 {
+    in_pieces(n, |at, len| {
+        // SAFETY: per the contract, `dst` holds `n` bytes, so each piece lies inside them.
+        unsafe {
+            generated::wire_cuMemcpyDtoH_v2(dst.wrapping_byte_add(at), device_at(src, at), len)
+        }
+    })
+}
+
+/// `cuMemcpyDtoH_v2_ptds`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: u64, n: usize) -> i32 {
+    in_pieces(n, |at, len| {
+        // SAFETY: as in `cuMemcpyDtoH_v2`.
+        unsafe {
+            generated::wire_cuMemcpyDtoH_v2_ptds(dst.wrapping_byte_add(at), device_at(src, at), len)
+        }
+    })
+}
+
+/// `cuMemcpyDtoHAsync_v2`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: u64, n: usize, stream: Handle) -> i32 {
+    in_pieces(n, |at, len| {
+        // SAFETY: as in `cuMemcpyDtoH_v2`.
+        unsafe {
+            generated::wire_cuMemcpyDtoHAsync_v2(
+                dst.wrapping_byte_add(at),
+                device_at(src, at),
+                len,
+                stream,
+            )
+        }
+    })
+}
+
+/// `cuMemcpyDtoHAsync_v2_ptsz`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuMemcpyDtoHAsync_v2_ptsz(
+    dst: *mut c_void,
+    src: u64,
+    n: usize,
+    stream: Handle,
+) -> i32 {
+    in_pieces(n, |at, len| {
+        // SAFETY: as in `cuMemcpyDtoH_v2`.
+        unsafe {
+            generated::wire_cuMemcpyDtoHAsync_v2_ptsz(
+                dst.wrapping_byte_add(at),
+                device_at(src, at),
+                len,
+                stream,
+            )
+        }
+    })
+}
+
+/// `cuMemcpyHtoD_v2`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuMemcpyHtoD_v2(dst: u64, src: *const c_void, n: usize) -> i32 {
+    in_pieces(n, |at, len| {
+        // SAFETY: per the contract, `src` holds `n` bytes, so each piece lies inside them.
+        unsafe {
+            generated::wire_cuMemcpyHtoD_v2(device_at(dst, at), src.wrapping_byte_add(at), len)
+        }
+    })
+}
+
+/// `cuMemcpyHtoD_v2_ptds`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuMemcpyHtoD_v2_ptds(dst: u64, src: *const c_void, n: usize) -> i32 {
+    in_pieces(n, |at, len| {
+        // SAFETY: as in `cuMemcpyHtoD_v2`.
+        unsafe {
+            generated::wire_cuMemcpyHtoD_v2_ptds(device_at(dst, at), src.wrapping_byte_add(at), len)
+        }
+    })
+}
+
+/// `cuMemcpyHtoDAsync_v2`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuMemcpyHtoDAsync_v2(dst: u64, src: *const c_void, n: usize, stream: Handle) -> i32 {
+    in_pieces(n, |at, len| {
+        // SAFETY: as in `cuMemcpyHtoD_v2`.
+        unsafe {
+            generated::wire_cuMemcpyHtoDAsync_v2(
+                device_at(dst, at),
+                src.wrapping_byte_add(at),
+                len,
+                stream,
+            )
+        }
+    })
+}
+
+/// `cuMemcpyHtoDAsync_v2_ptsz`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuMemcpyHtoDAsync_v2_ptsz(
+    dst: u64,
+    src: *const c_void,
+    n: usize,
+    stream: Handle,
+) -> i32 {
+    in_pieces(n, |at, len| {
+        // SAFETY: as in `cuMemcpyHtoD_v2`.
+        unsafe {
+            generated::wire_cuMemcpyHtoDAsync_v2_ptsz(
+                device_at(dst, at),
+                src.wrapping_byte_add(at),
+                len,
+                stream,
+            )
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pieces_of(n: usize, fail_at: Option<usize>) -> (i32, Vec<(usize, usize)>) {
+        let mut seen = Vec::new();
+        let st = in_pieces(n, |at, len| {
+            seen.push((at, len));
+            if Some(at) == fail_at {
+                1
+            } else {
+                CUDA_SUCCESS
+            }
+        });
+        (st, seen)
+    }
+
+    #[test]
+    fn a_copy_that_fits_is_one_request_even_when_empty() {
+        assert_eq!(pieces_of(0, None), (0, vec![(0, 0)]));
+        assert_eq!(pieces_of(PIECE, None), (0, vec![(0, PIECE)]));
+    }
+
+    #[test]
+    fn a_larger_copy_goes_in_pieces_that_cover_it() {
+        let (st, seen) = pieces_of(2 * PIECE + 5, None);
+        assert_eq!(st, 0);
+        assert_eq!(seen, vec![(0, PIECE), (PIECE, PIECE), (2 * PIECE, 5)]);
+    }
+
+    #[test]
+    fn a_refused_piece_ends_the_copy_with_its_status() {
+        let (st, seen) = pieces_of(3 * PIECE, Some(PIECE));
+        assert_eq!(st, 1);
+        assert_eq!(seen.len(), 2);
+    }
+}

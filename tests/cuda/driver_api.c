@@ -152,6 +152,39 @@ int main(int argc, char **argv) {
     for (int i = n / 2; i < n; i++) bad += hu[i] != 0x22332233u;
     printf("async memsets and copies: %ld wrong\n", bad);
 
+    /* What the driver says of addresses: device memory and the program's own. */
+    unsigned mtype = 0;
+    CHECK(cuPointerGetAttribute(&mtype, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, da + 64));
+    CUcontext owner = NULL;
+    CHECK(cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, da));
+    CUdeviceptr base = 0;
+    size_t range = 0;
+    CHECK(cuMemGetAddressRange(&base, &range, da + 100));
+    printf("device pointer: type %u, own context %s, range from its start %s, %zu bytes\n", mtype,
+           owner == ctx ? "yes" : "no", base == da ? "yes" : "no", range);
+    printf("host pointer, one attribute: %d\n",
+           (int)cuPointerGetAttribute(&mtype, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)ha));
+    CUpointer_attribute which[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
+                                   CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+    unsigned htype = 99;
+    CUdeviceptr hdev = 1;
+    size_t hsize = 1;
+    void *hdata[] = {&htype, &hdev, &hsize};
+    CUresult hr = cuPointerGetAttributes(3, which, hdata, (CUdeviceptr)ha);
+    printf("host pointer, three attributes: %d, type %u, device pointer %s, range %zu\n", (int)hr, htype,
+           hdev ? "set" : "NULL", hsize);
+    printf("address range of a host pointer: %d\n", (int)cuMemGetAddressRange(&base, &range, (CUdeviceptr)ha));
+    /* Copies between plain addresses: the driver works out the direction. */
+    float *hx = malloc(bytes);
+    CHECK(cuMemcpy(db, (CUdeviceptr)ha, bytes));
+    CHECK(cuMemcpy(dc, db, bytes));
+    CHECK(cuMemcpyAsync((CUdeviceptr)hx, dc, bytes, stream));
+    CHECK(cuStreamSynchronize(stream));
+    bad = 0;
+    for (int i = 0; i < n; i++) bad += hx[i] != ha[i];
+    printf("cuMemcpy by address: %ld wrong\n", bad);
+    free(hx);
+
     /* Copies larger than one request carries (Wormhole sends them in 64 MiB pieces). */
     const size_t big = (150u << 20) + 12;
     unsigned char *hbig = malloc(big), *hback = malloc(big);

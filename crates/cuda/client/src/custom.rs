@@ -6,6 +6,7 @@
 #![allow(non_snake_case)]
 
 use crate::image;
+pub use crate::memory::{cuPointerGetAttribute, cuPointerGetAttributes};
 use crate::objects;
 use crate::rt::{self, entry_status, ApiErr};
 use std::ffi::{c_char, c_void, CStr};

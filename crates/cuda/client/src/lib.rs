@@ -8,11 +8,13 @@
 //! Nothing here may panic or abort inside the application: every entry point catches panics
 //! and every failure becomes a CUDA status.
 
+mod allocations;
 mod connection;
 mod copies;
 mod custom;
 mod image;
 mod local;
+mod memory;
 mod objects;
 pub mod rt;
 

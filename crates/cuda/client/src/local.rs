@@ -9,6 +9,10 @@
 use crate::connection;
 pub use crate::copies::*;
 use crate::generated;
+pub use crate::memory::{
+    cuMemAlloc_v2, cuMemFree_v2, cuMemGetAddressRange_v2, cuMemcpy, cuMemcpyAsync,
+    cuMemcpyAsync_ptsz, cuMemcpy_ptds,
+};
 use crate::rt::{entry_status, ApiErr};
 use std::collections::HashSet;
 use std::ffi::{c_char, c_void, CStr};

@@ -187,6 +187,81 @@ impl<'a> Message<'a> for LaunchKernel<'a> {
     }
 }
 
+/// `CU_POINTER_ATTRIBUTE_CONTEXT`: a context, which travels as the id the client knows it by.
+pub const POINTER_ATTRIBUTE_CONTEXT: u32 = 1;
+/// `CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE`: a pool, which Wormhole does not forward.
+pub const POINTER_ATTRIBUTE_MEMPOOL_HANDLE: u32 = 17;
+/// Most attributes one `cuPointerGetAttributes` asks for (CUDA has 20-odd).
+pub const MAX_POINTER_ATTRIBUTES: usize = 64;
+/// The most bytes one attribute's value takes (the P2P tokens: 16).
+pub const POINTER_VALUE_MAX: usize = 64;
+
+/// `cuPointerGetAttribute` (`single`) and `cuPointerGetAttributes`: attributes of `ptr`, a
+/// device address of the session's, or 0 for an address that is none (the client's own
+/// memory, which the server's driver cannot know: it answers for memory unknown to CUDA).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PointerAttributes {
+    pub ptr: u64,
+    pub single: bool,
+    pub attributes: Vec<u32>,
+}
+
+impl<'a> Message<'a> for PointerAttributes {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.ptr);
+        w.bool(self.single);
+        w.u32(self.attributes.len() as u32);
+        for a in &self.attributes {
+            w.u32(*a);
+        }
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        let ptr = r.u64()?;
+        let single = r.bool()?;
+        let n = count(r, 4, MAX_POINTER_ATTRIBUTES)?;
+        Ok(PointerAttributes {
+            ptr,
+            single,
+            attributes: (0..n).map(|_| r.u32()).collect::<Result<_, _>>()?,
+        })
+    }
+}
+
+/// The answer to [`PointerAttributes`]: the driver's status and, on success, each value as
+/// the driver wrote it (exactly the bytes it wrote, so the client writes no more into the
+/// program's variable than the driver would).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PointerValues {
+    pub status: i32,
+    pub values: Vec<Vec<u8>>,
+}
+
+impl<'a> Message<'a> for PointerValues {
+    fn encode(&self, w: &mut Writer) {
+        w.i32(self.status);
+        w.u32(self.values.len() as u32);
+        for v in &self.values {
+            w.bytes(v);
+        }
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        let status = r.i32()?;
+        let n = count(r, 4, MAX_POINTER_ATTRIBUTES)?;
+        let values = (0..n)
+            .map(|_| {
+                let v = r.bytes()?;
+                if v.len() > POINTER_VALUE_MAX {
+                    return Err(DecodeError::BadValue(
+                        "an attribute value is at most 64 bytes",
+                    ));
+                }
+                Ok(v.to_vec())
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(PointerValues { status, values })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -231,6 +306,21 @@ mod tests {
         roundtrip(
             &ParamLayout {
                 params: vec![(0, 8), (8, 8), (16, 4)],
+            },
+            &mut Vec::new(),
+        );
+        roundtrip(
+            &PointerAttributes {
+                ptr: 0x7f00_0000_1000,
+                single: false,
+                attributes: vec![1, 2, 11, 12],
+            },
+            &mut Vec::new(),
+        );
+        roundtrip(
+            &PointerValues {
+                status: 0,
+                values: vec![vec![1, 0, 0, 0], vec![7; 8]],
             },
             &mut Vec::new(),
         );

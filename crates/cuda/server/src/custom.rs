@@ -11,6 +11,8 @@ use std::ffi::{c_void, CString};
 use wormhole_cuda_proto::cu::*;
 use wormhole_cuda_proto::requests::{
     LaunchArgs, LaunchKernel, Message, ModuleGetFunction, ModuleLoad, ModuleLoaded, ParamLayout,
+    PointerAttributes, PointerValues, POINTER_ATTRIBUTE_CONTEXT, POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
+    POINTER_VALUE_MAX,
 };
 use wormhole_cuda_proto::{DecodeError, HandleKind, Reader, Writer};
 
@@ -356,5 +358,107 @@ fn launch(
         })
     })();
     w.i32(status.unwrap_or_else(|e| e));
+    Ok(())
+}
+
+/// A host address of the worker's own that CUDA knows nothing of: what the driver is asked
+/// about in place of the client's own memory (its address means nothing here), so that it
+/// answers as it would for the program's: not a CUDA pointer.
+static UNKNOWN_TO_CUDA: u8 = 0;
+
+/// `cuPointerGetAttribute`.
+pub fn cuPointerGetAttribute(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    pointer_attributes(s, r, w)
+}
+
+/// `cuPointerGetAttributes`.
+pub fn cuPointerGetAttributes(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    pointer_attributes(s, r, w)
+}
+
+/// Attributes of a device address of the session's (or of none): each value exactly as the
+/// driver wrote it. The driver is asked twice, over buffers filled with two patterns, and
+/// a value is as long as the bytes it wrote in either: the client then writes no more into
+/// the program's variable than the driver would (sizes differ by attribute, and some are a C
+/// `bool`).
+fn pointer_attributes(s: &Call<'_>, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
+    let m = PointerAttributes::decode(r)?;
+    r.finish()?;
+    let n = m.attributes.len();
+    if m.single && n != 1 {
+        return Err(DecodeError::BadValue(
+            "cuPointerGetAttribute asks for one attribute",
+        ));
+    }
+    let mut answer = |status, values| PointerValues { status, values }.encode(w);
+    if m.attributes.contains(&POINTER_ATTRIBUTE_MEMPOOL_HANDLE) {
+        answer(CUDA_ERROR_NOT_SUPPORTED, Vec::new());
+        return Ok(());
+    }
+    let ptr = match m.ptr {
+        0 => &UNKNOWN_TO_CUDA as *const u8 as u64,
+        p => match crate::rt::check_device(s, p, Some(1)) {
+            Ok(()) => p,
+            Err(st) => {
+                answer(st, Vec::new());
+                return Ok(());
+            }
+        },
+    };
+    let ask = |fill: u8| {
+        let mut bufs = vec![[fill; POINTER_VALUE_MAX]; n];
+        let status = if m.single {
+            // SAFETY: the buffer holds more than any attribute's value.
+            unsafe { ffi::cuPointerGetAttribute(bufs[0].as_mut_ptr().cast(), m.attributes[0], ptr) }
+        } else {
+            let mut slots: Vec<*mut c_void> =
+                bufs.iter_mut().map(|b| b.as_mut_ptr().cast()).collect();
+            // SAFETY: `n` attributes and `n` buffers, each larger than any attribute's value.
+            unsafe {
+                ffi::cuPointerGetAttributes(
+                    n as u32,
+                    m.attributes.as_ptr() as *mut c_void,
+                    slots.as_mut_ptr().cast(),
+                    ptr,
+                )
+            }
+        };
+        (status, bufs)
+    };
+    let (status, a) = ask(0xa5);
+    if status != CUDA_SUCCESS {
+        answer(status, Vec::new());
+        return Ok(());
+    }
+    let (_, b) = ask(0x5a);
+    let values = m
+        .attributes
+        .iter()
+        .zip(a.iter().zip(&b))
+        .map(|(attribute, (a, b))| {
+            let written = (0..POINTER_VALUE_MAX)
+                .rev()
+                .find(|&k| a[k] != 0xa5 || b[k] != 0x5a)
+                .map_or(0, |k| k + 1);
+            let value = &a[..written];
+            if *attribute == POINTER_ATTRIBUTE_CONTEXT && written == 8 {
+                let ctx = u64::from_le_bytes(value.try_into().expect("8 bytes"));
+                s.export(HandleKind::Context, ctx as Handle)
+                    .to_le_bytes()
+                    .to_vec()
+            } else {
+                value.to_vec()
+            }
+        })
+        .collect();
+    answer(CUDA_SUCCESS, values);
     Ok(())
 }

@@ -150,6 +150,12 @@ impl Session {
         (parts.len() == 1).then(|| parts.remove(0))
     }
 
+    /// The id under which the client knows an object the driver returned (a server id for
+    /// one it has not seen).
+    pub fn export(&self, kind: HandleKind, ptr: Handle) -> u64 {
+        self.handles.export(kind, ptr as usize)
+    }
+
     /// Objects the driver returned (a context made or found), under the ids the client knows
     /// them by, new ones given a server id.
     pub fn export_list(&self, w: &mut Writer, kind: HandleKind, ptrs: &[Handle]) {

@@ -1,0 +1,297 @@
+//! Entry points that need to know which addresses are device memory (see `allocations`):
+//! allocation and free (which keep the table), address ranges, copies between two plain
+//! addresses (`cuMemcpy`: the direction follows from the table), and pointer attributes (the
+//! server's driver answers for device addresses; for anything else it is asked about an
+//! address it does not know either, and answers what CUDA answers for such memory).
+
+// Entry points keep the C names of the functions they stand for.
+#![allow(non_snake_case)]
+
+use crate::allocations;
+use crate::copies;
+use crate::generated::{self, Handle};
+use crate::objects;
+use crate::rt::{self, entry_status, ApiErr};
+use std::ffi::c_void;
+use wormhole_cuda_proto::cu::*;
+use wormhole_cuda_proto::requests::{
+    Message, PointerAttributes, PointerValues, MAX_POINTER_ATTRIBUTES, POINTER_ATTRIBUTE_CONTEXT,
+    POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
+};
+use wormhole_cuda_proto::{HandleKind, Op};
+use wormhole_session::host_memory;
+
+/// `cuMemAlloc_v2`: the allocation is noted.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuMemAlloc_v2(dptr: *mut u64, bytesize: usize) -> i32 {
+    // SAFETY: per the contract.
+    let status = unsafe { generated::wire_cuMemAlloc_v2(dptr, bytesize) };
+    if status == CUDA_SUCCESS && !dptr.is_null() {
+        // SAFETY: the call succeeded, so it wrote the address.
+        allocations::allocated(unsafe { *dptr }, bytesize as u64);
+    }
+    status
+}
+
+/// `cuMemFree_v2`: the allocation is forgotten.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuMemFree_v2(dptr: u64) -> i32 {
+    // SAFETY: a value parameter.
+    let status = unsafe { generated::wire_cuMemFree_v2(dptr) };
+    if status == CUDA_SUCCESS {
+        allocations::freed(dptr);
+    }
+    status
+}
+
+/// `cuMemGetAddressRange_v2`: the allocation `dptr` lies in.
+///
+/// # Safety
+/// `pbase` NULL or a writable `CUdeviceptr`, `psize` NULL or a writable `size_t`.
+pub unsafe fn cuMemGetAddressRange_v2(pbase: *mut c_void, psize: *mut c_void, dptr: u64) -> i32 {
+    entry_status(|| {
+        rt::check_initialized()?;
+        let (base, size) = allocations::range_of(dptr).ok_or(ApiErr(CUDA_ERROR_NOT_FOUND))?;
+        // SAFETY: per the contract.
+        unsafe {
+            if !pbase.is_null() {
+                *(pbase as *mut u64) = base;
+            }
+            if !psize.is_null() {
+                *(psize as *mut usize) = size as usize;
+            }
+        }
+        Ok(CUDA_SUCCESS)
+    })
+}
+
+/// Which of the four copies a copy between two plain addresses is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    HostToHost,
+    HostToDevice,
+    DeviceToHost,
+    DeviceToDevice,
+}
+
+fn direction(dst: u64, src: u64) -> Direction {
+    let device = |a| allocations::range_of(a).is_some();
+    match (device(dst), device(src)) {
+        (false, false) => Direction::HostToHost,
+        (true, false) => Direction::HostToDevice,
+        (false, true) => Direction::DeviceToHost,
+        (true, true) => Direction::DeviceToDevice,
+    }
+}
+
+/// Host to host: the client's own copy (no device work can touch the program's ordinary
+/// memory, so nothing on a stream has to come first). A source the program does not have is
+/// refused, not read.
+///
+/// # Safety
+/// `dst` must hold `n` writable bytes.
+unsafe fn host_copy(dst: u64, src: u64, n: usize) -> Result<i32, ApiErr> {
+    rt::check_initialized()?;
+    // SAFETY: copy_in checks that the program has the source range.
+    let bytes = unsafe { host_memory::copy_in(src as *const u8, n) }
+        .ok_or(ApiErr(CUDA_ERROR_INVALID_VALUE))?;
+    // SAFETY: per the contract; `bytes` is a copy, so the ranges may overlap.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst as *mut u8, n) };
+    Ok(CUDA_SUCCESS)
+}
+
+/// `cuMemcpy`: the direction from the addresses.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuMemcpy(dst: u64, src: u64, n: usize) -> i32 {
+    // SAFETY: per the contract, for each direction.
+    unsafe {
+        match direction(dst, src) {
+            Direction::HostToHost => entry_status(|| host_copy(dst, src, n)),
+            Direction::HostToDevice => copies::cuMemcpyHtoD_v2(dst, src as *const c_void, n),
+            Direction::DeviceToHost => copies::cuMemcpyDtoH_v2(dst as *mut c_void, src, n),
+            Direction::DeviceToDevice => generated::wire_cuMemcpyDtoD_v2(dst, src, n),
+        }
+    }
+}
+
+/// `cuMemcpy_ptds`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuMemcpy_ptds(dst: u64, src: u64, n: usize) -> i32 {
+    // SAFETY: per the contract, for each direction.
+    unsafe {
+        match direction(dst, src) {
+            Direction::HostToHost => entry_status(|| host_copy(dst, src, n)),
+            Direction::HostToDevice => copies::cuMemcpyHtoD_v2_ptds(dst, src as *const c_void, n),
+            Direction::DeviceToHost => copies::cuMemcpyDtoH_v2_ptds(dst as *mut c_void, src, n),
+            Direction::DeviceToDevice => generated::wire_cuMemcpyDtoD_v2_ptds(dst, src, n),
+        }
+    }
+}
+
+/// `cuMemcpyAsync`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuMemcpyAsync(dst: u64, src: u64, n: usize, stream: Handle) -> i32 {
+    // SAFETY: per the contract, for each direction.
+    unsafe {
+        match direction(dst, src) {
+            Direction::HostToHost => entry_status(|| host_copy(dst, src, n)),
+            Direction::HostToDevice => {
+                copies::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, n, stream)
+            }
+            Direction::DeviceToHost => {
+                copies::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, n, stream)
+            }
+            Direction::DeviceToDevice => generated::wire_cuMemcpyDtoDAsync_v2(dst, src, n, stream),
+        }
+    }
+}
+
+/// `cuMemcpyAsync_ptsz`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuMemcpyAsync_ptsz(dst: u64, src: u64, n: usize, stream: Handle) -> i32 {
+    // SAFETY: per the contract, for each direction.
+    unsafe {
+        match direction(dst, src) {
+            Direction::HostToHost => entry_status(|| host_copy(dst, src, n)),
+            Direction::HostToDevice => {
+                copies::cuMemcpyHtoDAsync_v2_ptsz(dst, src as *const c_void, n, stream)
+            }
+            Direction::DeviceToHost => {
+                copies::cuMemcpyDtoHAsync_v2_ptsz(dst as *mut c_void, src, n, stream)
+            }
+            Direction::DeviceToDevice => {
+                generated::wire_cuMemcpyDtoDAsync_v2_ptsz(dst, src, n, stream)
+            }
+        }
+    }
+}
+
+/// Asks the server for attributes of `ptr`: the address itself where it is device memory of
+/// the program's, else 0 (the server's driver then answers for an address it does not know).
+fn ask(ptr: u64, single: bool, attributes: Vec<u32>) -> Result<PointerValues, ApiErr> {
+    rt::check_initialized()?;
+    if let Some(a) = attributes
+        .iter()
+        .find(|a| **a == POINTER_ATTRIBUTE_MEMPOOL_HANDLE)
+    {
+        crate::connection::log(&format!(
+            "pointer attribute {a} (a memory pool) is not forwarded: pools are not; returning CUDA_ERROR_NOT_SUPPORTED"
+        ));
+        return Err(ApiErr(CUDA_ERROR_NOT_SUPPORTED));
+    }
+    let op = match single {
+        true => Op::cuPointerGetAttribute,
+        false => Op::cuPointerGetAttributes,
+    };
+    let request = PointerAttributes {
+        ptr: allocations::range_of(ptr).map_or(0, |_| ptr),
+        single,
+        attributes,
+    };
+    let mut w = rt::request(op);
+    request.encode(&mut w);
+    let reply = PointerValues::decode_all(&rt::call(w)?)?;
+    if reply.status == CUDA_SUCCESS && reply.values.len() != request.attributes.len() {
+        crate::connection::log("the server answered another number of pointer attributes");
+        return Err(ApiErr(CUDA_ERROR_UNKNOWN));
+    }
+    Ok(reply)
+}
+
+/// Writes one attribute's value as the driver wrote it (a context as the program's handle).
+///
+/// # Safety
+/// `data` must hold what the driver would write there for `attribute`.
+unsafe fn write_value(data: *mut c_void, attribute: u32, value: &[u8]) {
+    if attribute == POINTER_ATTRIBUTE_CONTEXT && value.len() == 8 {
+        let id = u64::from_le_bytes(value.try_into().expect("8 bytes"));
+        // SAFETY: per the contract: a CUcontext.
+        unsafe { *(data as *mut *mut c_void) = objects::object_for_id(HandleKind::Context, id) };
+        return;
+    }
+    // SAFETY: per the contract: the driver writes this many bytes there.
+    unsafe { std::ptr::copy_nonoverlapping(value.as_ptr(), data as *mut u8, value.len()) };
+}
+
+/// `cuPointerGetAttribute`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuPointerGetAttribute(data: *mut c_void, attribute: u32, ptr: u64) -> i32 {
+    entry_status(|| {
+        if data.is_null() {
+            return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
+        }
+        let reply = ask(ptr, true, vec![attribute])?;
+        if reply.status == CUDA_SUCCESS {
+            // SAFETY: per the contract.
+            unsafe { write_value(data, attribute, &reply.values[0]) };
+        }
+        Ok(reply.status)
+    })
+}
+
+/// `cuPointerGetAttributes`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuPointerGetAttributes(
+    num_attributes: u32,
+    attributes: *mut c_void,
+    data: *mut c_void,
+    ptr: u64,
+) -> i32 {
+    entry_status(|| {
+        let n = num_attributes as usize;
+        if n == 0 || n > MAX_POINTER_ATTRIBUTES || attributes.is_null() || data.is_null() {
+            return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
+        }
+        // SAFETY: per the contract: `n` attributes and `n` data pointers.
+        let (list, slots) = unsafe {
+            (
+                std::slice::from_raw_parts(attributes as *const u32, n).to_vec(),
+                std::slice::from_raw_parts(data as *const *mut c_void, n),
+            )
+        };
+        let reply = ask(ptr, false, list.clone())?;
+        if reply.status == CUDA_SUCCESS {
+            for ((slot, attribute), value) in slots.iter().zip(&list).zip(&reply.values) {
+                if !slot.is_null() {
+                    // SAFETY: per the contract.
+                    unsafe { write_value(*slot, *attribute, value) };
+                }
+            }
+        }
+        Ok(reply.status)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copies_between_plain_addresses_go_the_way_the_allocations_say() {
+        allocations::allocated(0x7000_0000, 0x100);
+        allocations::allocated(0x7000_1000, 0x100);
+        assert_eq!(
+            direction(0x7000_0010, 0x7000_1000),
+            Direction::DeviceToDevice
+        );
+        assert_eq!(direction(0x7000_0010, 0x1234), Direction::HostToDevice);
+        assert_eq!(direction(0x1234, 0x7000_00ff), Direction::DeviceToHost);
+        assert_eq!(direction(0x1234, 0x7000_0100), Direction::HostToHost);
+    }
+}

@@ -227,3 +227,30 @@ def test_a_tenant_with_a_quota_sees_its_quota_as_the_gpus_memory(tmp_path, cuda_
         assert free <= quota
     finally:
         s.stop()
+
+
+@gpu
+def test_a_tenant_sees_only_the_devices_it_may_use(tmp_path, cuda_programs):
+    """A tenant whose `devices` filter matches no GPU has none (cuDeviceGet of 0 is an invalid
+    device, as under an empty CUDA_VISIBLE_DEVICES); one whose filter matches sees it as
+    device 0 and runs as natively."""
+    if not has_gpu():
+        pytest.skip("no NVIDIA GPU here (scripts/gpu-test.sh runs these on the GPU machine)")
+    import os
+    argv = [cuda_programs["driver_api"], cuda_programs["kernels.fatbin"]]
+    native = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    for pattern, sees in (("no such GPU", False), ("NVIDIA", True)):
+        cfg = tmp_path / f"{sees}.toml"
+        cfg.write_text(f'[[tenant]]\nname = "local"\nuids = [{os.getuid()}]\ndevices = ["{pattern}"]\n')
+        d = tmp_path / str(sees)
+        d.mkdir()
+        s = Server(d, config=cfg).start()
+        try:
+            r = s.run(argv, timeout=120)
+            if sees:
+                assert r.returncode == 0 and r.stdout == native.stdout, r.stdout + r.stderr
+            else:
+                assert r.returncode != 0
+                assert "cuDeviceGet(&dev, 0) -> 101" in r.stdout, r.stdout + r.stderr
+        finally:
+            s.stop()

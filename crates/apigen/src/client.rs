@@ -202,7 +202,7 @@ fn emit_stub(s: &mut String, api: &Api, f: &Func) {
             Kind::Scalar(Scalar::U32) => {
                 let _ = writeln!(s, "        w.u32({n});");
             }
-            Kind::Scalar(Scalar::I32) => {
+            Kind::Scalar(Scalar::I32) | Kind::DeviceNumber => {
                 let _ = writeln!(s, "        w.i32({n});");
             }
             Kind::Scalar(Scalar::U64) | Kind::Device { .. } => {

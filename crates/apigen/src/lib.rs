@@ -20,7 +20,7 @@ use std::fmt::Write;
 pub(crate) fn c_type(k: &Kind) -> &'static str {
     match k {
         Kind::Scalar(Scalar::U32) => "u32",
-        Kind::Scalar(Scalar::I32) => "i32",
+        Kind::Scalar(Scalar::I32) | Kind::DeviceNumber => "i32",
         Kind::Scalar(Scalar::U64) | Kind::Device { .. } => "u64",
         Kind::Scalar(Scalar::Usize) => "usize",
         Kind::Handle { .. } => "Handle",

@@ -166,6 +166,10 @@ pub enum Kind {
     Device {
         len: Len,
     },
+    /// A device by the tenant's numbering (CUDA's `CUdevice`): the tenant sees only the
+    /// devices it may use, numbered from 0, and the server turns the number into the driver's
+    /// before the driver sees it.
+    DeviceNumber,
     Callback {
         kind: String,
         owner: String,
@@ -481,6 +485,7 @@ fn parse_kind(k: &str) -> Result<Kind, String> {
     Ok(match k {
         "u32" => Kind::Scalar(Scalar::U32),
         "i32" => Kind::Scalar(Scalar::I32),
+        "devno" => Kind::DeviceNumber,
         "u64" => Kind::Scalar(Scalar::U64),
         "usize" => Kind::Scalar(Scalar::Usize),
         "str" => Kind::Str,

@@ -133,7 +133,9 @@ fn request_fields(f: &Func) -> Vec<(String, &'static str, String)> {
         }
         let (name, ty, expr) = match &p.kind {
             Kind::Scalar(Scalar::U32) => (n.clone(), "u32", "r.u32()?".to_string()),
-            Kind::Scalar(Scalar::I32) => (n.clone(), "i32", "r.i32()?".to_string()),
+            Kind::Scalar(Scalar::I32) | Kind::DeviceNumber => {
+                (n.clone(), "i32", "r.i32()?".to_string())
+            }
             Kind::Scalar(Scalar::U64) | Kind::Device { .. } => {
                 (n.clone(), "u64", "r.u64()?".to_string())
             }
@@ -288,6 +290,9 @@ fn emit_handler(s: &mut String, api: &Api, f: &Func) {
                     len_expr(len)
                 );
             }
+            Kind::DeviceNumber => {
+                let _ = writeln!(s, "        let {n} = crate::rt::driver_device(s, {n})?;");
+            }
             Kind::InUsize { count, .. } => {
                 let _ = writeln!(
                     s,
@@ -361,7 +366,9 @@ fn emit_handler(s: &mut String, api: &Api, f: &Func) {
     let arg = |p: &Param| -> String {
         let n = &p.name;
         match &p.kind {
-            Kind::Scalar(_) | Kind::Handle { .. } | Kind::Device { .. } => n.clone(),
+            Kind::Scalar(_) | Kind::Handle { .. } | Kind::Device { .. } | Kind::DeviceNumber => {
+                n.clone()
+            }
             Kind::Handles { .. } => format!("{n}_list.as_ref().map_or(null(), |v| v.as_ptr())"),
             Kind::In { .. } => {
                 format!("{n}_bytes.as_ref().map_or(null(), |v| v.as_ptr() as *const c_void)")

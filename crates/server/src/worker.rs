@@ -56,6 +56,12 @@ pub struct Limits {
 }
 
 impl Limits {
+    /// Whether the tenant may use the device named `name` (its name contains one of the
+    /// tenant's `devices`, or the tenant has none).
+    pub fn may_use_device(&self, name: &str) -> bool {
+        self.devices.is_empty() || self.devices.iter().any(|p| name.contains(p.as_str()))
+    }
+
     /// Fails fast when `bytes` more would exceed the tenant's quota (nothing is reserved).
     #[allow(clippy::result_unit_err)]
     pub fn precheck(&self, bytes: u64) -> Result<(), ()> {

@@ -111,9 +111,16 @@ pub fn cuDeviceTotalMem_v2(
     a: args::cuDeviceTotalMem_v2,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
+    let dev = match crate::rt::driver_device(s, a.dev) {
+        Ok(d) => d,
+        Err(st) => {
+            w.i32(st);
+            return Ok(());
+        }
+    };
     let mut bytes = 0usize;
     // SAFETY: a valid output pointer.
-    let st = unsafe { ffi::cuDeviceTotalMem_v2(&mut bytes, a.dev) };
+    let st = unsafe { ffi::cuDeviceTotalMem_v2(&mut bytes, dev) };
     w.i32(st);
     if st == CUDA_SUCCESS && a.bytes_present {
         w.u64(quota_view(s, bytes as u64, bytes as u64).0);
@@ -460,5 +467,102 @@ fn pointer_attributes(s: &Call<'_>, r: &mut Reader<'_>, w: &mut Writer) -> Resul
         })
         .collect();
     answer(CUDA_SUCCESS, values);
+    Ok(())
+}
+
+/// `cuDeviceGetCount`: the devices the tenant may use.
+pub fn cuDeviceGetCount(
+    s: &Call<'_>,
+    a: args::cuDeviceGetCount,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    if !a.count_present {
+        w.i32(CUDA_ERROR_INVALID_VALUE);
+        return Ok(());
+    }
+    w.i32(CUDA_SUCCESS);
+    w.u32(crate::rt::visible_devices(s).len() as u32);
+    Ok(())
+}
+
+/// `cuDeviceGet`: the tenant's devices are numbered from 0, and a device is its number.
+pub fn cuDeviceGet(s: &Call<'_>, a: args::cuDeviceGet, w: &mut Writer) -> Result<(), DecodeError> {
+    match crate::rt::driver_device(s, a.ordinal) {
+        Err(st) => w.i32(st),
+        Ok(_) if !a.device_present => w.i32(CUDA_ERROR_INVALID_VALUE),
+        Ok(_) => {
+            w.i32(CUDA_SUCCESS);
+            w.u32(a.ordinal as u32);
+        }
+    }
+    Ok(())
+}
+
+/// The reply of a query whose answer is a driver's device: the tenant's number for it.
+fn reply_device(s: &Call<'_>, st: i32, dev: u32, present: bool, w: &mut Writer) {
+    if st != CUDA_SUCCESS || !present {
+        w.i32(st);
+        return;
+    }
+    match crate::rt::tenant_device(s, dev as i32) {
+        Some(n) => {
+            w.i32(CUDA_SUCCESS);
+            w.u32(n as u32);
+        }
+        None => {
+            tracing::warn!(
+                dev,
+                "a context of the session is on a device the tenant may not use"
+            );
+            w.i32(CUDA_ERROR_INVALID_DEVICE);
+        }
+    }
+}
+
+/// `cuCtxGetDevice`: the current context's device, by the tenant's number.
+pub fn cuCtxGetDevice(
+    s: &Call<'_>,
+    a: args::cuCtxGetDevice,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let mut dev = 0u32;
+    // SAFETY: a valid output pointer.
+    let st = unsafe {
+        ffi::cuCtxGetDevice(if a.device_present {
+            &mut dev
+        } else {
+            std::ptr::null_mut()
+        })
+    };
+    reply_device(s, st, dev, a.device_present, w);
+    Ok(())
+}
+
+/// `cuCtxGetDevice_v2`: a context's device, by the tenant's number.
+pub fn cuCtxGetDevice_v2(
+    s: &Call<'_>,
+    a: args::cuCtxGetDevice_v2,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let ctx = match s.resolve(a.ctx_id, HandleKind::Context, true) {
+        Ok(c) => c,
+        Err(st) => {
+            w.i32(st);
+            return Ok(());
+        }
+    };
+    let mut dev = 0u32;
+    // SAFETY: a valid output pointer; `ctx` is NULL or a context of the session.
+    let st = unsafe {
+        ffi::cuCtxGetDevice_v2(
+            if a.device_present {
+                &mut dev
+            } else {
+                std::ptr::null_mut()
+            },
+            ctx,
+        )
+    };
+    reply_device(s, st, dev, a.device_present, w);
     Ok(())
 }

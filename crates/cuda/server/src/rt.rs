@@ -78,3 +78,79 @@ pub fn release(kind: HandleKind, obj: Handle) {
         tracing::warn!(?kind, status = st, "could not destroy an unbound object");
     }
 }
+
+/// The driver's devices the tenant may use (those whose name its `devices` filter lets
+/// through), in the driver's order: the tenant's device `n` is the `n`-th of them, as
+/// `CUDA_VISIBLE_DEVICES` numbers what it leaves. Found once, when a session first needs
+/// them (its driver is loaded by then).
+pub fn visible_devices(s: &Session) -> &[i32] {
+    s.visible.get_or_init(|| {
+        let mut count = 0u32;
+        // SAFETY: a valid output pointer.
+        if unsafe { ffi::cuDeviceGetCount(&mut count) } != CUDA_SUCCESS {
+            return Vec::new();
+        }
+        (0..count as i32)
+            .filter_map(|ordinal| {
+                let mut dev = 0u32;
+                // SAFETY: a valid output pointer.
+                let st = unsafe { ffi::cuDeviceGet(&mut dev, ordinal) };
+                (st == CUDA_SUCCESS).then_some(dev as i32)
+            })
+            .filter(|&dev| s.limits().may_use_device(&device_name(dev)))
+            .collect()
+    })
+}
+
+fn device_name(dev: i32) -> String {
+    let mut name = [0u8; 256];
+    // SAFETY: `name` holds the length passed.
+    unsafe { ffi::cuDeviceGetName(name.as_mut_ptr().cast(), name.len() as i32, dev) };
+    let end = name.iter().position(|b| *b == 0).unwrap_or(name.len());
+    String::from_utf8_lossy(&name[..end]).into_owned()
+}
+
+/// The driver's device for the tenant's device number `n` (a `devno` parameter).
+pub fn driver_device(s: &Session, n: i32) -> Result<i32, i32> {
+    tenant_to_driver(visible_devices(s), n)
+}
+
+/// The tenant's number of the driver's device `dev`, if the tenant may use it.
+pub fn tenant_device(s: &Session, dev: i32) -> Option<i32> {
+    driver_to_tenant(visible_devices(s), dev)
+}
+
+fn tenant_to_driver(visible: &[i32], n: i32) -> Result<i32, i32> {
+    usize::try_from(n)
+        .ok()
+        .and_then(|i| visible.get(i).copied())
+        .ok_or(CUDA_ERROR_INVALID_DEVICE)
+}
+
+fn driver_to_tenant(visible: &[i32], dev: i32) -> Option<i32> {
+    visible.iter().position(|&d| d == dev).map(|i| i as i32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tenant allowed the driver's devices 1 and 3 numbers them 0 and 1; the others do not
+    /// exist for it.
+    #[test]
+    fn a_tenant_numbers_only_the_devices_it_may_use() {
+        let visible = [1, 3];
+        assert_eq!(tenant_to_driver(&visible, 0), Ok(1));
+        assert_eq!(tenant_to_driver(&visible, 1), Ok(3));
+        assert_eq!(
+            tenant_to_driver(&visible, 2),
+            Err(CUDA_ERROR_INVALID_DEVICE)
+        );
+        assert_eq!(
+            tenant_to_driver(&visible, -1),
+            Err(CUDA_ERROR_INVALID_DEVICE)
+        );
+        assert_eq!(driver_to_tenant(&visible, 3), Some(1));
+        assert_eq!(driver_to_tenant(&visible, 0), None);
+    }
+}

@@ -27,6 +27,8 @@ pub struct Session {
     layouts: Mutex<HashMap<u64, Arc<ParamLayout>>>,
     /// The server's store of build products: module images the tenant sent, by digest.
     cache: OnceLock<BlobCache>,
+    /// The driver's devices the tenant may use (see `rt::visible_devices`).
+    pub visible: OnceLock<Vec<i32>>,
     /// Failures of requests the client did not wait for, answered at the next synchronisation
     /// point (CUDA's are the context's: one key for the session).
     pub deferred: wormhole_server::deferred::DeferredErrors,

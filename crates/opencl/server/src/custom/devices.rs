@@ -35,12 +35,8 @@ fn allowed_devices(s: &Session, platform: Handle, device_type: u64) -> Result<Ve
     if st != CL_SUCCESS {
         return Err(st);
     }
-    let patterns = &s.limits().devices;
-    if !patterns.is_empty() {
-        all.retain(|d| {
-            let name = device_name(*d);
-            patterns.iter().any(|p| name.contains(p.as_str()))
-        });
+    if !s.limits().devices.is_empty() {
+        all.retain(|d| s.limits().may_use_device(&device_name(*d)));
     }
     if all.is_empty() {
         return Err(CL_DEVICE_NOT_FOUND);

@@ -232,8 +232,8 @@ def test_a_tenant_with_a_quota_sees_its_quota_as_the_gpus_memory(tmp_path, cuda_
 @gpu
 def test_a_tenant_sees_only_the_devices_it_may_use(tmp_path, cuda_programs):
     """A tenant whose `devices` filter matches no GPU has none (cuDeviceGet of 0 is an invalid
-    device, as under an empty CUDA_VISIBLE_DEVICES); one whose filter matches sees it as
-    device 0 and runs as natively."""
+    device, as under an empty CUDA_VISIBLE_DEVICES; NVML counts none); one whose filter
+    matches sees it as device 0 and runs as natively."""
     if not has_gpu():
         pytest.skip("no NVIDIA GPU here (scripts/gpu-test.sh runs these on the GPU machine)")
     import os
@@ -247,10 +247,14 @@ def test_a_tenant_sees_only_the_devices_it_may_use(tmp_path, cuda_programs):
         s = Server(d, config=cfg).start()
         try:
             r = s.run(argv, timeout=120)
+            nvml = s.run([cuda_programs["nvml_queries"]], timeout=120)
             if sees:
                 assert r.returncode == 0 and r.stdout == native.stdout, r.stdout + r.stderr
+                assert nvml.returncode == 0 and "devices -> 0 0" not in nvml.stdout, nvml.stdout
             else:
                 assert r.returncode != 0
                 assert "cuDeviceGet(&dev, 0) -> 101" in r.stdout, r.stdout + r.stderr
+                # NVML shows the tenant no GPU either.
+                assert "devices -> 0 0" in nvml.stdout, nvml.stdout + nvml.stderr
         finally:
             s.stop()

@@ -1,4 +1,4 @@
-//! Handlers written by hand: device memory as the tenant sees it. A tenant with a quota sees
+//! Handlers written by hand: the devices a tenant may use, and device memory as it sees it. A tenant with a quota sees
 //! the quota as the device's memory, of which what it cannot get (its own allocations, and
 //! what other users of the GPU hold beyond its share) is used; without a quota it sees the
 //! device as it is.
@@ -9,7 +9,9 @@
 use crate::generated::{args, ffi};
 use crate::session::Call;
 use wormhole_nvml_proto::nv::*;
-use wormhole_nvml_proto::{DecodeError, Writer, MEMORY_SIZE, MEMORY_V2_SIZE, MEMORY_V2_VERSION};
+use wormhole_nvml_proto::{
+    DecodeError, HandleKind, Writer, MEMORY_SIZE, MEMORY_V2_SIZE, MEMORY_V2_VERSION,
+};
 
 /// Device memory: total, reserved (for the driver and firmware), free, used, in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,6 +115,130 @@ pub fn nvmlDeviceGetMemoryInfo_v2(
             out.extend_from_slice(&v.to_le_bytes());
         }
         w.bytes(&out);
+    }
+    Ok(())
+}
+
+/// NVML's devices the tenant may use (those whose name its `devices` filter lets through), in
+/// NVML's order: the tenant's device `n` is the `n`-th of them. Found once per session.
+fn visible_devices<'a>(s: &'a Call<'_>) -> &'a [usize] {
+    s.visible.get_or_init(|| {
+        let mut count = 0u32;
+        // SAFETY: a valid output pointer.
+        if unsafe { ffi::nvmlDeviceGetCount_v2(&mut count) } != NVML_SUCCESS {
+            return Vec::new();
+        }
+        (0..count)
+            .filter_map(|i| {
+                let mut dev: crate::session::Handle = std::ptr::null_mut();
+                // SAFETY: a valid output pointer.
+                let st = unsafe { ffi::nvmlDeviceGetHandleByIndex_v2(i, &mut dev) };
+                (st == NVML_SUCCESS).then_some(dev)
+            })
+            .filter(|&dev| {
+                let mut name = [0u8; 96];
+                // SAFETY: `name` holds the length passed; `dev` is NVML's.
+                unsafe { ffi::nvmlDeviceGetName(dev, name.as_mut_ptr().cast(), name.len() as u32) };
+                let end = name.iter().position(|b| *b == 0).unwrap_or(name.len());
+                s.limits()
+                    .may_use_device(&String::from_utf8_lossy(&name[..end]))
+            })
+            .map(|dev| dev as usize)
+            .collect()
+    })
+}
+
+/// A lookup's answer: the device if the tenant may use it (else NVML_ERROR_NOT_FOUND, as for
+/// a device there is not).
+fn reply_found(s: &Call<'_>, st: i32, dev: crate::session::Handle, present: bool, w: &mut Writer) {
+    if st != NVML_SUCCESS || !present {
+        w.i32(st);
+    } else if visible_devices(s).contains(&(dev as usize)) {
+        w.i32(NVML_SUCCESS);
+        s.export_list(w, HandleKind::Device, &[dev]);
+    } else {
+        w.i32(NVML_ERROR_NOT_FOUND);
+    }
+}
+
+/// `nvmlDeviceGetCount_v2`: the devices the tenant may use.
+pub fn nvmlDeviceGetCount_v2(
+    s: &Call<'_>,
+    a: args::nvmlDeviceGetCount_v2,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    if !a.deviceCount_present {
+        w.i32(NVML_ERROR_INVALID_ARGUMENT);
+        return Ok(());
+    }
+    w.i32(NVML_SUCCESS);
+    w.u32(visible_devices(s).len() as u32);
+    Ok(())
+}
+
+/// `nvmlDeviceGetHandleByIndex_v2`: by the tenant's numbering.
+pub fn nvmlDeviceGetHandleByIndex_v2(
+    s: &Call<'_>,
+    a: args::nvmlDeviceGetHandleByIndex_v2,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    match visible_devices(s).get(a.index as usize) {
+        Some(&dev) if a.device_present => {
+            w.i32(NVML_SUCCESS);
+            s.export_list(w, HandleKind::Device, &[dev as crate::session::Handle]);
+        }
+        _ => w.i32(NVML_ERROR_INVALID_ARGUMENT),
+    }
+    Ok(())
+}
+
+/// `nvmlDeviceGetHandleByUUID`: only a device the tenant may use is found.
+pub fn nvmlDeviceGetHandleByUUID(
+    s: &Call<'_>,
+    a: args::nvmlDeviceGetHandleByUUID,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let mut dev: crate::session::Handle = std::ptr::null_mut();
+    let uuid = a.uuid_str.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
+    // SAFETY: `uuid` NULL or a C string; a valid output pointer.
+    let st = unsafe { ffi::nvmlDeviceGetHandleByUUID(uuid, &mut dev) };
+    reply_found(s, st, dev, a.device_present, w);
+    Ok(())
+}
+
+/// `nvmlDeviceGetHandleByPciBusId_v2`: only a device the tenant may use is found.
+pub fn nvmlDeviceGetHandleByPciBusId_v2(
+    s: &Call<'_>,
+    a: args::nvmlDeviceGetHandleByPciBusId_v2,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let mut dev: crate::session::Handle = std::ptr::null_mut();
+    let bus_id = a
+        .pciBusId_str
+        .as_ref()
+        .map_or(std::ptr::null(), |c| c.as_ptr());
+    // SAFETY: `bus_id` NULL or a C string; a valid output pointer.
+    let st = unsafe { ffi::nvmlDeviceGetHandleByPciBusId_v2(bus_id, &mut dev) };
+    reply_found(s, st, dev, a.device_present, w);
+    Ok(())
+}
+
+/// `nvmlDeviceGetIndex`: the tenant's number of the device.
+pub fn nvmlDeviceGetIndex(
+    s: &Call<'_>,
+    a: args::nvmlDeviceGetIndex,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let Some(dev) = device_or_reply(s, a.device_id, w) else {
+        return Ok(());
+    };
+    match visible_devices(s).iter().position(|&d| d == dev as usize) {
+        Some(i) if a.index_present => {
+            w.i32(NVML_SUCCESS);
+            w.u32(i as u32);
+        }
+        Some(_) => w.i32(NVML_ERROR_INVALID_ARGUMENT),
+        None => w.i32(NVML_ERROR_NOT_FOUND),
     }
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! What the generated handlers share: output buffers and handle lists.
+//! What the generated handlers share: output buffers.
 
 use crate::session::Handle;
 use wormhole_nvml_proto::nv::*;
@@ -15,13 +15,6 @@ pub fn out_buffer(len: Option<usize>) -> Result<Vec<u8>, i32> {
             Err(NVML_ERROR_MEMORY)
         }
         Some(n) => Ok(vec![0; n]),
-    }
-}
-
-pub fn handle_buffer(count: u32) -> Result<Vec<Handle>, i32> {
-    match count {
-        0..=1 => Ok(vec![std::ptr::null_mut(); count as usize]),
-        _ => Err(NVML_ERROR_INVALID_ARGUMENT),
     }
 }
 

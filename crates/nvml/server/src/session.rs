@@ -13,6 +13,8 @@ pub type Handle = *mut c_void;
 pub struct Session {
     handles: HandleTable<HandleKind>,
     limits: OnceLock<Arc<Limits>>,
+    /// NVML's devices the tenant may use (see `custom::visible_devices`), as addresses.
+    pub visible: OnceLock<Vec<usize>>,
 }
 
 /// One request being handled (what the generated dispatch passes the handlers).

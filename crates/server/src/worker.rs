@@ -28,6 +28,8 @@ static LIMITS: OnceLock<Arc<Limits>> = OnceLock::new();
 
 /// Requests the session made, and requests sent without waiting that failed anyway.
 static CALLS: AtomicU64 = AtomicU64::new(0);
+static ASYNC_FAILURES: AtomicU64 = AtomicU64::new(0);
+
 /// How far each lane has handled its requests (see `order`), made when the session's lanes are
 /// known.
 static ORDER: OnceLock<crate::order::LaneOrder> = OnceLock::new();
@@ -35,7 +37,6 @@ static ORDER: OnceLock<crate::order::LaneOrder> = OnceLock::new();
 fn order() -> &'static crate::order::LaneOrder {
     ORDER.get_or_init(|| crate::order::LaneOrder::new(0))
 }
-static ASYNC_FAILURES: AtomicU64 = AtomicU64::new(0);
 
 /// One more call served: counted for `wh status`, and it wakes a parked slice review.
 fn count_call() {

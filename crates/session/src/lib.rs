@@ -60,7 +60,6 @@ fn policy_for(hooks: &ApiHooks, opcode: u16) -> SpinPolicy {
 /// One lane of the shared region.
 pub struct ShmLane {
     link: ShmLink,
-    seq: u32,
 }
 
 /// One lane of a TCP session: the reply the reader thread handed over, and who waits for it.
@@ -526,7 +525,7 @@ fn connect_guest(hooks: ApiHooks, spec: &str) -> Result<Connection, ConnectError
     })?;
     let lanes: Vec<Mutex<ShmLane>> = std::iter::once(lane0)
         .chain((1..n).map(link))
-        .map(|link| Mutex::new(ShmLane { link, seq: 0 }))
+        .map(|link| Mutex::new(ShmLane { link }))
         .collect();
     Ok(Connection {
         hooks,
@@ -593,7 +592,6 @@ fn connect_local(hooks: ApiHooks) -> Result<Connection, ConnectError> {
                     SpinPolicy::default(),
                     alive.clone(),
                 ),
-                seq: 0,
             })
         })
         .collect();
@@ -844,8 +842,7 @@ impl Connection {
             Transport::Shm { lanes, .. } => {
                 let (i, mut lane) = self.take_lane(lanes.len(), |i| &lanes[i], idx);
                 idx = i;
-                lane.seq = self.ticket();
-                let seq = lane.seq;
+                let seq = self.ticket();
                 lane.link.set_policy(policy_for(&self.hooks, w.opcode()));
                 (|| {
                     let frame = w.finish(0, seq)?;
@@ -894,8 +891,7 @@ impl Connection {
             Transport::Shm { lanes, .. } => {
                 let mut lane = lanes[idx].lock().unwrap_or_else(|p| p.into_inner());
                 SENT_ASYNC.set(true);
-                lane.seq = self.ticket();
-                w.finish(FLAG_ASYNC, lane.seq)
+                w.finish(FLAG_ASYNC, self.ticket())
                     .map_err(TransportError::from)
                     .and_then(|frame| lane.link.send(&frame))
             }
@@ -1127,7 +1123,7 @@ mod tests {
         let shm = Connection {
             hooks: HOOKS,
             transport: Transport::Shm {
-                lanes: vec![Mutex::new(ShmLane { link, seq: 0 })],
+                lanes: vec![Mutex::new(ShmLane { link })],
                 _region: region.clone(),
             },
             lanes: 1,

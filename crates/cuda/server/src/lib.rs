@@ -126,16 +126,11 @@ impl wormhole_server::Backend for Cuda {
         unsafe { generated::ffi::cuDriverGetVersion(&mut version) };
         Ok((0..count as i32)
             .map(|dev| {
-                let mut name = [0u8; 256];
                 let mut bytes = 0usize;
-                // SAFETY: `name` holds the length passed; `bytes` is a valid output pointer.
-                unsafe {
-                    generated::ffi::cuDeviceGetName(name.as_mut_ptr().cast(), 256, dev);
-                    generated::ffi::cuDeviceTotalMem_v2(&mut bytes, dev);
-                }
-                let end = name.iter().position(|b| *b == 0).unwrap_or(name.len());
+                // SAFETY: a valid output pointer.
+                unsafe { generated::ffi::cuDeviceTotalMem_v2(&mut bytes, dev) };
                 DeviceInventory {
-                    name: String::from_utf8_lossy(&name[..end]).into_owned(),
+                    name: rt::device_name(dev),
                     vendor: "NVIDIA Corporation".into(),
                     kind: "gpu".into(),
                     memory_bytes: bytes as u64,

@@ -102,7 +102,8 @@ pub fn visible_devices(s: &Session) -> &[i32] {
     })
 }
 
-fn device_name(dev: i32) -> String {
+/// The driver's name of device `dev` (what tenants' `devices` filters match).
+pub fn device_name(dev: i32) -> String {
     let mut name = [0u8; 256];
     // SAFETY: `name` holds the length passed.
     unsafe { ffi::cuDeviceGetName(name.as_mut_ptr().cast(), name.len() as i32, dev) };

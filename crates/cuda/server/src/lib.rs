@@ -71,9 +71,10 @@ fn settle(s: &session::Session, h: &FrameHeader, status: i32, w: &mut Writer) ->
         }
         return status;
     }
+    // The deferred failures' lock is taken only at synchronisation points.
     if status != CUDA_SUCCESS
-        || s.deferred.is_empty()
         || !Op::from_u16(h.opcode).is_some_and(|op| op.is_sync())
+        || s.deferred.is_empty()
     {
         return status;
     }

@@ -600,11 +600,19 @@ impl TlsConn {
         let mut from_worker = relay_end;
         let tcp2 = tcp.try_clone();
         std::thread::spawn(move || {
-            let _ = std::io::copy(&mut reader, &mut to_worker);
+            if let Err(e) = std::io::copy(&mut reader, &mut to_worker) {
+                tracing::warn!(
+                    "TLS session: relaying the client's frames to the worker stopped: {e}"
+                );
+            }
             let _ = to_worker.shutdown(std::net::Shutdown::Both);
         });
         std::thread::spawn(move || {
-            let _ = std::io::copy(&mut from_worker, &mut writer);
+            if let Err(e) = std::io::copy(&mut from_worker, &mut writer) {
+                tracing::warn!(
+                    "TLS session: relaying the worker's frames to the client stopped: {e}"
+                );
+            }
             let _ = tcp.shutdown(std::net::Shutdown::Both);
             drop(tcp2);
         });

@@ -690,6 +690,7 @@ fn connect_tcp(hooks: ApiHooks, addr: &str, tls: bool) -> Result<Connection, Con
             .name("wormhole-tcp".into())
             .spawn(move || {
                 let mut reader = std::io::BufReader::with_capacity(1 << 16, reader);
+                let mut gone = TransportError::PeerGone;
                 loop {
                     let mut body = Vec::new();
                     match read_frame(&mut reader, &mut body) {
@@ -705,10 +706,13 @@ fn connect_tcp(hooks: ApiHooks, addr: &str, tls: bool) -> Result<Connection, Con
                                 break;
                             }
                         },
-                        Err(_) => break,
+                        Err(e) => {
+                            gone = e;
+                            break;
+                        }
                     }
                 }
-                mark_dead(&hooks, &dead, || {
+                mark_dead(&hooks, &dead, &gone, || {
                     slots.iter().for_each(|s| s.ready.notify_all());
                     marks.wake();
                 });
@@ -783,22 +787,27 @@ fn spawn_event_thread(
         .name("wormhole-events".into())
         .spawn(move || {
             let mut body = Vec::new();
-            while let Ok(h) = next(&mut body) {
-                event(&h, std::mem::take(&mut body), &marks, &callbacks);
-            }
-            mark_dead(&hooks, &dead, || marks.wake());
+            let gone = loop {
+                match next(&mut body) {
+                    Ok(h) => event(&h, std::mem::take(&mut body), &marks, &callbacks),
+                    Err(e) => break e,
+                }
+            };
+            mark_dead(&hooks, &dead, &gone, || marks.wake());
         })
         .map(|_| ())
         .map_err(|e| ConnectError(format!("cannot start the callback thread: {e}")))
 }
 
-fn mark_dead(hooks: &ApiHooks, dead: &AtomicBool, wake: impl FnOnce()) {
+fn mark_dead(hooks: &ApiHooks, dead: &AtomicBool, why: &TransportError, wake: impl FnOnce()) {
+    // Said before a waiting call can see it and fail: the program may exit on that failure.
+    let how = match why {
+        TransportError::PeerGone => "the server closed the session".to_string(),
+        e => format!("the session with the server broke ({e})"),
+    };
+    log(&format!("{how}; {}", hooks.when_gone));
     dead.store(true, Ordering::SeqCst);
     wake();
-    log(&format!(
-        "the server closed the session; {}",
-        hooks.when_gone
-    ));
 }
 
 #[derive(Debug)]

@@ -1,7 +1,8 @@
 /* The CUDA driver API used directly, as a program that loads its own kernels does: device
  * queries, a context, a module from a fatbin file (argv[1]), functions, memory, copies both
  * ways, memsets, launches with parameters of several kinds (by kernelParams and by the extra
- * buffer), streams and events. Prints what it computed; through Wormhole the output must be
+ * buffer), streams and events, libraries (how cudart loads its kernels) and module variables.
+ * Prints what it computed; through Wormhole the output must be
  * the native one. Exit 0 when every result is right; 2 with the failing call's status. */
 #include <cuda.h>
 #include <stdio.h>
@@ -197,6 +198,58 @@ int main(int argc, char **argv) {
     CHECK(cuMemFree(dbig));
     free(hbig);
     free(hback);
+
+    /* Libraries, as cudart loads its kernels: a kernel launched as itself and as its
+     * function, its parameters, a variable found through the library and through its
+     * module, and a module read from the file by the driver API. */
+    CUlibrary lib;
+    CHECK(cuLibraryLoadData(&lib, image, NULL, NULL, 0, NULL, NULL, 0));
+    CUkernel kvadd, kbump;
+    CHECK(cuLibraryGetKernel(&kvadd, lib, "vadd"));
+    CHECK(cuLibraryGetKernel(&kbump, lib, "bump"));
+    unsigned int kernels = 0;
+    CHECK(cuLibraryGetKernelCount(&kernels, lib));
+    size_t poff = 0, psize = 0;
+    CHECK(cuKernelGetParamInfo(kvadd, 3, &poff, &psize));
+    int kthreads = 0;
+    CHECK(cuKernelGetAttribute(&kthreads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, kvadd, dev));
+    printf("library: %u kernels, vadd's n at %zu (%zu bytes), up to %d threads a block\n", kernels,
+           poff, psize, kthreads);
+    CUfunction fvadd;
+    CHECK(cuKernelGetFunction(&fvadd, kvadd));
+    CHECK(cuMemsetD32(dc, 0, n));
+    CHECK(cuLaunchKernel((CUfunction)kvadd, (n + 255) / 256, 1, 1, 256, 1, 1, 0, NULL, args, NULL));
+    CHECK(cuMemcpyDtoH(hc, dc, bytes));
+    int lib_ok = 1;
+    for (int i = 0; i < n; i++) lib_ok &= hc[i] == ha[i] + hb[i];
+    CHECK(cuMemsetD32(dc, 0, n));
+    CHECK(cuLaunchKernel(fvadd, (n + 255) / 256, 1, 1, 256, 1, 1, 0, NULL, args, NULL));
+    CHECK(cuMemcpyDtoH(hc, dc, bytes));
+    for (int i = 0; i < n; i++) lib_ok &= hc[i] == ha[i] + hb[i];
+    printf("library kernel, as itself and as a function: %s\n", lib_ok ? "right" : "wrong");
+    CUdeviceptr gcounter, mcounter;
+    size_t gsize = 0, msize = 0;
+    CHECK(cuLibraryGetGlobal(&gcounter, &gsize, lib, "counter"));
+    int start_value = 40, by = 2, counted = 0;
+    CHECK(cuMemcpyHtoD(gcounter, &start_value, sizeof start_value));
+    void *bump_args[] = {&by};
+    CHECK(cuLaunchKernel((CUfunction)kbump, 1, 1, 1, 32, 1, 1, 0, NULL, bump_args, NULL));
+    CHECK(cuMemcpyDtoH(&counted, gcounter, sizeof counted));
+    CUmodule lmod;
+    CHECK(cuLibraryGetModule(&lmod, lib));
+    CHECK(cuModuleGetGlobal(&mcounter, &msize, lmod, "counter"));
+    printf("library variable: %zu bytes, %d after a bump, the module's the same: %s\n", gsize,
+           counted, mcounter == gcounter && msize == gsize ? "yes" : "no");
+    CHECK(cuLibraryUnload(lib));
+    CUmodule from_file;
+    CHECK(cuModuleLoad(&from_file, argv[1]));
+    CUdeviceptr fcounter;
+    CHECK(cuModuleGetGlobal(&fcounter, NULL, from_file, "counter"));
+    CHECK(cuMemcpyDtoH(&counted, fcounter, sizeof counted));
+    printf("a module from the file has its own variable: %d\n", counted);
+    CHECK(cuModuleUnload(from_file));
+    CUmodule nofile;
+    printf("module from a missing file: %d\n", (int)cuModuleLoad(&nofile, "/nonexistent/kernels.fatbin"));
 
     /* Errors the driver reports. */
     printf("free of a bad pointer: %d\n", (int)cuMemFree(da + 4));

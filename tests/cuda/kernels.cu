@@ -20,3 +20,11 @@ extern "C" __global__ void affine(float *x, Affine t, Quad q, char tag, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = x[i] * t.scale + t.offset + (float)t.bias + q.v[i % 4] + tag;
 }
+
+// A module variable: found by name (cuModuleGetGlobal, cuLibraryGetGlobal), copied to and
+// from like device memory.
+__device__ int counter;
+
+extern "C" __global__ void bump(int by) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) counter += by;
+}

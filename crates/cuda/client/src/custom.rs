@@ -12,8 +12,8 @@ use crate::rt::{self, entry_status, ApiErr};
 use std::ffi::{c_char, c_void, CStr};
 use wormhole_cuda_proto::cu::*;
 use wormhole_cuda_proto::requests::{
-    LaunchArgs, LaunchKernel, Message, ModuleGetFunction, ModuleLoad, ModuleLoaded, ParamLayout,
-    IMAGE_INLINE,
+    DeviceRange, FunctionOf, GetGlobal, LaunchArgs, LaunchKernel, Message, ModuleGetFunction,
+    ModuleLoad, ModuleLoaded, ParamLayout, IMAGE_INLINE,
 };
 use wormhole_cuda_proto::{HandleKind, Op};
 use wormhole_session::host_memory;
@@ -62,7 +62,7 @@ fn geometry_ok(grid: [u32; 3], block: [u32; 3]) -> bool {
 /// `module` NULL or a writable `CUmodule`; `image` NULL or a module image.
 pub unsafe fn cuModuleLoadData(module: *mut c_void, image: *mut c_void) -> i32 {
     // SAFETY: per the contract.
-    unsafe { load(Op::cuModuleLoadData, module, image) }
+    unsafe { load(Op::cuModuleLoadData, HandleKind::Module, module, image) }
 }
 
 /// `cuModuleLoadFatBinary`: as `cuModuleLoadData`, for a fatbin.
@@ -71,12 +71,156 @@ pub unsafe fn cuModuleLoadData(module: *mut c_void, image: *mut c_void) -> i32 {
 /// As [`cuModuleLoadData`].
 pub unsafe fn cuModuleLoadFatBinary(module: *mut c_void, fat_cubin: *mut c_void) -> i32 {
     // SAFETY: per the contract.
-    unsafe { load(Op::cuModuleLoadFatBinary, module, fat_cubin) }
+    unsafe {
+        load(
+            Op::cuModuleLoadFatBinary,
+            HandleKind::Module,
+            module,
+            fat_cubin,
+        )
+    }
+}
+
+/// `cuModuleLoad`: the file read here (the server never opens a tenant's paths) and loaded as
+/// `cuModuleLoadData`.
+///
+/// # Safety
+/// `module` NULL or a writable `CUmodule`; `fname` NULL or a C string.
+pub unsafe fn cuModuleLoad(module: *mut c_void, fname: *const c_char) -> i32 {
+    // SAFETY: per the contract.
+    unsafe { load_file(Op::cuModuleLoadData, HandleKind::Module, module, fname) }
+}
+
+/// The `CUlibraryOption` that only allows the driver to keep reading the caller's image
+/// (`CU_LIBRARY_BINARY_IS_PRESERVED`): the server loads its own copy, so it changes nothing.
+const LIBRARY_BINARY_IS_PRESERVED: u32 = 1;
+
+/// JIT and library options: none, or only those that change nothing for a forwarded load.
+/// Others (a host function table, JIT settings and logs) are refused, naming them.
+///
+/// # Safety
+/// `lib_options` holds `n_lib` options when `n_lib` is not 0.
+unsafe fn check_library_options(
+    n_jit: u32,
+    lib_options: *const u32,
+    n_lib: u32,
+) -> Result<(), ApiErr> {
+    if n_jit > 0 {
+        crate::connection::log(&format!(
+            "cuLibraryLoad*: {n_jit} JIT options are not forwarded; answering CUDA_ERROR_NOT_SUPPORTED"
+        ));
+        return Err(ApiErr(CUDA_ERROR_NOT_SUPPORTED));
+    }
+    if n_lib == 0 {
+        return Ok(());
+    }
+    if lib_options.is_null() {
+        return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
+    }
+    // SAFETY: per the contract.
+    let options = unsafe { std::slice::from_raw_parts(lib_options, n_lib as usize) };
+    match options.iter().find(|&&o| o != LIBRARY_BINARY_IS_PRESERVED) {
+        None => Ok(()),
+        Some(o) => {
+            crate::connection::log(&format!(
+                "cuLibraryLoad*: library option {o} is not forwarded; answering CUDA_ERROR_NOT_SUPPORTED"
+            ));
+            Err(ApiErr(CUDA_ERROR_NOT_SUPPORTED))
+        }
+    }
+}
+
+/// `cuLibraryLoadData`: the image as `cuModuleLoadData` sends it.
+///
+/// # Safety
+/// As the C function.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn cuLibraryLoadData(
+    library: *mut c_void,
+    code: *mut c_void,
+    _jit_options: *mut c_void,
+    _jit_values: *mut c_void,
+    n_jit: u32,
+    lib_options: *mut c_void,
+    _lib_values: *mut c_void,
+    n_lib: u32,
+) -> i32 {
+    if let Err(ApiErr(st)) = rt::check_initialized() {
+        return st;
+    }
+    // SAFETY: per the contract.
+    if let Err(ApiErr(st)) = unsafe { check_library_options(n_jit, lib_options.cast(), n_lib) } {
+        return st;
+    }
+    // SAFETY: per the contract.
+    unsafe { load(Op::cuLibraryLoadData, HandleKind::Library, library, code) }
+}
+
+/// `cuLibraryLoadFromFile`: the file read here, then as `cuLibraryLoadData`.
+///
+/// # Safety
+/// As the C function.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn cuLibraryLoadFromFile(
+    library: *mut c_void,
+    file_name: *const c_char,
+    _jit_options: *mut c_void,
+    _jit_values: *mut c_void,
+    n_jit: u32,
+    lib_options: *mut c_void,
+    _lib_values: *mut c_void,
+    n_lib: u32,
+) -> i32 {
+    if let Err(ApiErr(st)) = rt::check_initialized() {
+        return st;
+    }
+    // SAFETY: per the contract.
+    if let Err(ApiErr(st)) = unsafe { check_library_options(n_jit, lib_options.cast(), n_lib) } {
+        return st;
+    }
+    // SAFETY: per the contract.
+    unsafe {
+        load_file(
+            Op::cuLibraryLoadData,
+            HandleKind::Library,
+            library,
+            file_name,
+        )
+    }
+}
+
+/// Loads the image in file `name` (its bytes, NUL-terminated for PTX).
+///
+/// # Safety
+/// `out` NULL or writable; `name` NULL or a C string.
+unsafe fn load_file(op: Op, kind: HandleKind, out: *mut c_void, name: *const c_char) -> i32 {
+    if let Err(ApiErr(st)) = rt::check_initialized() {
+        return st;
+    }
+    if name.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let path = std::path::Path::new(
+        <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(
+            // SAFETY: per the contract.
+            unsafe { CStr::from_ptr(name) }.to_bytes(),
+        ),
+    );
+    let mut bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) => {
+            crate::connection::log(&format!("cannot read module file {}: {e}", path.display()));
+            return CUDA_ERROR_FILE_NOT_FOUND;
+        }
+    };
+    bytes.push(0);
+    // SAFETY: `bytes` is a whole image that lives across the call.
+    unsafe { load(op, kind, out, bytes.as_mut_ptr().cast()) }
 }
 
 /// # Safety
 /// As [`cuModuleLoadData`].
-unsafe fn load(op: Op, module: *mut c_void, image: *mut c_void) -> i32 {
+unsafe fn load(op: Op, kind: HandleKind, module: *mut c_void, image: *mut c_void) -> i32 {
     entry_status(|| {
         rt::check_initialized()?;
         if module.is_null() || image.is_null() {
@@ -109,9 +253,7 @@ unsafe fn load(op: Op, module: *mut c_void, image: *mut c_void) -> i32 {
         }
         if reply.status == CUDA_SUCCESS {
             // SAFETY: per the contract.
-            unsafe {
-                *(module as *mut *mut c_void) = objects::new_object(HandleKind::Module, new_id)
-            };
+            unsafe { *(module as *mut *mut c_void) = objects::new_object(kind, new_id) };
         }
         Ok(reply.status)
     })
@@ -126,19 +268,67 @@ pub unsafe fn cuModuleGetFunction(
     hmod: *mut c_void,
     name: *const c_char,
 ) -> i32 {
+    // SAFETY: per the contract.
+    unsafe {
+        get_entry(
+            Op::cuModuleGetFunction,
+            HandleKind::Function,
+            hfunc,
+            hmod,
+            name,
+        )
+    }
+}
+
+/// `cuLibraryGetKernel`: the kernel and its parameters' layout.
+///
+/// # Safety
+/// `kernel` NULL or a writable `CUkernel`; `name` NULL or a C string.
+pub unsafe fn cuLibraryGetKernel(
+    kernel: *mut c_void,
+    library: *mut c_void,
+    name: *const c_char,
+) -> i32 {
+    // SAFETY: per the contract.
+    unsafe {
+        get_entry(
+            Op::cuLibraryGetKernel,
+            HandleKind::Kernel,
+            kernel,
+            library,
+            name,
+        )
+    }
+}
+
+/// A module's function or a library's kernel (`kind`), by name.
+///
+/// # Safety
+/// `out` NULL or writable; `name` NULL or a C string.
+unsafe fn get_entry(
+    op: Op,
+    kind: HandleKind,
+    out: *mut c_void,
+    parent: *mut c_void,
+    name: *const c_char,
+) -> i32 {
     entry_status(|| {
         rt::check_initialized()?;
-        if hfunc.is_null() || name.is_null() {
+        if out.is_null() || name.is_null() {
             return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
         }
+        let parent_kind = match kind {
+            HandleKind::Kernel => HandleKind::Library,
+            _ => HandleKind::Module,
+        };
         // SAFETY: per the contract.
-        let module = unsafe { rt::id_of(hmod, HandleKind::Module, false) }?;
+        let parent = unsafe { rt::id_of(parent, parent_kind, false) }?;
         let new_id = rt::alloc_id();
         let reply = send(
-            Op::cuModuleGetFunction,
+            op,
             &ModuleGetFunction {
                 new_id,
-                module,
+                module: parent,
                 // SAFETY: per the contract.
                 name: unsafe { CStr::from_ptr(name) }.to_bytes(),
             },
@@ -146,7 +336,122 @@ pub unsafe fn cuModuleGetFunction(
         match <Result<ParamLayout, i32>>::decode_all(&reply)? {
             Ok(layout) => {
                 // SAFETY: per the contract.
-                unsafe { *(hfunc as *mut *mut c_void) = objects::new_function(new_id, layout) };
+                unsafe { *(out as *mut *mut c_void) = objects::new_function(kind, new_id, layout) };
+                Ok(CUDA_SUCCESS)
+            }
+            Err(st) => Ok(st),
+        }
+    })
+}
+
+/// `cuKernelGetFunction`: the kernel's function in the current context.
+///
+/// # Safety
+/// `pfunc` NULL or a writable `CUfunction`.
+pub unsafe fn cuKernelGetFunction(pfunc: *mut c_void, kernel: *mut c_void) -> i32 {
+    entry_status(|| {
+        rt::check_initialized()?;
+        if pfunc.is_null() {
+            return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
+        }
+        // SAFETY: per the contract.
+        let kernel = unsafe { rt::id_of(kernel, HandleKind::Kernel, false) }?;
+        let mut w = rt::request(Op::cuKernelGetFunction);
+        w.u64(kernel);
+        match <Result<FunctionOf, i32>>::decode_all(&rt::call(w)?)? {
+            Ok(f) => {
+                // SAFETY: per the contract.
+                unsafe { *(pfunc as *mut *mut c_void) = objects::function_for_id(f.id, f.layout) };
+                Ok(CUDA_SUCCESS)
+            }
+            Err(st) => Ok(st),
+        }
+    })
+}
+
+/// `cuModuleGetGlobal_v2`: a module's variable, which the program may then copy to and from.
+///
+/// # Safety
+/// `dptr` and `bytes` NULL or writable; `name` NULL or a C string.
+pub unsafe fn cuModuleGetGlobal_v2(
+    dptr: *mut c_void,
+    bytes: *mut c_void,
+    hmod: *mut c_void,
+    name: *const c_char,
+) -> i32 {
+    // SAFETY: per the contract.
+    unsafe {
+        get_global(
+            Op::cuModuleGetGlobal_v2,
+            HandleKind::Module,
+            dptr,
+            bytes,
+            hmod,
+            name,
+        )
+    }
+}
+
+/// `cuLibraryGetGlobal`: as `cuModuleGetGlobal_v2`, of a library.
+///
+/// # Safety
+/// As [`cuModuleGetGlobal_v2`].
+pub unsafe fn cuLibraryGetGlobal(
+    dptr: *mut c_void,
+    bytes: *mut c_void,
+    library: *mut c_void,
+    name: *const c_char,
+) -> i32 {
+    // SAFETY: per the contract.
+    unsafe {
+        get_global(
+            Op::cuLibraryGetGlobal,
+            HandleKind::Library,
+            dptr,
+            bytes,
+            library,
+            name,
+        )
+    }
+}
+
+/// # Safety
+/// As [`cuModuleGetGlobal_v2`].
+unsafe fn get_global(
+    op: Op,
+    kind: HandleKind,
+    dptr: *mut c_void,
+    bytes: *mut c_void,
+    parent: *mut c_void,
+    name: *const c_char,
+) -> i32 {
+    entry_status(|| {
+        rt::check_initialized()?;
+        if name.is_null() {
+            return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
+        }
+        // SAFETY: per the contract.
+        let object = unsafe { rt::id_of(parent, kind, false) }?;
+        let reply = send(
+            op,
+            &GetGlobal {
+                object,
+                // SAFETY: per the contract.
+                name: unsafe { CStr::from_ptr(name) }.to_bytes(),
+            },
+        )?;
+        match <Result<DeviceRange, i32>>::decode_all(&reply)? {
+            Ok(range) => {
+                // Device memory the program may name in copies (it is never freed).
+                crate::allocations::allocated(range.dptr, range.bytes);
+                if !dptr.is_null() {
+                    // SAFETY: per the contract.
+                    unsafe { *(dptr as *mut u64) = range.dptr };
+                }
+                if !bytes.is_null() {
+                    // SAFETY: per the contract.
+                    unsafe { *(bytes as *mut usize) = range.bytes as usize };
+                }
                 Ok(CUDA_SUCCESS)
             }
             Err(st) => Ok(st),
@@ -208,8 +513,10 @@ unsafe fn launch(
 ) -> i32 {
     entry_status(|| {
         rt::check_initialized()?;
-        // SAFETY: `f` is dereferenced only if it is a registered function.
+        // SAFETY: `f` is dereferenced only if it is a registered function or kernel (a
+        // kernel launches as its function in the current context).
         let func = unsafe { objects::get(f, HandleKind::Function) }
+            .or_else(|| unsafe { objects::get(f, HandleKind::Kernel) })
             .ok_or(ApiErr(CUDA_ERROR_INVALID_HANDLE))?;
         // SAFETY: as above.
         let stream = unsafe { rt::id_of(stream, HandleKind::Stream, true) }?;

@@ -72,14 +72,26 @@ pub fn new_object(kind: HandleKind, id: u64) -> *mut c_void {
     })
 }
 
-/// A new function object, with its parameters' layout.
-pub fn new_function(id: u64, layout: ParamLayout) -> *mut c_void {
+/// A new function (or kernel: `kind`) object, with its parameters' layout.
+pub fn new_function(kind: HandleKind, id: u64, layout: ParamLayout) -> *mut c_void {
     register(CuObject {
         magic: MAGIC,
-        kind: HandleKind::Function,
+        kind,
         id,
         layout: Some(layout),
     })
+}
+
+/// The program's function object for `id` (one the server returned), made with `layout` if
+/// the program has none yet.
+pub fn function_for_id(id: u64, layout: ParamLayout) -> *mut c_void {
+    if let Some(&p) = lock().by_id.get(&id) {
+        // SAFETY: registered, so live.
+        if unsafe { &*(p as *const CuObject) }.kind == HandleKind::Function {
+            return p as *mut c_void;
+        }
+    }
+    new_function(HandleKind::Function, id, layout)
 }
 
 fn register(o: CuObject) -> *mut c_void {

@@ -59,7 +59,8 @@ impl<'a> Message<'a> for ModuleLoaded {
     }
 }
 
-/// `cuModuleGetFunction`: answered by the function's parameter layout ([`ParamLayout`]), which
+/// `cuModuleGetFunction` (and `cuLibraryGetKernel`, `module` the library): answered by the
+/// function's (kernel's) parameter layout ([`ParamLayout`]), which
 /// the client needs to copy a launch's arguments.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModuleGetFunction<'a> {
@@ -79,6 +80,68 @@ impl<'a> Message<'a> for ModuleGetFunction<'a> {
             new_id: r.u64()?,
             module: r.u64()?,
             name: r.bytes()?,
+        })
+    }
+}
+
+/// `cuModuleGetGlobal_v2`, `cuLibraryGetGlobal`: a module's (or library's) variable by name,
+/// answered by its [`DeviceRange`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GetGlobal<'a> {
+    pub object: u64,
+    pub name: &'a [u8],
+}
+
+impl<'a> Message<'a> for GetGlobal<'a> {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.object);
+        w.bytes(self.name);
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        Ok(GetGlobal {
+            object: r.u64()?,
+            name: r.bytes()?,
+        })
+    }
+}
+
+/// Device memory the driver placed: its address and size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceRange {
+    pub dptr: u64,
+    pub bytes: u64,
+}
+
+impl<'a> Message<'a> for DeviceRange {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.dptr);
+        w.u64(self.bytes);
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        Ok(DeviceRange {
+            dptr: r.u64()?,
+            bytes: r.u64()?,
+        })
+    }
+}
+
+/// The answer to `cuKernelGetFunction`: the function (in the current context) under the id
+/// the server knows it by, and its parameters' layout (the kernel's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FunctionOf {
+    pub id: u64,
+    pub layout: ParamLayout,
+}
+
+impl<'a> Message<'a> for FunctionOf {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.id);
+        self.layout.encode(w);
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        Ok(FunctionOf {
+            id: r.u64()?,
+            layout: ParamLayout::decode(r)?,
         })
     }
 }
@@ -306,6 +369,29 @@ mod tests {
         roundtrip(
             &ParamLayout {
                 params: vec![(0, 8), (8, 8), (16, 4)],
+            },
+            &mut Vec::new(),
+        );
+        roundtrip(
+            &GetGlobal {
+                object: 7,
+                name: b"counter",
+            },
+            &mut Vec::new(),
+        );
+        roundtrip(
+            &DeviceRange {
+                dptr: 0x7f00_0000_2000,
+                bytes: 64,
+            },
+            &mut Vec::new(),
+        );
+        roundtrip(
+            &FunctionOf {
+                id: 1 << 63 | 4,
+                layout: ParamLayout {
+                    params: vec![(0, 8)],
+                },
             },
             &mut Vec::new(),
         );

@@ -10,9 +10,9 @@ use crate::session::{Call, Handle};
 use std::ffi::{c_void, CString};
 use wormhole_cuda_proto::cu::*;
 use wormhole_cuda_proto::requests::{
-    LaunchArgs, LaunchKernel, Message, ModuleGetFunction, ModuleLoad, ModuleLoaded, ParamLayout,
-    PointerAttributes, PointerValues, POINTER_ATTRIBUTE_CONTEXT, POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
-    POINTER_VALUE_MAX,
+    DeviceRange, FunctionOf, GetGlobal, LaunchArgs, LaunchKernel, Message, ModuleGetFunction,
+    ModuleLoad, ModuleLoaded, ParamLayout, PointerAttributes, PointerValues,
+    POINTER_ATTRIBUTE_CONTEXT, POINTER_ATTRIBUTE_MEMPOOL_HANDLE, POINTER_VALUE_MAX,
 };
 use wormhole_cuda_proto::{DecodeError, HandleKind, Reader, Writer};
 
@@ -128,13 +128,27 @@ pub fn cuDeviceTotalMem_v2(
     Ok(())
 }
 
+/// What an image is loaded as.
+#[derive(Clone, Copy)]
+enum Load {
+    Module,
+    FatBinary,
+    Library,
+}
+
 /// `cuModuleLoadData`: an image the client sent, or one of the tenant's the server keeps.
 pub fn cuModuleLoadData(
     s: &Call<'_>,
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    module_load(s, r, w, false)
+    module_load(s, r, w, Load::Module)
+}
+
+/// `cuModuleLoad`: the client read the file (the server never opens a tenant's paths), so this
+/// is `cuModuleLoadData`.
+pub fn cuModuleLoad(s: &Call<'_>, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
+    module_load(s, r, w, Load::Module)
 }
 
 /// `cuModuleLoadFatBinary`: as `cuModuleLoadData`.
@@ -143,7 +157,26 @@ pub fn cuModuleLoadFatBinary(
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    module_load(s, r, w, true)
+    module_load(s, r, w, Load::FatBinary)
+}
+
+/// `cuLibraryLoadData`: as `cuModuleLoadData`, without options (the client refuses those it
+/// cannot forward).
+pub fn cuLibraryLoadData(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    module_load(s, r, w, Load::Library)
+}
+
+/// `cuLibraryLoadFromFile`: the client read the file, so this is `cuLibraryLoadData`.
+pub fn cuLibraryLoadFromFile(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    module_load(s, r, w, Load::Library)
 }
 
 /// The bytes of `data` in memory aligned for any type (a driver may read an image's headers
@@ -161,7 +194,7 @@ fn module_load(
     s: &Call<'_>,
     r: &mut Reader<'_>,
     w: &mut Writer,
-    fatbinary: bool,
+    load: Load,
 ) -> Result<(), DecodeError> {
     let m = ModuleLoad::decode(r)?;
     r.finish()?;
@@ -186,20 +219,26 @@ fn module_load(
         };
         let mut module: Handle = std::ptr::null_mut();
         let out = (&mut module as *mut Handle).cast::<c_void>();
-        // SAFETY: `image` is a whole image (measured by the client, digest checked) that lives
+        let code = image.as_ptr() as *mut c_void;
+        let null = std::ptr::null_mut();
+        // SAFETY: `code` is a whole image (measured by the client, digest checked) that lives
         // across the call; `out` is a valid output pointer.
-        let st = unsafe {
-            if fatbinary {
-                ffi::cuModuleLoadFatBinary(out, image.as_ptr() as *mut c_void)
-            } else {
-                ffi::cuModuleLoadData(out, image.as_ptr() as *mut c_void)
+        let (st, kind) = unsafe {
+            match load {
+                Load::FatBinary => (ffi::cuModuleLoadFatBinary(out, code), HandleKind::Module),
+                Load::Module => (ffi::cuModuleLoadData(out, code), HandleKind::Module),
+                // The driver copies the image (it is not said to be preserved).
+                Load::Library => (
+                    ffi::cuLibraryLoadData(out, code, null, null, 0, null, null, 0),
+                    HandleKind::Library,
+                ),
             }
         };
         if st != CUDA_SUCCESS {
             return reply(st, false);
         }
-        if let Err(st) = s.bind(m.new_id, HandleKind::Module, module) {
-            crate::rt::release(HandleKind::Module, module);
+        if let Err(st) = s.bind(m.new_id, kind, module) {
+            crate::rt::release(kind, module);
             return reply(st, false);
         }
         // Kept for the tenant's next sessions once the driver took it.
@@ -222,41 +261,164 @@ pub fn cuModuleGetFunction(
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
+    get_entry(s, r, w, HandleKind::Function)
+}
+
+/// `cuLibraryGetKernel`: the kernel, bound with its parameters' layout, as a module's function.
+pub fn cuLibraryGetKernel(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    get_entry(s, r, w, HandleKind::Kernel)
+}
+
+/// A module's function or a library's kernel (`kind`) by name.
+fn get_entry(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+    kind: HandleKind,
+) -> Result<(), DecodeError> {
     let m = ModuleGetFunction::decode(r)?;
     r.finish()?;
     let answer = (|| -> Result<ParamLayout, i32> {
-        let module = s.resolve(m.module, HandleKind::Module, false)?;
+        let parent = match kind {
+            HandleKind::Kernel => HandleKind::Library,
+            _ => HandleKind::Module,
+        };
+        let parent = s.resolve(m.module, parent, false)?;
         s.check_new_id(m.new_id)?;
         let name = CString::new(m.name).map_err(|_| CUDA_ERROR_NOT_FOUND)?;
-        let mut func: Handle = std::ptr::null_mut();
-        // SAFETY: valid output pointer, a live module, a C string.
+        let mut entry: Handle = std::ptr::null_mut();
+        let out = (&mut entry as *mut Handle).cast();
+        // SAFETY: valid output pointer, a live module or library, a C string.
         let st = unsafe {
-            ffi::cuModuleGetFunction((&mut func as *mut Handle).cast(), module, name.as_ptr())
+            match kind {
+                HandleKind::Kernel => ffi::cuLibraryGetKernel(out, parent, name.as_ptr()),
+                _ => ffi::cuModuleGetFunction(out, parent, name.as_ptr()),
+            }
         };
         if st != CUDA_SUCCESS {
             return Err(st);
         }
-        let mut layout = ParamLayout::default();
-        for i in 0..MAX_PARAMS {
-            let (mut offset, mut size) = (0usize, 0usize);
-            // SAFETY: a live function, valid output pointers.
-            let st = unsafe { ffi::cuFuncGetParamInfo(func, i, &mut offset, &mut size) };
-            match st {
-                CUDA_SUCCESS => layout.params.push((offset as u32, size as u32)),
-                // Past the last parameter.
-                CUDA_ERROR_INVALID_VALUE => break,
-                other => {
-                    tracing::warn!(
-                        status = other,
-                        "cuFuncGetParamInfo failed (a driver older than CUDA 12.4?): the function's launches cannot be forwarded"
-                    );
-                    return Err(other);
+        let layout = param_layout(|i, offset, size| {
+            // SAFETY: a live function or kernel, valid output pointers.
+            unsafe {
+                match kind {
+                    HandleKind::Kernel => ffi::cuKernelGetParamInfo(entry, i, offset, size),
+                    _ => ffi::cuFuncGetParamInfo(entry, i, offset, size),
                 }
             }
-        }
-        s.bind(m.new_id, HandleKind::Function, func)?;
+        })?;
+        s.bind(m.new_id, kind, entry)?;
         s.set_layout(m.new_id, layout.clone());
         Ok(layout)
+    })();
+    answer.encode(w);
+    Ok(())
+}
+
+/// A function's (or kernel's) parameters, asked of the driver one by one (`info(index,
+/// &offset, &size)`) until it says there are no more.
+fn param_layout(info: impl Fn(usize, &mut usize, &mut usize) -> i32) -> Result<ParamLayout, i32> {
+    let mut layout = ParamLayout::default();
+    for i in 0..MAX_PARAMS {
+        let (mut offset, mut size) = (0usize, 0usize);
+        match info(i, &mut offset, &mut size) {
+            CUDA_SUCCESS => layout.params.push((offset as u32, size as u32)),
+            // Past the last parameter.
+            CUDA_ERROR_INVALID_VALUE => break,
+            other => {
+                tracing::warn!(
+                    status = other,
+                    "cuFuncGetParamInfo failed (a driver older than CUDA 12.4?): the function's launches cannot be forwarded"
+                );
+                return Err(other);
+            }
+        }
+    }
+    Ok(layout)
+}
+
+/// `cuKernelGetFunction`: the kernel's function in the current context, under the id the
+/// client knows it by (the same function is the same id), with the kernel's layout.
+pub fn cuKernelGetFunction(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let kernel_id = r.u64()?;
+    r.finish()?;
+    let answer = (|| -> Result<FunctionOf, i32> {
+        let kernel = s.resolve(kernel_id, HandleKind::Kernel, false)?;
+        let layout = s.layout(kernel_id).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let mut func: Handle = std::ptr::null_mut();
+        // SAFETY: valid output pointer, a live kernel.
+        let st = unsafe { ffi::cuKernelGetFunction((&mut func as *mut Handle).cast(), kernel) };
+        if st != CUDA_SUCCESS {
+            return Err(st);
+        }
+        let id = s.export(HandleKind::Function, func);
+        s.set_layout(id, (*layout).clone());
+        Ok(FunctionOf {
+            id,
+            layout: (*layout).clone(),
+        })
+    })();
+    answer.encode(w);
+    Ok(())
+}
+
+/// `cuModuleGetGlobal_v2`: a module's variable, which the session may then name in copies.
+pub fn cuModuleGetGlobal_v2(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    get_global(s, r, w, HandleKind::Module)
+}
+
+/// `cuLibraryGetGlobal`: as `cuModuleGetGlobal_v2`, of a library.
+pub fn cuLibraryGetGlobal(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    get_global(s, r, w, HandleKind::Library)
+}
+
+fn get_global(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+    kind: HandleKind,
+) -> Result<(), DecodeError> {
+    let m = GetGlobal::decode(r)?;
+    r.finish()?;
+    let answer = (|| -> Result<DeviceRange, i32> {
+        let parent = s.resolve(m.object, kind, false)?;
+        let name = CString::new(m.name).map_err(|_| CUDA_ERROR_NOT_FOUND)?;
+        let (mut dptr, mut bytes) = (0u64, 0usize);
+        let (d, b) = (
+            (&mut dptr as *mut u64).cast(),
+            (&mut bytes as *mut usize).cast(),
+        );
+        // SAFETY: valid output pointers, a live module or library, a C string.
+        let st = unsafe {
+            match kind {
+                HandleKind::Library => ffi::cuLibraryGetGlobal(d, b, parent, name.as_ptr()),
+                _ => ffi::cuModuleGetGlobal_v2(d, b, parent, name.as_ptr()),
+            }
+        };
+        if st != CUDA_SUCCESS {
+            return Err(st);
+        }
+        s.global(dptr, bytes as u64);
+        Ok(DeviceRange {
+            dptr,
+            bytes: bytes as u64,
+        })
     })();
     answer.encode(w);
     Ok(())
@@ -292,7 +454,10 @@ fn launch(
     let m = LaunchKernel::decode(r)?;
     r.finish()?;
     let status = (|| -> Result<i32, i32> {
-        let func = s.resolve(m.function, HandleKind::Function, false)?;
+        // A kernel launches as its function in the current context (the driver takes either).
+        let func = s
+            .resolve(m.function, HandleKind::Function, false)
+            .or_else(|_| s.resolve(m.function, HandleKind::Kernel, false))?;
         let stream = s.resolve(m.stream, HandleKind::Stream, true)?;
         let layout = s.layout(m.function).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         let storage: Vec<Vec<u64>>;

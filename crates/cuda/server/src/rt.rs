@@ -70,8 +70,9 @@ pub fn release(kind: HandleKind, obj: Handle) {
             HandleKind::Module => ffi::cuModuleUnload(obj),
             HandleKind::Stream => ffi::cuStreamDestroy_v2(obj),
             HandleKind::Event => ffi::cuEventDestroy_v2(obj),
-            // A function belongs to its module.
-            HandleKind::Function => CUDA_SUCCESS,
+            HandleKind::Library => ffi::cuLibraryUnload(obj),
+            // A function belongs to its module, a kernel to its library.
+            HandleKind::Function | HandleKind::Kernel => CUDA_SUCCESS,
         }
     };
     if st != CUDA_SUCCESS {

@@ -19,6 +19,9 @@ pub struct Session {
     handles: HandleTable<HandleKind>,
     /// Device memory the session allocated: start → length.
     allocations: Mutex<BTreeMap<u64, u64>>,
+    /// Module and library variables the session found (start → length): it may name them,
+    /// never free them, and they count against no quota.
+    globals: Mutex<BTreeMap<u64, u64>>,
     /// Bytes of device memory the session holds.
     pub mem_bytes: AtomicI64,
     limits: OnceLock<Arc<Limits>>,
@@ -189,15 +192,28 @@ impl Session {
         Some(len)
     }
 
-    /// Whether `[addr, addr + len)` lies in one of the session's allocations.
+    /// A variable of a module or library of the session's, at `[start, start + len)`.
+    pub fn global(&self, start: u64, len: u64) {
+        if len > 0 {
+            self.globals
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(start, len);
+        }
+    }
+
+    /// Whether `[addr, addr + len)` lies in one of the session's allocations or variables.
     pub fn owns(&self, addr: u64, len: u64) -> bool {
         let Some(end) = addr.checked_add(len) else {
             return false;
         };
-        let a = self.allocations.lock().unwrap_or_else(|p| p.into_inner());
-        a.range(..=addr)
-            .next_back()
-            .is_some_and(|(start, l)| end <= start.saturating_add(*l))
+        let within = |m: &Mutex<BTreeMap<u64, u64>>| {
+            let m = m.lock().unwrap_or_else(|p| p.into_inner());
+            m.range(..=addr)
+                .next_back()
+                .is_some_and(|(start, l)| end <= start.saturating_add(*l))
+        };
+        within(&self.allocations) || within(&self.globals)
     }
 }
 
@@ -219,6 +235,12 @@ mod tests {
         assert_eq!(s.freed(0x1000), Some(0x100));
         assert!(!s.owns(0x1000, 1));
         assert_eq!(s.freed(0x1000), None);
+        assert_eq!(s.mem_bytes.load(Ordering::Relaxed), 0x100);
+        // A module's variable may be named, never freed, and holds no quota.
+        s.global(0x9000, 0x40);
+        assert!(s.owns(0x9000, 0x40));
+        assert!(!s.owns(0x9000, 0x41));
+        assert_eq!(s.freed(0x9000), None);
         assert_eq!(s.mem_bytes.load(Ordering::Relaxed), 0x100);
     }
 

@@ -70,12 +70,53 @@ int main(void) {
            "cuGetErrorString(100)");
     EXPECT(text(123456, &s) == 1 && s == NULL, "cuGetErrorString of no status");
 
-    /* Export tables are not served: an error and a log line, never a silent success. */
+    /* Export tables: those cudart and cuBLAS need are served (the first word is the size
+     * callers check); any other fails with the table NULL, never a silent success. */
     export_table_t table = (export_table_t)dlsym(lib, "cuGetExportTable");
-    const unsigned char uuid[16] = {0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a,
-                                    0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd, 0x9d, 0xf9};
-    const void *t = (const void *)1;
-    EXPECT(table(&t, uuid) == 801 && t == NULL, "cuGetExportTable must fail");
+    const unsigned char cudart_id[16] = {0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a,
+                                         0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd, 0x9d, 0xf9};
+    const unsigned char hooks_id[16] = {0xa0, 0x94, 0x79, 0x8c, 0x2e, 0x74, 0x2e, 0x74,
+                                        0x93, 0xf2, 0x08, 0x00, 0x20, 0x0c, 0x0a, 0x66};
+    const unsigned char checks_id[16] = {0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43,
+                                         0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa, 0x7e};
+    const unsigned char integrity_id[16] = {0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b,
+                                            0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2};
+    const unsigned char logger_id[16] = {0xf8, 0xcf, 0xf9, 0x51, 0x21, 0x46, 0x8b, 0x4e,
+                                         0xb9, 0xe2, 0xfb, 0x46, 0x9e, 0x7c, 0x0d, 0xd9};
+    const uintptr_t *t = NULL;
+    EXPECT(table((const void **)&t, cudart_id) == 0 && t && t[0] == 13 * 8,
+           "CUDART_INTERFACE must be served with 13 slots");
+    if (t) {
+        typedef int (*slot4_t)(void);
+        EXPECT(((slot4_t)t[4])() == 801, "an unknown slot must be CUDA_ERROR_NOT_SUPPORTED");
+    }
+    t = NULL;
+    EXPECT(table((const void **)&t, hooks_id) == 0 && t && t[0] > 0x30, "the callback hooks");
+    if (t) {
+        typedef void (*flags_t)(uint32_t **, size_t *);
+        uint32_t *flags = NULL;
+        size_t n = 0;
+        ((flags_t)t[2])(&flags, &n);
+        int all_zero = flags != NULL;
+        for (size_t i = 0; flags && i < n; i++) all_zero &= flags[i] == 0;
+        EXPECT(n > 566 && all_zero, "the tracing flags: more than 566, all off (%zu)", n);
+    }
+    t = NULL;
+    EXPECT(table((const void **)&t, checks_id) == 0 && t, "the context checks");
+    if (t) {
+        typedef unsigned (*flag_t)(void);
+        EXPECT(((flag_t)t[3])() == 0, "the context checks' flag");
+    }
+    t = NULL;
+    EXPECT(table((const void **)&t, integrity_id) == 0 && t && t[0] == 3 * 8, "the integrity check");
+    if (t) {
+        typedef int (*check_t)(unsigned, uint64_t, uint64_t *);
+        uint64_t out[2] = {0, 0};
+        EXPECT(((check_t)t[1])(13000, (uint64_t)time(NULL), out) == 0 && out[0] == 0x3341181C03CB675CULL,
+               "the integrity check's fixed first answer");
+    }
+    t = (const uintptr_t *)1;
+    EXPECT(table((const void **)&t, logger_id) == 801 && t == NULL, "an unknown table must fail");
 
     /* Entry points not forwarded (a graph call, a GL interop call): NOT_SUPPORTED. */
     nullary_t graph = (nullary_t)dlsym(lib, "cuGraphCreate");

@@ -12,6 +12,7 @@ mod allocations;
 mod connection;
 mod copies;
 mod custom;
+mod export_tables;
 mod image;
 mod local;
 mod memory;

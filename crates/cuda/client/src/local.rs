@@ -13,7 +13,7 @@ pub use crate::memory::{
     cuMemAlloc_v2, cuMemFree_v2, cuMemGetAddressRange_v2, cuMemcpy, cuMemcpyAsync,
     cuMemcpyAsync_ptsz, cuMemcpy_ptds,
 };
-use crate::rt::{entry_status, ApiErr};
+use crate::rt::{self, entry_status, ApiErr};
 use std::collections::HashSet;
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::Mutex;
@@ -167,9 +167,9 @@ pub unsafe fn cuGetProcAddress_v2(
 }
 
 /// `cuGetExportTable`: NVIDIA's private tables (what cudart, cuBLAS and cuDNN ask of the
-/// driver beyond its documented API). None is served yet: each table asked for is named once
-/// in the log, and the call fails (cudart then reports the failure as its own error, as it
-/// would with a driver that lacks the table).
+/// driver beyond its documented API), served by `export_tables`. Any other table asked for is
+/// named once in the log, and the call fails with the table NULL (what callers of an optional
+/// table expect of a driver that lacks it).
 ///
 /// # Safety
 /// `pp_table` NULL or a writable pointer, `table_id` NULL or 16 readable bytes.
@@ -179,7 +179,13 @@ pub unsafe fn cuGetExportTable(pp_table: *mut c_void, table_id: *mut c_void) -> 
             return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
         }
         // SAFETY: per the contract.
-        let uuid = unsafe { std::slice::from_raw_parts(table_id as *const u8, 16) };
+        let uuid = unsafe { *(table_id as *const [u8; 16]) };
+        let table = crate::export_tables::find(&uuid);
+        // SAFETY: per the contract.
+        unsafe { *(pp_table as *mut *const c_void) = table.unwrap_or(std::ptr::null()) };
+        if table.is_some() {
+            return Ok(CUDA_SUCCESS);
+        }
         let hex: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
         static LOGGED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
         let mut logged = LOGGED.lock().unwrap_or_else(|p| p.into_inner());
@@ -188,10 +194,35 @@ pub unsafe fn cuGetExportTable(pp_table: *mut c_void, table_id: *mut c_void) -> 
                 "cuGetExportTable({hex}): this export table is not served by Wormhole; returning CUDA_ERROR_NOT_SUPPORTED"
             ));
         }
-        // SAFETY: per the contract.
-        unsafe { *(pp_table as *mut *const c_void) = std::ptr::null() };
         Err(ApiErr(CUDA_ERROR_NOT_SUPPORTED))
     })
+}
+
+/// `cuCtxDestroy_v2`: what the program's libraries keep with the context goes to their
+/// destructors first (see `export_tables`), then the server destroys it.
+///
+/// # Safety
+/// None beyond the C function's.
+pub unsafe fn cuCtxDestroy_v2(ctx: *mut c_void) -> i32 {
+    // SAFETY: a live context object is dereferenced only when registered.
+    if unsafe { crate::objects::get(ctx, wormhole_cuda_proto::HandleKind::Context) }.is_some() {
+        crate::export_tables::context_ending(ctx);
+    }
+    // SAFETY: per the contract.
+    unsafe { generated::wire_cuCtxDestroy_v2(ctx.cast()) }
+}
+
+/// `cuDevicePrimaryCtxReset_v2`: as `cuCtxDestroy_v2`, for the device's primary context
+/// (which keeps its handle: cudart's state must not outlive the reset).
+///
+/// # Safety
+/// None (a value parameter).
+pub unsafe fn cuDevicePrimaryCtxReset_v2(dev: i32) -> i32 {
+    if rt::check_initialized().is_ok() {
+        crate::export_tables::primary_context_ending(dev);
+    }
+    // SAFETY: a value parameter.
+    unsafe { generated::wire_cuDevicePrimaryCtxReset_v2(dev) }
 }
 
 /// `cuInit`: opens the session (the first call) and initialises the server's driver. Without

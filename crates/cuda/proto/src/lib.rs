@@ -32,6 +32,31 @@ pub const STREAM_PER_THREAD_ID: u64 = 2;
 /// Client ids of objects start above this.
 pub const FIRST_OBJECT_ID: u64 = 16;
 
+/// NVIDIA's private tables (`cuGetExportTable`): the client serves them, and asks the server
+/// for the few slots only the real driver can answer, with requests of this opcode (outside
+/// the description's: no exported symbol stands behind it), the body a `u32` naming the slot,
+/// then its arguments.
+pub mod export_tables {
+    /// The opcode of a request of a slot.
+    pub const OP: u16 = 0xE000;
+    /// CUDART_INTERFACE slot 2: `(CUdevice)` → the device's primary context, not retained
+    /// (reply: the status, then the context's id).
+    pub const PRIMARY_CONTEXT: u32 = 1;
+
+    /// The tables' ids, in the byte order `cuGetExportTable` receives them.
+    pub const CUDART_INTERFACE: [u8; 16] = uuid(0x6bd5fb6c_5bf4_e74a_8987_d93912fd9df9);
+    pub const TOOLS_RUNTIME_CALLBACK_HOOKS: [u8; 16] = uuid(0xa094798c_2e74_2e74_93f2_0800200c0a66);
+    pub const TOOLS_TLS: [u8; 16] = uuid(0x42d85a81_23f6_cb47_8298_f6e78a3aecdc);
+    pub const CONTEXT_LOCAL_STORAGE: [u8; 16] = uuid(0xc693336e_1121_df11_a8c3_68f355d89593);
+    pub const CONTEXT_CHECKS: [u8; 16] = uuid(0x263e8860_7cd2_6143_92f6_bbd5006dfa7e);
+    pub const INTEGRITY_CHECK: [u8; 16] = uuid(0xd4082055_bde6_704b_8d34_ba123c66e1f2);
+    pub const TOOLS_CONTEXT: [u8; 16] = uuid(0x21318c60_9714_3248_8ca6_41ff7324c8f2);
+
+    const fn uuid(v: u128) -> [u8; 16] {
+        v.to_be_bytes()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;

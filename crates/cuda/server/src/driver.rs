@@ -32,6 +32,12 @@ pub(crate) static DRIVER: DriverTable<Table> = DriverTable::new(
     Table::EMPTY,
 );
 
+/// `cuGetExportTable` of the driver: the real tables, for the slots the client asks the server
+/// for (see `crate::export_tables`).
+pub(crate) type ExportTableFn = unsafe extern "C" fn(*mut *const usize, *const [u8; 16]) -> i32;
+pub(crate) static EXPORT_TABLE: std::sync::OnceLock<Option<ExportTableFn>> =
+    std::sync::OnceLock::new();
+
 fn open() -> Result<(libloading::Library, Table), String> {
     let (lib, name) = LIBRARY
         .open()
@@ -54,6 +60,11 @@ fn open() -> Result<(libloading::Library, Table), String> {
     }
     // SAFETY: `lib` is a CUDA driver (NVIDIA's): its symbols have the signatures of cuda.h.
     let table = unsafe { Table::load(&lib) };
+    // SAFETY: as above; cuGetExportTable(const void **table, const CUuuid *id).
+    let export = unsafe { lib.get::<ExportTableFn>(b"cuGetExportTable\0") }
+        .ok()
+        .map(|f| *f);
+    let _ = EXPORT_TABLE.set(export);
     tracing::info!(library = name, "CUDA driver loaded");
     Ok((lib, table))
 }

@@ -7,6 +7,7 @@
 
 mod custom;
 mod driver;
+mod export_tables;
 mod rt;
 mod session;
 
@@ -51,6 +52,10 @@ pub fn run(
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<i32, DecodeError> {
+    if opcode == wormhole_cuda_proto::export_tables::OP {
+        export_tables::handle(&session::Call(s), r, w)?;
+        return Ok(w.status());
+    }
     let op = Op::from_u16(opcode).ok_or(DecodeError::UnknownOp(opcode))?;
     generated::dispatch(&session::Call(s), op, r, w)?;
     if op.is_sync() {

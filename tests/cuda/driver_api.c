@@ -199,6 +199,22 @@ int main(int argc, char **argv) {
     free(hbig);
     free(hback);
 
+    /* What runtimes and frameworks ask of streams and functions. */
+    CUstreamCaptureStatus capturing = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+    CHECK(cuStreamIsCapturing(stream, &capturing));
+    unsigned int sflags = 0;
+    int spriority = -1, blocks = 0;
+    CHECK(cuStreamGetFlags(stream, &sflags));
+    CHECK(cuStreamGetPriority(stream, &spriority));
+    CUcontext sctx = NULL;
+    CHECK(cuStreamGetCtx(stream, &sctx));
+    CHECK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, vadd, 256, 0));
+    CHECK(cuFuncSetAttribute(affine, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 1024));
+    CHECK(cuEventRecordWithFlags(stop, stream, CU_EVENT_RECORD_DEFAULT));
+    CHECK(cuEventSynchronize(stop));
+    printf("stream: capturing %d, flags %u, priority %d, its context the current one: %s; vadd: %d blocks of 256 per SM\n",
+           (int)capturing, sflags, spriority, sctx == ctx ? "yes" : "no", blocks);
+
     /* Libraries, as cudart loads its kernels: a kernel launched as itself and as its
      * function, its parameters, a variable found through the library and through its
      * module, and a module read from the file by the driver API. */

@@ -242,7 +242,17 @@ int main(int argc, char **argv) {
     CHECK(cuLaunchKernel(fvadd, (n + 255) / 256, 1, 1, 256, 1, 1, 0, NULL, args, NULL));
     CHECK(cuMemcpyDtoH(hc, dc, bytes));
     for (int i = 0; i < n; i++) lib_ok &= hc[i] == ha[i] + hb[i];
-    printf("library kernel, as itself and as a function: %s\n", lib_ok ? "right" : "wrong");
+    CUlaunchAttribute attr;
+    memset(&attr, 0, sizeof attr);
+    attr.id = CU_LAUNCH_ATTRIBUTE_PRIORITY;
+    attr.value.priority = spriority;
+    CUlaunchConfig config = {(n + 255) / 256, 1, 1, 256, 1, 1, 0, stream, &attr, 1};
+    CHECK(cuMemsetD32(dc, 0, n));
+    CHECK(cuLaunchKernelEx(&config, fvadd, args, NULL));
+    CHECK(cuStreamSynchronize(stream));
+    CHECK(cuMemcpyDtoH(hc, dc, bytes));
+    for (int i = 0; i < n; i++) lib_ok &= hc[i] == ha[i] + hb[i];
+    printf("library kernel, as itself, as a function and by cuLaunchKernelEx: %s\n", lib_ok ? "right" : "wrong");
     CUdeviceptr gcounter, mcounter;
     size_t gsize = 0, msize = 0;
     CHECK(cuLibraryGetGlobal(&gcounter, &gsize, lib, "counter"));

@@ -12,8 +12,10 @@ use crate::rt::{self, entry_status, ApiErr};
 use std::ffi::{c_char, c_void, CStr};
 use wormhole_cuda_proto::cu::*;
 use wormhole_cuda_proto::requests::{
-    DeviceRange, FunctionOf, GetGlobal, LaunchArgs, LaunchKernel, Message, ModuleGetFunction,
-    ModuleLoad, ModuleLoaded, ParamLayout, IMAGE_INLINE,
+    CuLaunchConfig, DeviceRange, FunctionOf, GetGlobal, LaunchArgs, LaunchAttribute, LaunchKernel,
+    Message, ModuleGetFunction, ModuleLoad, ModuleLoaded, ParamLayout, IMAGE_INLINE,
+    LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT, LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT,
+    MAX_LAUNCH_ATTRIBUTES,
 };
 use wormhole_cuda_proto::{HandleKind, Op};
 use wormhole_session::host_memory;
@@ -510,6 +512,7 @@ unsafe fn launch(
     stream: *mut c_void,
     kernel_params: *mut c_void,
     extra: *mut c_void,
+    attributes: Vec<LaunchAttribute>,
 ) -> i32 {
     entry_status(|| {
         rt::check_initialized()?;
@@ -564,6 +567,7 @@ unsafe fn launch(
                 shared_mem,
                 stream,
                 args,
+                attributes,
             },
         )
     })
@@ -598,6 +602,7 @@ pub unsafe fn cuLaunchKernel(
             stream,
             kernel_params,
             extra,
+            Vec::new(),
         )
     }
 }
@@ -631,8 +636,124 @@ pub unsafe fn cuLaunchKernel_ptsz(
             stream,
             kernel_params,
             extra,
+            Vec::new(),
         )
     }
+}
+
+/// The launch attributes whose values are plain data (the same on both sides): access policy
+/// window, cooperative, synchronisation policy, cluster dimension and scheduling, programmatic
+/// serialisation, priority, memory synchronisation domain (map), preferred cluster dimension,
+/// shared memory carveout; and the two that name an event (its id travels). Others (a graph
+/// node's, later ones) are refused, naming them.
+fn attribute_forwardable(id: u32) -> bool {
+    matches!(id, 0..=12 | 14)
+}
+
+/// A launch configuration's attributes, as they travel.
+///
+/// # Safety
+/// `config.attrs` holds `config.num_attrs` attributes when that is not 0.
+unsafe fn launch_attributes(config: &CuLaunchConfig) -> Result<Vec<LaunchAttribute>, ApiErr> {
+    let n = config.num_attrs as usize;
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    if config.attrs.is_null() || n > MAX_LAUNCH_ATTRIBUTES {
+        return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
+    }
+    // SAFETY: per the contract.
+    let attrs = unsafe { std::slice::from_raw_parts(config.attrs, n) };
+    attrs
+        .iter()
+        .map(|a| {
+            if !attribute_forwardable(a.id) {
+                crate::connection::log(&format!(
+                    "cuLaunchKernelEx: launch attribute {} is not forwarded; answering CUDA_ERROR_NOT_SUPPORTED",
+                    a.id
+                ));
+                return Err(ApiErr(CUDA_ERROR_NOT_SUPPORTED));
+            }
+            let mut value = [0u8; 64];
+            for (b, v) in value.chunks_exact_mut(8).zip(a.value) {
+                b.copy_from_slice(&v.to_le_bytes());
+            }
+            if a.id == LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT
+                || a.id == LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT
+            {
+                let event = u64::from_le_bytes(value[..8].try_into().expect("8 bytes"));
+                // SAFETY: dereferenced only if it is a registered event.
+                let id = unsafe { rt::id_of(event as *mut c_void, HandleKind::Event, false) }?;
+                value[..8].copy_from_slice(&id.to_le_bytes());
+            }
+            Ok(LaunchAttribute { id: a.id, value })
+        })
+        .collect()
+}
+
+/// `cuLaunchKernelEx` (`per_thread`: `_ptsz`).
+///
+/// # Safety
+/// As the C function.
+unsafe fn launch_ex(
+    op: Op,
+    config: *const c_void,
+    f: *mut c_void,
+    kernel_params: *mut c_void,
+    extra: *mut c_void,
+) -> i32 {
+    if config.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: per the contract, a launch configuration.
+    let config = unsafe { &*(config as *const CuLaunchConfig) };
+    // SAFETY: as above.
+    let attributes = match unsafe { launch_attributes(config) } {
+        Ok(a) => a,
+        Err(ApiErr(st)) => return st,
+    };
+    // SAFETY: per the contract.
+    unsafe {
+        launch(
+            op,
+            f,
+            config.grid,
+            config.block,
+            config.shared_mem,
+            config.stream,
+            kernel_params,
+            extra,
+            attributes,
+        )
+    }
+}
+
+/// `cuLaunchKernelEx`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuLaunchKernelEx(
+    config: *mut c_void,
+    f: *mut c_void,
+    kernel_params: *mut c_void,
+    extra: *mut c_void,
+) -> i32 {
+    // SAFETY: per the contract.
+    unsafe { launch_ex(Op::cuLaunchKernelEx, config, f, kernel_params, extra) }
+}
+
+/// `cuLaunchKernelEx_ptsz`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuLaunchKernelEx_ptsz(
+    config: *mut c_void,
+    f: *mut c_void,
+    kernel_params: *mut c_void,
+    extra: *mut c_void,
+) -> i32 {
+    // SAFETY: per the contract.
+    unsafe { launch_ex(Op::cuLaunchKernelEx_ptsz, config, f, kernel_params, extra) }
 }
 
 #[cfg(test)]

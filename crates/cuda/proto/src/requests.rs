@@ -190,7 +190,43 @@ pub enum LaunchArgs<'a> {
     Buffer(&'a [u8]),
 }
 
-/// `cuLaunchKernel` (and `_ptsz`): answered by the status.
+/// Most attributes one launch may carry (`CUlaunchConfig::numAttrs`).
+pub const MAX_LAUNCH_ATTRIBUTES: usize = 64;
+
+/// `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT` and `CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT`:
+/// the two attributes whose value starts with a handle (a `CUevent`), which travels as its id.
+pub const LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT: u32 = 7;
+pub const LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT: u32 = 12;
+
+/// A launch attribute (`CUlaunchAttribute`): its id and its 64-byte value, an event's handle
+/// in it replaced by the event's id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchAttribute {
+    pub id: u32,
+    pub value: [u8; 64],
+}
+
+/// `CUlaunchAttribute` as C lays it out: id, padding, a 64-byte value (a union with 8-byte
+/// members).
+#[repr(C)]
+pub struct CuLaunchAttribute {
+    pub id: u32,
+    pub pad: u32,
+    pub value: [u64; 8],
+}
+
+/// `CUlaunchConfig` as C lays it out.
+#[repr(C)]
+pub struct CuLaunchConfig {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_mem: u32,
+    pub stream: *mut std::ffi::c_void,
+    pub attrs: *mut CuLaunchAttribute,
+    pub num_attrs: u32,
+}
+
+/// `cuLaunchKernel`, `cuLaunchKernelEx` (and `_ptsz`): answered by the status.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaunchKernel<'a> {
     pub function: u64,
@@ -199,6 +235,8 @@ pub struct LaunchKernel<'a> {
     pub shared_mem: u32,
     pub stream: u64,
     pub args: LaunchArgs<'a>,
+    /// `cuLaunchKernelEx`'s attributes (none for `cuLaunchKernel`).
+    pub attributes: Vec<LaunchAttribute>,
 }
 
 impl<'a> Message<'a> for LaunchKernel<'a> {
@@ -222,6 +260,11 @@ impl<'a> Message<'a> for LaunchKernel<'a> {
                 w.bytes(b);
             }
         }
+        w.u32(self.attributes.len() as u32);
+        for a in &self.attributes {
+            w.u32(a.id);
+            w.bytes(&a.value);
+        }
     }
     fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
         let function = r.u64()?;
@@ -239,6 +282,17 @@ impl<'a> Message<'a> for LaunchKernel<'a> {
             1 => LaunchArgs::Buffer(r.bytes()?),
             _ => return Err(DecodeError::BadValue("launch arguments kind")),
         };
+        let n = count(r, 72, MAX_LAUNCH_ATTRIBUTES)?;
+        let attributes = (0..n)
+            .map(|_| {
+                Ok(LaunchAttribute {
+                    id: r.u32()?,
+                    value: r.bytes()?.try_into().map_err(|_| {
+                        DecodeError::BadValue("a launch attribute's value is 64 bytes")
+                    })?,
+                })
+            })
+            .collect::<Result<_, DecodeError>>()?;
         Ok(LaunchKernel {
             function,
             grid: [dims[0], dims[1], dims[2]],
@@ -246,6 +300,7 @@ impl<'a> Message<'a> for LaunchKernel<'a> {
             shared_mem,
             stream,
             args,
+            attributes,
         })
     }
 }
@@ -419,6 +474,7 @@ mod tests {
                 shared_mem: 8,
                 stream: 0,
                 args: LaunchArgs::Each(vec![&a, &a[..4]]),
+                attributes: Vec::new(),
             },
             &mut Vec::new(),
         );
@@ -430,6 +486,10 @@ mod tests {
                 shared_mem: 0,
                 stream: 1,
                 args: LaunchArgs::Buffer(&a),
+                attributes: vec![LaunchAttribute {
+                    id: 4,
+                    value: [2; 64],
+                }],
             },
             &mut Vec::new(),
         );

@@ -10,9 +10,11 @@ use crate::session::{Call, Handle};
 use std::ffi::{c_void, CString};
 use wormhole_cuda_proto::cu::*;
 use wormhole_cuda_proto::requests::{
-    DeviceRange, FunctionOf, GetGlobal, LaunchArgs, LaunchKernel, Message, ModuleGetFunction,
-    ModuleLoad, ModuleLoaded, ParamLayout, PointerAttributes, PointerValues,
-    POINTER_ATTRIBUTE_CONTEXT, POINTER_ATTRIBUTE_MEMPOOL_HANDLE, POINTER_VALUE_MAX,
+    CuLaunchAttribute, CuLaunchConfig, DeviceRange, FunctionOf, GetGlobal, LaunchArgs,
+    LaunchAttribute, LaunchKernel, Message, ModuleGetFunction, ModuleLoad, ModuleLoaded,
+    ParamLayout, PointerAttributes, PointerValues, LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT,
+    LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT, POINTER_ATTRIBUTE_CONTEXT,
+    POINTER_ATTRIBUTE_MEMPOOL_HANDLE, POINTER_VALUE_MAX,
 };
 use wormhole_cuda_proto::{DecodeError, HandleKind, Reader, Writer};
 
@@ -438,6 +440,51 @@ pub fn cuLaunchKernel_ptsz(
     launch(s, r, w, true)
 }
 
+/// `cuLaunchKernelEx`: as `cuLaunchKernel`, with the launch's attributes.
+pub fn cuLaunchKernelEx(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    launch(s, r, w, false)
+}
+
+/// `cuLaunchKernelEx_ptsz`.
+pub fn cuLaunchKernelEx_ptsz(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    launch(s, r, w, true)
+}
+
+/// The driver's form of a launch's attributes: an event named in one resolved to the
+/// session's event (a bad one is the driver's CUDA_ERROR_INVALID_HANDLE).
+fn attributes_for_driver(
+    s: &Call<'_>,
+    attributes: &[LaunchAttribute],
+) -> Result<Vec<CuLaunchAttribute>, i32> {
+    attributes
+        .iter()
+        .map(|a| {
+            let mut value = [0u64; 8];
+            for (v, b) in value.iter_mut().zip(a.value.chunks_exact(8)) {
+                *v = u64::from_le_bytes(b.try_into().expect("8 bytes"));
+            }
+            if a.id == LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT
+                || a.id == LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT
+            {
+                value[0] = s.resolve(value[0], HandleKind::Event, false)? as u64;
+            }
+            Ok(CuLaunchAttribute {
+                id: a.id,
+                pad: 0,
+                value,
+            })
+        })
+        .collect()
+}
+
 /// `CU_LAUNCH_PARAM_BUFFER_POINTER`, `CU_LAUNCH_PARAM_BUFFER_SIZE`, `CU_LAUNCH_PARAM_END`.
 const PARAM_BUFFER_POINTER: usize = 1;
 const PARAM_BUFFER_SIZE: usize = 2;
@@ -494,6 +541,27 @@ fn launch(
         };
         let [gx, gy, gz] = m.grid;
         let [bx, by, bz] = m.block;
+        if !m.attributes.is_empty() {
+            let mut attrs = attributes_for_driver(s, &m.attributes)?;
+            let config = CuLaunchConfig {
+                grid: m.grid,
+                block: m.block,
+                shared_mem: m.shared_mem,
+                stream,
+                attrs: attrs.as_mut_ptr(),
+                num_attrs: attrs.len() as u32,
+            };
+            let config = (&config as *const CuLaunchConfig).cast_mut().cast();
+            // SAFETY: as below, with a launch configuration whose attributes live across the
+            // call.
+            return Ok(unsafe {
+                if per_thread {
+                    ffi::cuLaunchKernelEx_ptsz(config, func, params, extra_ptr)
+                } else {
+                    ffi::cuLaunchKernelEx(config, func, params, extra_ptr)
+                }
+            });
+        }
         // SAFETY: a live function and stream; `params` holds one pointer per parameter, each
         // to a copy of exactly the parameter's size, or `extra` a buffer list; both live
         // across the call.

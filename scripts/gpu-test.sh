@@ -2,7 +2,8 @@
 # The GPU tests (pytest marker `gpu`), on a machine with an NVIDIA GPU and its driver. The GPU
 # machine has no Rust and no network: build here, carry target/release (wh, the client
 # libraries) and target/gpu-py (pytest, made by `scripts/gpu-test.sh --prepare`), then run
-# `scripts/gpu-test.sh` there. Elsewhere the same tests skip, saying why.
+# `scripts/gpu-test.sh` there; it then prints `wh bench --part cuda`. Elsewhere the same tests
+# skip, saying why.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--prepare" ]; then
@@ -17,4 +18,12 @@ for f in target/release/wh target/release/libwormhole_cuda.so target/release/lib
 done
 nvidia-smi -L || { echo "gpu-test: no NVIDIA GPU here" >&2; exit 1; }
 if python3 -c "import pytest" 2>/dev/null; then py=(python3); else py=(env PYTHONPATH=target/gpu-py python3); fi
-exec "${py[@]}" -m pytest -v -m gpu -p no:cacheprovider --timeout=900 tests/test_cuda.py "$@"
+rc=0
+"${py[@]}" -m pytest -v -m gpu -p no:cacheprovider --timeout=900 tests/test_cuda.py "$@" || rc=$?
+# The CUDA table of `wh bench` (native, shared memory, TCP), for the session's note.
+if [ -x target/release/wh-cuda-bench-client ]; then
+    target/release/wh bench --part cuda || rc=$?
+else
+    echo "gpu-test: no target/release/wh-cuda-bench-client (scripts/install.sh builds it): no CUDA table" >&2
+fi
+exit $rc

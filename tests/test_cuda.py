@@ -8,6 +8,7 @@ lookup, status texts, what it does not forward) are checked by a C program.
 With a GPU (tests marked `gpu`, run by scripts/gpu-test.sh on the GPU machine): the same
 programs print through Wormhole what they print natively."""
 
+import os
 import pathlib
 import re
 import shutil
@@ -16,7 +17,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, Server
+from conftest import ROOT, WH, Server
 
 CUDA_DIR = ROOT / "tests" / "cuda"
 
@@ -141,6 +142,20 @@ def test_natively_the_nvml_program_finds_no_library(cuda_programs):
         pytest.skip("this machine has NVIDIA's driver")
     r = subprocess.run([cuda_programs["nvml_queries"]], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "no NVML: libnvidia-ml.so.1" in r.stdout, r.stdout + r.stderr
+
+
+def test_the_cuda_bench_says_it_needs_a_gpu(tmp_path):
+    """`wh bench --part cuda` compares against native CUDA: without NVIDIA's driver it measures
+    nothing and says why, at once."""
+    if has_gpu():
+        pytest.skip("this machine has a GPU")
+    client = tmp_path / "cuda_bench_client"
+    subprocess.run(["gcc", "-O2", "-o", str(client), str(ROOT / "bench" / "cuda_bench_client.c"), "-ldl"],
+                   check=True)
+    r = subprocess.run([str(WH), "bench", "--part", "cuda"], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "WORMHOLE_CUDA_BENCH_CLIENT": str(client)})
+    assert r.returncode != 0
+    assert "needs NVIDIA's driver and a GPU" in r.stderr and "no CUDA driver" in r.stderr, r.stderr
 
 
 def test_wh_devices_says_why_there_is_no_cuda_device(cpu_server):

@@ -3,6 +3,7 @@
 //! side by side in one run, with the same client program (bench/bench_client.c), and prints one
 //! table with absolute figures and ratios to native.
 
+mod cuda;
 mod oversubscription;
 
 use std::collections::BTreeMap;
@@ -32,6 +33,8 @@ pub enum Part {
     Calls,
     /// More tenants than cores: a light tenant among idle or flooding ones.
     Oversubscription,
+    /// The CUDA table (needs NVIDIA's driver and a GPU; not part of `all`).
+    Cuda,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -342,6 +345,9 @@ pub fn run(icd_lib: &Path, part: Part) -> Result<(), BenchError> {
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_default();
+    if part == Part::Cuda {
+        return cuda::run(&exe_dir);
+    }
     let client = std::env::var_os("WORMHOLE_BENCH_CLIENT")
         .map(PathBuf::from)
         .unwrap_or_else(|| exe_dir.join("wh-bench-client"));

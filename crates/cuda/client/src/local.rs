@@ -8,6 +8,7 @@
 
 use crate::connection;
 pub use crate::copies::*;
+use crate::current;
 use crate::generated;
 pub use crate::memory::{
     cuMemAlloc_v2, cuMemFree_v2, cuMemGetAddressRange_v2, cuMemcpy, cuMemcpyAsync,
@@ -209,7 +210,9 @@ pub unsafe fn cuCtxDestroy_v2(ctx: *mut c_void) -> i32 {
         crate::export_tables::context_ending(ctx);
     }
     // SAFETY: per the contract.
-    unsafe { generated::wire_cuCtxDestroy_v2(ctx.cast()) }
+    let status = unsafe { generated::wire_cuCtxDestroy_v2(ctx.cast()) };
+    current::contexts_changed();
+    status
 }
 
 /// `cuDevicePrimaryCtxReset_v2`: as `cuCtxDestroy_v2`, for the device's primary context
@@ -222,7 +225,91 @@ pub unsafe fn cuDevicePrimaryCtxReset_v2(dev: i32) -> i32 {
         crate::export_tables::primary_context_ending(dev);
     }
     // SAFETY: a value parameter.
-    unsafe { generated::wire_cuDevicePrimaryCtxReset_v2(dev) }
+    let status = unsafe { generated::wire_cuDevicePrimaryCtxReset_v2(dev) };
+    current::contexts_changed();
+    status
+}
+
+/// `cuDevicePrimaryCtxRelease_v2`: the last release deactivates the context.
+///
+/// # Safety
+/// None (a value parameter).
+pub unsafe fn cuDevicePrimaryCtxRelease_v2(dev: i32) -> i32 {
+    // SAFETY: a value parameter.
+    let status = unsafe { generated::wire_cuDevicePrimaryCtxRelease_v2(dev) };
+    current::contexts_changed();
+    status
+}
+
+/// `cuCtxGetCurrent`: from the client when it knows (see `current`), else from the server.
+///
+/// # Safety
+/// `pctx` NULL or a writable `CUcontext`.
+pub unsafe fn cuCtxGetCurrent(pctx: *mut *mut c_void) -> i32 {
+    if let (Some(ctx), false, Ok(())) = (current::known(), pctx.is_null(), rt::check_initialized())
+    {
+        // SAFETY: per the contract.
+        unsafe { *pctx = ctx };
+        return CUDA_SUCCESS;
+    }
+    // SAFETY: per the contract.
+    let status = unsafe { generated::wire_cuCtxGetCurrent(pctx.cast()) };
+    if status == CUDA_SUCCESS && !pctx.is_null() {
+        // SAFETY: the call succeeded, so it wrote the context.
+        current::set(unsafe { *pctx });
+    }
+    status
+}
+
+/// `cuCtxSetCurrent`: the client then knows the answer.
+///
+/// # Safety
+/// None beyond the C function's.
+pub unsafe fn cuCtxSetCurrent(ctx: *mut c_void) -> i32 {
+    // SAFETY: per the contract.
+    let status = unsafe { generated::wire_cuCtxSetCurrent(ctx.cast()) };
+    if status == CUDA_SUCCESS {
+        current::set(ctx);
+    }
+    status
+}
+
+/// `cuCtxPushCurrent_v2`: as `cuCtxSetCurrent`.
+///
+/// # Safety
+/// None beyond the C function's.
+pub unsafe fn cuCtxPushCurrent_v2(ctx: *mut c_void) -> i32 {
+    // SAFETY: per the contract.
+    let status = unsafe { generated::wire_cuCtxPushCurrent_v2(ctx.cast()) };
+    if status == CUDA_SUCCESS {
+        current::set(ctx);
+    }
+    status
+}
+
+/// `cuCtxPopCurrent_v2`: what is current next is the driver's stack's to say.
+///
+/// # Safety
+/// `pctx` NULL or a writable `CUcontext`.
+pub unsafe fn cuCtxPopCurrent_v2(pctx: *mut *mut c_void) -> i32 {
+    // SAFETY: per the contract.
+    let status = unsafe { generated::wire_cuCtxPopCurrent_v2(pctx.cast()) };
+    current::forget();
+    status
+}
+
+/// `cuCtxCreate_v2`: the new context is current.
+///
+/// # Safety
+/// `pctx` NULL or a writable `CUcontext`.
+pub unsafe fn cuCtxCreate_v2(pctx: *mut *mut c_void, flags: u32, dev: i32) -> i32 {
+    // SAFETY: per the contract.
+    let status = unsafe { generated::wire_cuCtxCreate_v2(pctx.cast(), flags, dev) };
+    if status == CUDA_SUCCESS && !pctx.is_null() {
+        // SAFETY: the call succeeded, so it wrote the context.
+        current::set(unsafe { *pctx });
+    }
+    status
 }
 
 /// `cuInit`: opens the session (the first call) and initialises the server's driver. Without

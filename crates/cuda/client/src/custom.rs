@@ -97,7 +97,8 @@ pub unsafe fn cuModuleLoad(module: *mut c_void, fname: *const c_char) -> i32 {
 /// (`CU_LIBRARY_BINARY_IS_PRESERVED`): the server loads its own copy, so it changes nothing.
 const LIBRARY_BINARY_IS_PRESERVED: u32 = 1;
 
-/// JIT and library options: none, or only those that change nothing for a forwarded load.
+/// After `cuInit`, JIT and library options: none, or only those that change nothing for a
+/// forwarded load.
 /// Others (a host function table, JIT settings and logs) are refused, naming them.
 ///
 /// # Safety
@@ -107,6 +108,7 @@ unsafe fn check_library_options(
     lib_options: *const u32,
     n_lib: u32,
 ) -> Result<(), ApiErr> {
+    rt::check_initialized()?;
     if n_jit > 0 {
         crate::connection::log(&format!(
             "cuLibraryLoad*: {n_jit} JIT options are not forwarded; answering CUDA_ERROR_NOT_SUPPORTED"
@@ -147,9 +149,6 @@ pub unsafe fn cuLibraryLoadData(
     _lib_values: *mut c_void,
     n_lib: u32,
 ) -> i32 {
-    if let Err(ApiErr(st)) = rt::check_initialized() {
-        return st;
-    }
     // SAFETY: per the contract.
     if let Err(ApiErr(st)) = unsafe { check_library_options(n_jit, lib_options.cast(), n_lib) } {
         return st;
@@ -173,9 +172,6 @@ pub unsafe fn cuLibraryLoadFromFile(
     _lib_values: *mut c_void,
     n_lib: u32,
 ) -> i32 {
-    if let Err(ApiErr(st)) = rt::check_initialized() {
-        return st;
-    }
     // SAFETY: per the contract.
     if let Err(ApiErr(st)) = unsafe { check_library_options(n_jit, lib_options.cast(), n_lib) } {
         return st;

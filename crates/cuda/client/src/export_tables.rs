@@ -93,6 +93,18 @@ unsafe extern "C" fn module_from_wrapper(module: *mut c_void, wrapper: *mut c_vo
     unsafe { crate::custom::cuModuleLoadData(module, wrapper) }
 }
 
+/// Whether the three extra arguments of slots 6 and 8 are the NULL/0 seen everywhere (what
+/// else they may say is not known: refused, naming the slot).
+fn no_extra_arguments(slot: u32, a: *mut c_void, b: *mut c_void, c: u32) -> bool {
+    let none = a.is_null() && b.is_null() && c == 0;
+    if !none {
+        crate::connection::log(&format!(
+            "export table CUDART_INTERFACE slot {slot} called with arguments Wormhole does not know; returning CUDA_ERROR_NOT_SUPPORTED"
+        ));
+    }
+    none
+}
+
 /// Slot 6: as slot 1, with three more arguments that are always NULL/0 where seen.
 unsafe extern "C" fn module_from_wrapper_ext(
     module: *mut c_void,
@@ -101,10 +113,7 @@ unsafe extern "C" fn module_from_wrapper_ext(
     b: *mut c_void,
     c: u32,
 ) -> i32 {
-    if !a.is_null() || !b.is_null() || c != 0 {
-        crate::connection::log(
-            "export table CUDART_INTERFACE slot 6 called with arguments Wormhole does not know; returning CUDA_ERROR_NOT_SUPPORTED",
-        );
+    if !no_extra_arguments(6, a, b, c) {
         return CUDA_ERROR_NOT_SUPPORTED;
     }
     // SAFETY: as slot 1.
@@ -119,10 +128,7 @@ unsafe extern "C" fn module_from_header_ext(
     b: *mut c_void,
     c: u32,
 ) -> i32 {
-    if !a.is_null() || !b.is_null() || c != 0 {
-        crate::connection::log(
-            "export table CUDART_INTERFACE slot 8 called with arguments Wormhole does not know; returning CUDA_ERROR_NOT_SUPPORTED",
-        );
+    if !no_extra_arguments(8, a, b, c) {
         return CUDA_ERROR_NOT_SUPPORTED;
     }
     // SAFETY: as slot 1, with the fatbin itself.

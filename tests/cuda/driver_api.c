@@ -229,8 +229,13 @@ int main(int argc, char **argv) {
     CHECK(cuKernelGetParamInfo(kvadd, 3, &poff, &psize));
     int kthreads = 0;
     CHECK(cuKernelGetAttribute(&kthreads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, kvadd, dev));
+    int kblocks = 0, kregs = -1;
+    CHECK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&kblocks, (CUfunction)kvadd, 256, 0));
+    CHECK(cuFuncGetAttribute(&kregs, CU_FUNC_ATTRIBUTE_NUM_REGS, (CUfunction)kvadd));
     printf("library: %u kernels, vadd's n at %zu (%zu bytes), up to %d threads a block\n", kernels,
            poff, psize, kthreads);
+    printf("a kernel as a function: %d blocks of 256 per SM (as the module's: %s), registers known: %s\n",
+           kblocks, kblocks == blocks ? "yes" : "no", kregs > 0 ? "yes" : "no");
     CUfunction fvadd;
     CHECK(cuKernelGetFunction(&fvadd, kvadd));
     CHECK(cuMemsetD32(dc, 0, n));

@@ -241,6 +241,32 @@ pub unsafe fn cuDevicePrimaryCtxRelease_v2(dev: i32) -> i32 {
     status
 }
 
+/// `cuDevicePrimaryCtxReset` (the symbol cudart asks for at version 7000): as `_v2`.
+///
+/// # Safety
+/// None (a value parameter).
+pub unsafe fn cuDevicePrimaryCtxReset(dev: i32) -> i32 {
+    if rt::check_initialized().is_ok() {
+        crate::export_tables::primary_context_ending(dev);
+    }
+    // SAFETY: a value parameter.
+    let status = unsafe { generated::wire_cuDevicePrimaryCtxReset(dev) };
+    current::contexts_changed();
+    status
+}
+
+/// `cuDevicePrimaryCtxRelease` (cudart's at version 7000, called at every program's exit): as
+/// `_v2`.
+///
+/// # Safety
+/// None (a value parameter).
+pub unsafe fn cuDevicePrimaryCtxRelease(dev: i32) -> i32 {
+    // SAFETY: a value parameter.
+    let status = unsafe { generated::wire_cuDevicePrimaryCtxRelease(dev) };
+    current::contexts_changed();
+    status
+}
+
 /// `cuCtxGetCurrent`: from the client when it knows (see `current`), else from the server.
 ///
 /// # Safety

@@ -106,6 +106,13 @@ pub unsafe fn id_of(h: *mut c_void, kind: HandleKind, _nullable: bool) -> Result
         (2, HandleKind::Stream) => Ok(STREAM_PER_THREAD_ID),
         // SAFETY: see `objects::get`.
         _ => unsafe { objects::get(h, kind) }
+            // A CUkernel stands in for a CUfunction (the driver takes either: cudart passes
+            // kernels to launches, occupancy and attribute calls).
+            .or_else(|| match kind {
+                // SAFETY: as above.
+                HandleKind::Function => unsafe { objects::get(h, HandleKind::Kernel) },
+                _ => None,
+            })
             .map(|o| o.id)
             .ok_or(ApiErr(kind.invalid_code())),
     }

@@ -501,10 +501,8 @@ fn launch(
     let m = LaunchKernel::decode(r)?;
     r.finish()?;
     let status = (|| -> Result<i32, i32> {
-        // A kernel launches as its function in the current context (the driver takes either).
-        let func = s
-            .resolve(m.function, HandleKind::Function, false)
-            .or_else(|_| s.resolve(m.function, HandleKind::Kernel, false))?;
+        // A kernel launches as its function in the current context (see `resolve`).
+        let func = s.resolve(m.function, HandleKind::Function, false)?;
         let stream = s.resolve(m.stream, HandleKind::Stream, true)?;
         let layout = s.layout(m.function).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         let storage: Vec<Vec<u64>>;

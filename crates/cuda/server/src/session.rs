@@ -63,6 +63,13 @@ impl Session {
             (0, _) => Ok(std::ptr::null_mut()),
             (STREAM_LEGACY_ID, HandleKind::Stream) => Ok(1 as Handle),
             (STREAM_PER_THREAD_ID, HandleKind::Stream) => Ok(2 as Handle),
+            // A kernel stands in for a function (the driver takes either).
+            (_, HandleKind::Function) => self
+                .handles
+                .get(id, kind)
+                .or_else(|| self.handles.get(id, HandleKind::Kernel))
+                .map(|p| p as Handle)
+                .ok_or(kind.invalid_code()),
             _ => self
                 .handles
                 .get(id, kind)
@@ -262,6 +269,17 @@ mod tests {
         assert_eq!(
             s.resolve(100, HandleKind::Context, false),
             Err(CUDA_ERROR_INVALID_CONTEXT)
+        );
+        // A kernel stands in for a function, not the other way round.
+        s.bind(101, HandleKind::Kernel, 0x6000 as Handle).unwrap();
+        s.bind(102, HandleKind::Function, 0x7000 as Handle).unwrap();
+        assert_eq!(
+            s.resolve(101, HandleKind::Function, false),
+            Ok(0x6000 as Handle)
+        );
+        assert_eq!(
+            s.resolve(102, HandleKind::Kernel, false),
+            Err(CUDA_ERROR_INVALID_HANDLE)
         );
     }
 }

@@ -282,6 +282,26 @@ int main(int argc, char **argv) {
     CUmodule nofile;
     printf("module from a missing file: %d\n", (int)cuModuleLoad(&nofile, "/nonexistent/kernels.fatbin"));
 
+    /* Page-locked host memory: allocated and registered, copied to and from, asked about. */
+    float *pinned = NULL, *registered = malloc(bytes);
+    CHECK(cuMemHostAlloc((void **)&pinned, bytes, CU_MEMHOSTALLOC_PORTABLE));
+    CHECK(cuMemHostRegister(registered, bytes, 0));
+    for (int i = 0; i < n; i++) pinned[i] = 3.0f * i;
+    CHECK(cuMemcpyHtoDAsync(dc, pinned, bytes, stream));
+    CHECK(cuMemcpyDtoHAsync(registered, dc, bytes, stream));
+    CHECK(cuStreamSynchronize(stream));
+    unsigned int hflags = 0, ptype = 0;
+    CHECK(cuMemHostGetFlags(&hflags, pinned));
+    CHECK(cuPointerGetAttribute(&ptype, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)(pinned + 5)));
+    printf("page-locked: copies %s, flags %u, memory type %u, register twice: %d\n",
+           memcmp(pinned, registered, bytes) == 0 ? "equal" : "different", hflags, ptype,
+           (int)cuMemHostRegister(registered, bytes, 0));
+    CHECK(cuMemHostUnregister(registered));
+    printf("unregister twice: %d, free of NULL: %d\n", (int)cuMemHostUnregister(registered),
+           (int)cuMemFreeHost(NULL));
+    CHECK(cuMemFreeHost(pinned));
+    free(registered);
+
     /* Errors the driver reports. */
     printf("free of a bad pointer: %d\n", (int)cuMemFree(da + 4));
     printf("launch with too many threads: %d\n",

@@ -14,6 +14,7 @@ mod copies;
 mod current;
 mod custom;
 mod export_tables;
+mod host_memory_pinned;
 mod image;
 mod local;
 mod memory;

@@ -10,6 +10,7 @@
 use crate::allocations;
 use crate::copies;
 use crate::generated::{self, Handle};
+use crate::host_memory_pinned;
 use crate::objects;
 use crate::rt::{self, entry_status, ApiErr};
 use std::ffi::c_void;
@@ -190,6 +191,25 @@ fn ask(ptr: u64, single: bool, attributes: Vec<u32>) -> Result<PointerValues, Ap
             "pointer attribute {a} (a memory pool) is not forwarded: pools are not; returning CUDA_ERROR_NOT_SUPPORTED"
         ));
         return Err(ApiErr(CUDA_ERROR_NOT_SUPPORTED));
+    }
+    if let Some((start, pinned)) = host_memory_pinned::range_of(ptr) {
+        // Page-locked memory of the program's: answered here (the server's driver does not
+        // know it), each attribute as the driver writes it.
+        let values = attributes
+            .iter()
+            .map(|&a| {
+                host_memory_pinned::attribute(ptr, start, &pinned, a).ok_or_else(|| {
+                    crate::connection::log(&format!(
+                        "pointer attribute {a} of page-locked host memory is not known to Wormhole; returning CUDA_ERROR_NOT_SUPPORTED"
+                    ));
+                    ApiErr(CUDA_ERROR_NOT_SUPPORTED)
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        return Ok(PointerValues {
+            status: CUDA_SUCCESS,
+            values,
+        });
     }
     let op = match single {
         true => Op::cuPointerGetAttribute,

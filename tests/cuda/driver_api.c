@@ -302,6 +302,49 @@ int main(int argc, char **argv) {
     CHECK(cuMemFreeHost(pinned));
     free(registered);
 
+    /* 2D copies: 100 rows of 64 floats into a pitched device area and back, and host to
+     * host (cudart's cudaMemcpy between two host buffers comes this way). */
+    {
+        enum { W = 64, H = 100, PITCH = 512 };
+        float *rows = malloc(W * H * sizeof(float)), *back = calloc(W * H, sizeof(float));
+        for (int i = 0; i < W * H; i++) rows[i] = (float)(i % 977);
+        CUdeviceptr pitched;
+        CHECK(cuMemAlloc(&pitched, PITCH * H));
+        CUDA_MEMCPY2D c;
+        memset(&c, 0, sizeof c);
+        c.srcMemoryType = CU_MEMORYTYPE_HOST;
+        c.srcHost = rows;
+        c.srcPitch = W * sizeof(float);
+        c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+        c.dstDevice = pitched;
+        c.dstPitch = PITCH;
+        c.WidthInBytes = W * sizeof(float);
+        c.Height = H;
+        CHECK(cuMemcpy2D(&c));
+        memset(&c, 0, sizeof c);
+        c.srcMemoryType = CU_MEMORYTYPE_UNIFIED;
+        c.srcDevice = pitched;
+        c.srcPitch = PITCH;
+        c.dstMemoryType = CU_MEMORYTYPE_HOST;
+        c.dstHost = back;
+        c.dstPitch = W * sizeof(float);
+        c.WidthInBytes = W * sizeof(float);
+        c.Height = H;
+        CHECK(cuMemcpy2DAsync(&c, stream));
+        CHECK(cuStreamSynchronize(stream));
+        int same = memcmp(rows, back, W * H * sizeof(float)) == 0;
+        memset(back, 0, W * H * sizeof(float));
+        c.srcMemoryType = CU_MEMORYTYPE_HOST;
+        c.srcHost = rows;
+        c.srcPitch = W * sizeof(float);
+        CHECK(cuMemcpy2DUnaligned(&c));
+        printf("2D copies: through the device %s, host to host %s\n", same ? "equal" : "different",
+               memcmp(rows, back, W * H * sizeof(float)) == 0 ? "equal" : "different");
+        CHECK(cuMemFree(pitched));
+        free(rows);
+        free(back);
+    }
+
     /* Errors the driver reports. */
     printf("free of a bad pointer: %d\n", (int)cuMemFree(da + 4));
     printf("launch with too many threads: %d\n",

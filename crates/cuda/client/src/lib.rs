@@ -11,6 +11,7 @@
 mod allocations;
 mod connection;
 mod copies;
+mod copies_2d;
 mod current;
 mod custom;
 mod export_tables;

@@ -226,6 +226,110 @@ pub struct CuLaunchConfig {
     pub num_attrs: u32,
 }
 
+/// `CUDA_MEMCPY2D` as C lays it out.
+#[repr(C)]
+pub struct CuMemcpy2D {
+    pub src_x: usize,
+    pub src_y: usize,
+    pub src_type: u32,
+    pub src_host: *const std::ffi::c_void,
+    pub src_device: u64,
+    pub src_array: *mut std::ffi::c_void,
+    pub src_pitch: usize,
+    pub dst_x: usize,
+    pub dst_y: usize,
+    pub dst_type: u32,
+    pub dst_host: *mut std::ffi::c_void,
+    pub dst_device: u64,
+    pub dst_array: *mut std::ffi::c_void,
+    pub dst_pitch: usize,
+    pub width: usize,
+    pub height: usize,
+}
+
+/// `CU_MEMORYTYPE_HOST`, `_DEVICE`, `_ARRAY`, `_UNIFIED`.
+pub const MEMORYTYPE_HOST: u32 = 1;
+pub const MEMORYTYPE_DEVICE: u32 = 2;
+pub const MEMORYTYPE_ARRAY: u32 = 3;
+pub const MEMORYTYPE_UNIFIED: u32 = 4;
+
+/// One side of a 2D copy as it travels: device memory (its first byte and pitch), or the
+/// program's host rows, packed (`width` bytes each), in the request (a source) or the reply
+/// (a destination).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side2D {
+    Device { addr: u64, pitch: u64 },
+    Host,
+}
+
+/// `cuMemcpy2D*` (and `Unaligned`, `Async`, per-thread forms): rows of `width` bytes,
+/// `height` of them, between two sides that are not both host memory (the client copies
+/// those itself). A destination on the host is answered by the status, then the rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Copy2D<'a> {
+    pub src: Side2D,
+    pub dst: Side2D,
+    pub width: u64,
+    pub height: u64,
+    /// The stream of the `Async` forms (0 for the others).
+    pub stream: u64,
+    /// The source rows, packed, when the source is host memory.
+    pub rows: Option<&'a [u8]>,
+}
+
+fn encode_side(w: &mut Writer, side: Side2D) {
+    match side {
+        Side2D::Device { addr, pitch } => {
+            w.u8(0);
+            w.u64(addr);
+            w.u64(pitch);
+        }
+        Side2D::Host => w.u8(1),
+    }
+}
+
+fn decode_side(r: &mut Reader<'_>) -> Result<Side2D, DecodeError> {
+    match r.u8()? {
+        0 => Ok(Side2D::Device {
+            addr: r.u64()?,
+            pitch: r.u64()?,
+        }),
+        1 => Ok(Side2D::Host),
+        _ => Err(DecodeError::BadValue("a 2D copy's side")),
+    }
+}
+
+impl<'a> Message<'a> for Copy2D<'a> {
+    fn encode(&self, w: &mut Writer) {
+        encode_side(w, self.src);
+        encode_side(w, self.dst);
+        w.u64(self.width);
+        w.u64(self.height);
+        w.u64(self.stream);
+        w.opt_bytes(self.rows);
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        let m = Copy2D {
+            src: decode_side(r)?,
+            dst: decode_side(r)?,
+            width: r.u64()?,
+            height: r.u64()?,
+            stream: r.u64()?,
+            rows: r.opt_bytes_ref()?,
+        };
+        let packed = m.width.checked_mul(m.height);
+        let consistent = match (m.src, m.dst, m.rows) {
+            (Side2D::Host, Side2D::Device { .. }, Some(rows)) => packed == Some(rows.len() as u64),
+            (Side2D::Device { .. }, _, None) => packed.is_some(),
+            _ => false,
+        };
+        if !consistent {
+            return Err(DecodeError::BadValue("a 2D copy's sides and rows disagree"));
+        }
+        Ok(m)
+    }
+}
+
 /// `cuLaunchKernel`, `cuLaunchKernelEx` (and `_ptsz`): answered by the status.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaunchKernel<'a> {
@@ -424,6 +528,34 @@ mod tests {
         roundtrip(
             &ParamLayout {
                 params: vec![(0, 8), (8, 8), (16, 4)],
+            },
+            &mut Vec::new(),
+        );
+        roundtrip(
+            &Copy2D {
+                src: Side2D::Host,
+                dst: Side2D::Device {
+                    addr: 0x7f00_0000_0000,
+                    pitch: 512,
+                },
+                width: 3,
+                height: 2,
+                stream: 0,
+                rows: Some(&[1, 2, 3, 4, 5, 6]),
+            },
+            &mut Vec::new(),
+        );
+        roundtrip(
+            &Copy2D {
+                src: Side2D::Device {
+                    addr: 0x7f00_0000_0000,
+                    pitch: 512,
+                },
+                dst: Side2D::Host,
+                width: 3,
+                height: 2,
+                stream: 9,
+                rows: None,
             },
             &mut Vec::new(),
         );

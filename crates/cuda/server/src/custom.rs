@@ -10,10 +10,11 @@ use crate::session::{Call, Handle};
 use std::ffi::{c_void, CString};
 use wormhole_cuda_proto::cu::*;
 use wormhole_cuda_proto::requests::{
-    CuLaunchAttribute, CuLaunchConfig, DeviceRange, FunctionOf, GetGlobal, LaunchArgs,
-    LaunchAttribute, LaunchKernel, Message, ModuleGetFunction, ModuleLoad, ModuleLoaded,
-    ParamLayout, PointerAttributes, PointerValues, LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT,
-    LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT, POINTER_ATTRIBUTE_CONTEXT,
+    Copy2D, CuLaunchAttribute, CuLaunchConfig, CuMemcpy2D, DeviceRange, FunctionOf, GetGlobal,
+    LaunchArgs, LaunchAttribute, LaunchKernel, Message, ModuleGetFunction, ModuleLoad,
+    ModuleLoaded, ParamLayout, PointerAttributes, PointerValues, Side2D,
+    LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT, LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT,
+    MEMORYTYPE_DEVICE, MEMORYTYPE_HOST, POINTER_ATTRIBUTE_CONTEXT,
     POINTER_ATTRIBUTE_MEMPOOL_HANDLE, POINTER_VALUE_MAX,
 };
 use wormhole_cuda_proto::{DecodeError, HandleKind, Reader, Writer};
@@ -795,5 +796,160 @@ pub fn cuCtxGetDevice_v2(
         )
     };
     reply_device(s, st, dev, a.device_present, w);
+    Ok(())
+}
+
+/// Which `cuMemcpy2D*` a [`Copy2D`] request stands for.
+#[derive(Clone, Copy)]
+enum Copy2DKind {
+    Plain,
+    PlainPerThread,
+    Unaligned,
+    UnalignedPerThread,
+    Async,
+    AsyncPerThread,
+}
+
+/// `cuMemcpy2D_v2`.
+pub fn cuMemcpy2D_v2(s: &Call<'_>, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
+    copy_2d(s, r, w, Copy2DKind::Plain)
+}
+
+/// `cuMemcpy2D_v2_ptds`.
+pub fn cuMemcpy2D_v2_ptds(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    copy_2d(s, r, w, Copy2DKind::PlainPerThread)
+}
+
+/// `cuMemcpy2DUnaligned_v2`.
+pub fn cuMemcpy2DUnaligned_v2(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    copy_2d(s, r, w, Copy2DKind::Unaligned)
+}
+
+/// `cuMemcpy2DUnaligned_v2_ptds`.
+pub fn cuMemcpy2DUnaligned_v2_ptds(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    copy_2d(s, r, w, Copy2DKind::UnalignedPerThread)
+}
+
+/// `cuMemcpy2DAsync_v2`.
+pub fn cuMemcpy2DAsync_v2(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    copy_2d(s, r, w, Copy2DKind::Async)
+}
+
+/// `cuMemcpy2DAsync_v2_ptsz`.
+pub fn cuMemcpy2DAsync_v2_ptsz(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    copy_2d(s, r, w, Copy2DKind::AsyncPerThread)
+}
+
+/// The bytes a side of `height` rows of `width` spans in device memory: whole pitches but the
+/// last row's.
+fn device_span(pitch: u64, width: u64, height: u64) -> Option<u64> {
+    if height > 1 && width > pitch {
+        return None;
+    }
+    height
+        .checked_sub(1)?
+        .checked_mul(pitch)?
+        .checked_add(width)
+}
+
+/// A 2D copy between device memory of the session's and device memory or the program's rows
+/// (packed here: in the request, or back in the reply).
+fn copy_2d(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+    kind: Copy2DKind,
+) -> Result<(), DecodeError> {
+    let m = Copy2D::decode(r)?;
+    r.finish()?;
+    let mut back: Vec<u8> = Vec::new();
+    let status = (|| -> Result<i32, i32> {
+        let stream = s.resolve(m.stream, HandleKind::Stream, true)?;
+        let mut c = CuMemcpy2D {
+            src_x: 0,
+            src_y: 0,
+            src_type: MEMORYTYPE_HOST,
+            src_host: std::ptr::null(),
+            src_device: 0,
+            src_array: std::ptr::null_mut(),
+            src_pitch: m.width as usize,
+            dst_x: 0,
+            dst_y: 0,
+            dst_type: MEMORYTYPE_HOST,
+            dst_host: std::ptr::null_mut(),
+            dst_device: 0,
+            dst_array: std::ptr::null_mut(),
+            dst_pitch: m.width as usize,
+            width: m.width as usize,
+            height: m.height as usize,
+        };
+        for (side, is_src) in [(m.src, true), (m.dst, false)] {
+            if let Side2D::Device { addr, pitch } = side {
+                let span = device_span(pitch, m.width, m.height).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+                crate::rt::check_device(s, addr, usize::try_from(span).ok())?;
+                if is_src {
+                    (c.src_type, c.src_device, c.src_pitch) =
+                        (MEMORYTYPE_DEVICE, addr, pitch as usize);
+                } else {
+                    (c.dst_type, c.dst_device, c.dst_pitch) =
+                        (MEMORYTYPE_DEVICE, addr, pitch as usize);
+                }
+            }
+        }
+        let rows = m.rows.map(aligned);
+        if let Some(rows) = &rows {
+            c.src_host = rows.as_ptr().cast();
+        }
+        if m.dst == Side2D::Host {
+            back = vec![0; (m.width * m.height) as usize];
+            c.dst_host = back.as_mut_ptr().cast();
+        }
+        let p = (&c as *const CuMemcpy2D).cast_mut().cast();
+        // SAFETY: a copy description whose device ranges the session owns and whose host
+        // buffers (the packed rows) live across the call; a stream of the session's.
+        let st = unsafe {
+            match kind {
+                Copy2DKind::Plain => ffi::cuMemcpy2D_v2(p),
+                Copy2DKind::PlainPerThread => ffi::cuMemcpy2D_v2_ptds(p),
+                Copy2DKind::Unaligned => ffi::cuMemcpy2DUnaligned_v2(p),
+                Copy2DKind::UnalignedPerThread => ffi::cuMemcpy2DUnaligned_v2_ptds(p),
+                Copy2DKind::Async => ffi::cuMemcpy2DAsync_v2(p, stream),
+                Copy2DKind::AsyncPerThread => ffi::cuMemcpy2DAsync_v2_ptsz(p, stream),
+            }
+        };
+        // Rows coming back must have landed before they are sent.
+        if st == CUDA_SUCCESS && m.dst == Side2D::Host {
+            if let Copy2DKind::Async | Copy2DKind::AsyncPerThread = kind {
+                // SAFETY: a stream of the session's.
+                return Ok(unsafe { ffi::cuStreamSynchronize(stream) });
+            }
+        }
+        Ok(st)
+    })()
+    .unwrap_or_else(|e| e);
+    w.i32(status);
+    if status == CUDA_SUCCESS && m.dst == Side2D::Host {
+        w.bytes(&back);
+    }
     Ok(())
 }

@@ -1,0 +1,315 @@
+//! 2D copies (`cuMemcpy2D*`; cudart's host-to-host `cudaMemcpy` and `cudaMemcpy2D` come this
+//! way). Rows of the program's host memory travel packed, in pieces of rows that each fit a
+//! frame; host to host is the client's own copy. Arrays are not forwarded.
+
+// Entry points keep the C names of the functions they stand for.
+#![allow(non_snake_case)]
+
+use crate::allocations;
+use crate::copies::PIECE;
+use crate::rt::{self, entry_status, ApiErr};
+use std::ffi::c_void;
+use wormhole_cuda_proto::cu::*;
+use wormhole_cuda_proto::requests::{
+    Copy2D, CuMemcpy2D, Message, Side2D, MEMORYTYPE_ARRAY, MEMORYTYPE_DEVICE, MEMORYTYPE_HOST,
+    MEMORYTYPE_UNIFIED,
+};
+use wormhole_cuda_proto::{HandleKind, Op, Reader};
+use wormhole_session::host_memory;
+
+/// Where one side's first byte is.
+#[derive(Clone, Copy)]
+enum At {
+    Host(usize),
+    Device(u64),
+}
+
+/// A side of the copy: its first byte (x and y applied) and its pitch.
+fn side(
+    kind: u32,
+    host: usize,
+    device: u64,
+    x: usize,
+    y: usize,
+    pitch: usize,
+) -> Result<(At, usize), ApiErr> {
+    let offset = y
+        .checked_mul(pitch)
+        .and_then(|o| o.checked_add(x))
+        .ok_or(ApiErr(CUDA_ERROR_INVALID_VALUE))?;
+    let at = match kind {
+        MEMORYTYPE_HOST => At::Host(host),
+        MEMORYTYPE_DEVICE => At::Device(device),
+        // One address space: the allocations say which memory it is.
+        MEMORYTYPE_UNIFIED if allocations::range_of(device).is_some() => At::Device(device),
+        MEMORYTYPE_UNIFIED => At::Host(device as usize),
+        MEMORYTYPE_ARRAY => {
+            crate::connection::log(
+                "cuMemcpy2D with a CUDA array: arrays are not forwarded; returning CUDA_ERROR_NOT_SUPPORTED",
+            );
+            return Err(ApiErr(CUDA_ERROR_NOT_SUPPORTED));
+        }
+        _ => return Err(ApiErr(CUDA_ERROR_INVALID_VALUE)),
+    };
+    Ok(match at {
+        At::Host(p) => (
+            At::Host(
+                p.checked_add(offset)
+                    .ok_or(ApiErr(CUDA_ERROR_INVALID_VALUE))?,
+            ),
+            pitch,
+        ),
+        At::Device(d) => (
+            At::Device(
+                d.checked_add(offset as u64)
+                    .ok_or(ApiErr(CUDA_ERROR_INVALID_VALUE))?,
+            ),
+            pitch,
+        ),
+    })
+}
+
+/// Row `i` of the program's host side, read (a row it does not have is refused).
+fn read_row(start: usize, pitch: usize, i: usize, width: usize) -> Result<Vec<u8>, ApiErr> {
+    // SAFETY: copy_in reads only memory the program has.
+    unsafe { host_memory::copy_in((start + i * pitch) as *const u8, width) }
+        .map(|r| r.into_owned())
+        .ok_or(ApiErr(CUDA_ERROR_INVALID_VALUE))
+}
+
+/// A 2D copy (`op`); `stream` for the `Async` forms.
+///
+/// # Safety
+/// `p` NULL or a `CUDA_MEMCPY2D` whose host sides are the program's memory (as the driver's
+/// contract asks).
+unsafe fn copy_2d(op: Op, p: *const c_void, stream: Option<*mut c_void>) -> i32 {
+    entry_status(|| {
+        rt::check_initialized()?;
+        if p.is_null() {
+            return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
+        }
+        // SAFETY: per the contract.
+        let c = unsafe { &*(p as *const CuMemcpy2D) };
+        let (src, src_pitch) = side(
+            c.src_type,
+            c.src_host as usize,
+            c.src_device,
+            c.src_x,
+            c.src_y,
+            c.src_pitch,
+        )?;
+        let (dst, dst_pitch) = side(
+            c.dst_type,
+            c.dst_host as usize,
+            c.dst_device,
+            c.dst_x,
+            c.dst_y,
+            c.dst_pitch,
+        )?;
+        let (width, height) = (c.width, c.height);
+        if width == 0 || height == 0 {
+            return Ok(CUDA_SUCCESS);
+        }
+        if height > 1 && (width > src_pitch || width > dst_pitch) {
+            return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
+        }
+        let stream_id = match stream {
+            // SAFETY: dereferenced only if it is a registered stream.
+            Some(s) => unsafe { rt::id_of(s, HandleKind::Stream, true) }?,
+            None => 0,
+        };
+        let rows_per_piece = (PIECE / width).max(1);
+        let device = |addr: u64, pitch: usize| Side2D::Device {
+            addr,
+            pitch: pitch as u64,
+        };
+        match (src, dst) {
+            (At::Host(s), At::Host(d)) => {
+                for i in 0..height {
+                    let row = read_row(s, src_pitch, i, width)?;
+                    // SAFETY: per the contract, the destination rows are the program's.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            row.as_ptr(),
+                            (d + i * dst_pitch) as *mut u8,
+                            width,
+                        )
+                    };
+                }
+                Ok(CUDA_SUCCESS)
+            }
+            (At::Host(s), At::Device(d)) => {
+                for first in (0..height).step_by(rows_per_piece) {
+                    let n = rows_per_piece.min(height - first);
+                    let mut rows = Vec::with_capacity(n * width);
+                    for i in first..first + n {
+                        rows.extend_from_slice(&read_row(s, src_pitch, i, width)?);
+                    }
+                    let m = Copy2D {
+                        src: Side2D::Host,
+                        dst: device(d + (first * dst_pitch) as u64, dst_pitch),
+                        width: width as u64,
+                        height: n as u64,
+                        stream: stream_id,
+                        rows: Some(&rows),
+                    };
+                    let mut w = rt::request(op);
+                    m.encode(&mut w);
+                    status_of(&rt::call(w)?)?;
+                }
+                Ok(CUDA_SUCCESS)
+            }
+            (At::Device(s), At::Host(d)) => {
+                for first in (0..height).step_by(rows_per_piece) {
+                    let n = rows_per_piece.min(height - first);
+                    let m = Copy2D {
+                        src: device(s + (first * src_pitch) as u64, src_pitch),
+                        dst: Side2D::Host,
+                        width: width as u64,
+                        height: n as u64,
+                        stream: stream_id,
+                        rows: None,
+                    };
+                    let mut w = rt::request(op);
+                    m.encode(&mut w);
+                    let reply = rt::call(w)?;
+                    let mut r = Reader::new(&reply);
+                    status_of(&reply)?;
+                    r.i32()?;
+                    let rows = r.bytes()?;
+                    r.finish()?;
+                    if rows.len() != n * width {
+                        crate::connection::log(
+                            "the server answered a 2D copy with another number of bytes",
+                        );
+                        return Err(ApiErr(CUDA_ERROR_UNKNOWN));
+                    }
+                    for (i, row) in rows.chunks_exact(width).enumerate() {
+                        let at = d + (first + i) * dst_pitch;
+                        // SAFETY: per the contract, the destination rows are the program's.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(row.as_ptr(), at as *mut u8, width)
+                        };
+                    }
+                }
+                Ok(CUDA_SUCCESS)
+            }
+            (At::Device(s), At::Device(d)) => {
+                let m = Copy2D {
+                    src: device(s, src_pitch),
+                    dst: device(d, dst_pitch),
+                    width: width as u64,
+                    height: height as u64,
+                    stream: stream_id,
+                    rows: None,
+                };
+                let mut w = rt::request(op);
+                m.encode(&mut w);
+                status_of(&rt::call(w)?)?;
+                Ok(CUDA_SUCCESS)
+            }
+        }
+    })
+}
+
+/// The status a reply begins with, as an error unless it is success.
+fn status_of(reply: &[u8]) -> Result<(), ApiErr> {
+    match Reader::new(reply).i32()? {
+        CUDA_SUCCESS => Ok(()),
+        st => Err(ApiErr(st)),
+    }
+}
+
+/// `cuMemcpy2D_v2`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuMemcpy2D_v2(p: *mut c_void) -> i32 {
+    // SAFETY: per the contract.
+    unsafe { copy_2d(Op::cuMemcpy2D_v2, p, None) }
+}
+
+/// `cuMemcpy2D_v2_ptds`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuMemcpy2D_v2_ptds(p: *mut c_void) -> i32 {
+    // SAFETY: per the contract.
+    unsafe { copy_2d(Op::cuMemcpy2D_v2_ptds, p, None) }
+}
+
+/// `cuMemcpy2DUnaligned_v2`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuMemcpy2DUnaligned_v2(p: *mut c_void) -> i32 {
+    // SAFETY: per the contract.
+    unsafe { copy_2d(Op::cuMemcpy2DUnaligned_v2, p, None) }
+}
+
+/// `cuMemcpy2DUnaligned_v2_ptds`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuMemcpy2DUnaligned_v2_ptds(p: *mut c_void) -> i32 {
+    // SAFETY: per the contract.
+    unsafe { copy_2d(Op::cuMemcpy2DUnaligned_v2_ptds, p, None) }
+}
+
+/// `cuMemcpy2DAsync_v2`: waited for (the rows travel with the request, or come back with
+/// the reply).
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuMemcpy2DAsync_v2(p: *mut c_void, stream: *mut c_void) -> i32 {
+    // SAFETY: per the contract.
+    unsafe { copy_2d(Op::cuMemcpy2DAsync_v2, p, Some(stream)) }
+}
+
+/// `cuMemcpy2DAsync_v2_ptsz`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuMemcpy2DAsync_v2_ptsz(p: *mut c_void, stream: *mut c_void) -> i32 {
+    // SAFETY: per the contract.
+    unsafe { copy_2d(Op::cuMemcpy2DAsync_v2_ptsz, p, Some(stream)) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sides_start_at_their_x_and_y_and_unified_addresses_follow_the_allocations() {
+        let host = |r: Result<(At, usize), ApiErr>| match r {
+            Ok((At::Host(p), pitch)) => Some((p, pitch)),
+            _ => None,
+        };
+        assert_eq!(
+            host(side(MEMORYTYPE_HOST, 0x1000, 0, 4, 2, 64)),
+            Some((0x1000 + 132, 64))
+        );
+        allocations::allocated(0x9_0000_0000, 0x1000);
+        assert!(matches!(
+            side(MEMORYTYPE_UNIFIED, 0, 0x9_0000_0010, 0, 0, 16),
+            Ok((At::Device(0x9_0000_0010), 16))
+        ));
+        assert_eq!(
+            host(side(MEMORYTYPE_UNIFIED, 0, 0x5000, 1, 0, 16)),
+            Some((0x5001, 16))
+        );
+        assert_eq!(
+            side(MEMORYTYPE_ARRAY, 0, 0, 0, 0, 0).err(),
+            Some(ApiErr(CUDA_ERROR_NOT_SUPPORTED))
+        );
+        assert_eq!(
+            side(9, 0, 0, 0, 0, 0).err(),
+            Some(ApiErr(CUDA_ERROR_INVALID_VALUE))
+        );
+        assert_eq!(
+            side(MEMORYTYPE_HOST, 0, 0, 0, usize::MAX, 2).err(),
+            Some(ApiErr(CUDA_ERROR_INVALID_VALUE))
+        );
+        allocations::freed(0x9_0000_0000);
+    }
+}

@@ -6,6 +6,7 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub use rustls;
@@ -88,15 +89,61 @@ pub fn client_config(ca: &Path) -> Result<Arc<rustls::ClientConfig>, TlsError> {
 
 struct Shared {
     conn: Mutex<rustls::Connection>,
+    /// Held while records are written to the socket (taken before `conn`): records go out in
+    /// the order rustls made them. The reading half never waits for it: a writer blocked on a
+    /// full socket must not keep the reader from draining what the peer sends, or two ends
+    /// sending at once wait for each other forever.
+    send: Mutex<()>,
+    /// Records are waiting that whoever holds `send` must write before letting go.
+    pending: AtomicBool,
     sock: TcpStream,
 }
 
 impl Shared {
-    /// Sends whatever TLS records are pending. Called with the connection locked, so records
-    /// from the two halves never interleave.
-    fn flush(&self, conn: &mut rustls::Connection) -> std::io::Result<()> {
-        while conn.wants_write() {
-            conn.write_tls(&mut &self.sock)?;
+    /// Writes every record rustls has made; the caller holds `send`.
+    fn write_out(&self) -> std::io::Result<()> {
+        loop {
+            self.pending.store(false, Ordering::SeqCst);
+            let mut records = Vec::new();
+            {
+                let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+                while conn.wants_write() {
+                    conn.write_tls(&mut records)?;
+                }
+            }
+            if records.is_empty() {
+                return Ok(());
+            }
+            (&self.sock).write_all(&records)?;
+        }
+    }
+
+    /// Writes the records rustls made, unless another thread is writing: then that thread
+    /// writes them before it lets go (`pending`), and this one goes on without waiting.
+    fn flush_without_waiting(&self) -> std::io::Result<()> {
+        loop {
+            self.pending.store(true, Ordering::SeqCst);
+            let Ok(guard) = self.send.try_lock() else {
+                return Ok(());
+            };
+            let written = self.write_out();
+            drop(guard);
+            written?;
+            if !self.pending.load(Ordering::SeqCst) {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Writes the records rustls made, waiting for another writer to finish first.
+    fn flush_waiting(&self) -> std::io::Result<()> {
+        let guard = self.send.lock().unwrap_or_else(|p| p.into_inner());
+        let written = self.write_out();
+        drop(guard);
+        written?;
+        // Records a reader left while this thread wrote.
+        if self.pending.load(Ordering::SeqCst) {
+            self.flush_without_waiting()?;
         }
         Ok(())
     }
@@ -111,6 +158,9 @@ pub struct TlsReader {
     filled: usize,
 }
 
+/// How long a write waits for the handshake the reading half carries out.
+const HANDSHAKE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The writing half of a TLS stream.
 pub struct TlsWriter {
     shared: Arc<Shared>,
@@ -120,6 +170,8 @@ pub struct TlsWriter {
 pub fn split(conn: rustls::Connection, sock: TcpStream) -> (TlsReader, TlsWriter) {
     let shared = Arc::new(Shared {
         conn: Mutex::new(conn),
+        send: Mutex::new(()),
+        pending: AtomicBool::new(false),
         sock,
     });
     (
@@ -155,10 +207,22 @@ impl Read for TlsReader {
                     self.taken += n;
                     conn.process_new_packets()
                         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
-                    self.shared.flush(&mut conn)?;
+                    let answer = conn.wants_write();
+                    drop(conn);
+                    // What processing made (handshake messages, alerts) goes out; the reader
+                    // never waits for a writer to do it.
+                    if answer {
+                        self.shared.flush_without_waiting()?;
+                    }
                     continue;
                 }
-                self.shared.flush(&mut conn)?;
+                // Records nobody sent yet (a client's first handshake message) go out before
+                // this half waits for the answer.
+                let unsent = conn.wants_write();
+                drop(conn);
+                if unsent {
+                    self.shared.flush_without_waiting()?;
+                }
             }
             // Wait for bytes without holding the lock, so the writing half can proceed.
             let n = (&self.shared.sock).read(&mut self.raw)?;
@@ -172,15 +236,33 @@ impl Read for TlsReader {
 
 impl Write for TlsWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let mut conn = self.shared.conn.lock().unwrap_or_else(|p| p.into_inner());
-        let n = conn.writer().write(buf)?;
-        self.shared.flush(&mut conn)?;
+        // Encrypted under the connection's lock, written to the socket without it. Until the
+        // handshake is done rustls only buffers, and takes nothing once its buffer is full:
+        // then the reading half has to finish the handshake first.
+        let started = std::time::Instant::now();
+        let n = loop {
+            let (n, handshaking) = {
+                let mut conn = self.shared.conn.lock().unwrap_or_else(|p| p.into_inner());
+                (conn.writer().write(buf)?, conn.is_handshaking())
+            };
+            if n > 0 || buf.is_empty() || !handshaking {
+                break n;
+            }
+            self.shared.flush_waiting()?;
+            if started.elapsed() > HANDSHAKE_WAIT {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "TLS handshake not done",
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        };
+        self.shared.flush_waiting()?;
         Ok(n)
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        let mut conn = self.shared.conn.lock().unwrap_or_else(|p| p.into_inner());
-        self.shared.flush(&mut conn)
+        self.shared.flush_waiting()
     }
 }
 
@@ -191,7 +273,12 @@ mod tests {
 
     /// A TLS pair over loopback TCP: (the server's halves, the client's halves).
     fn pair() -> ((TlsReader, TlsWriter), (TlsReader, TlsWriter)) {
-        let dir = std::env::temp_dir().join(format!("wh-tls-test-{}", std::process::id()));
+        static PAIRS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "wh-tls-test-{}-{}",
+            std::process::id(),
+            PAIRS.fetch_add(1, Ordering::Relaxed)
+        ));
         std::fs::create_dir_all(&dir).unwrap();
         let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
         std::fs::write(dir.join("cert.pem"), cert.cert.pem()).unwrap();
@@ -213,6 +300,55 @@ mod tests {
 
     fn byte(i: usize) -> u8 {
         (i % 251) as u8
+    }
+
+    /// Both sides send 64 MiB at once, each reading on another thread: neither half waits for
+    /// the other (a writer blocked on a full socket once held the lock its reader needed, and
+    /// the two ends waited for each other forever).
+    #[test]
+    fn bulk_data_both_ways_at_once_never_deadlocks() {
+        const TOTAL: usize = 64 << 20;
+        let ((mut sr, mut sw), (mut cr, mut cw)) = pair();
+        let send = |w: &mut TlsWriter| {
+            let chunk = vec![7u8; 1 << 20];
+            for _ in 0..TOTAL / chunk.len() {
+                w.write_all(&chunk).unwrap();
+            }
+            w.flush().unwrap();
+        };
+        let drain = |r: &mut TlsReader| {
+            let mut buf = vec![0u8; 1 << 16];
+            let mut got = 0;
+            while got < TOTAL {
+                let n = r.read(&mut buf).unwrap();
+                assert!(n > 0, "stream ended after {got} bytes");
+                got += n;
+            }
+        };
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let threads = [
+            std::thread::spawn(move || send(&mut sw)),
+            std::thread::spawn(move || send(&mut cw)),
+            std::thread::spawn({
+                let done = done_tx.clone();
+                move || {
+                    drain(&mut sr);
+                    let _ = done.send(());
+                }
+            }),
+            std::thread::spawn(move || {
+                drain(&mut cr);
+                let _ = done_tx.send(());
+            }),
+        ];
+        for _ in 0..2 {
+            done_rx
+                .recv_timeout(std::time::Duration::from_secs(60))
+                .expect("both ways at once: no progress for 60 s (deadlock)");
+        }
+        for t in threads {
+            t.join().unwrap();
+        }
     }
 
     /// Bulk data in writes of many sizes, read back in reads of many sizes: every byte arrives,

@@ -52,9 +52,69 @@ pub unsafe fn copy_in<'a>(p: *const u8, len: usize) -> Option<Cow<'a, [u8]>> {
     Some(Cow::Borrowed(unsafe { std::slice::from_raw_parts(p, len) }))
 }
 
+/// Whether the program has every page of the `len` bytes at `p`, found by reading one byte
+/// of each (a check of a range of any size that copies nothing of it). True where the kernel
+/// cannot tell (no `process_vm_readv` here).
+pub fn readable(p: *const u8, len: usize) -> bool {
+    const PAGE: usize = 4096;
+    const BATCH: usize = 1024;
+    let start = p as usize;
+    let Some(end) = start.checked_add(len) else {
+        return false;
+    };
+    let mut probes = (start & !(PAGE - 1)..end)
+        .step_by(PAGE)
+        .map(|a| a.max(start));
+    let mut sink = [0u8; BATCH];
+    loop {
+        let remote: Vec<libc::iovec> = probes
+            .by_ref()
+            .take(BATCH)
+            .map(|a| libc::iovec {
+                iov_base: a as *mut libc::c_void,
+                iov_len: 1,
+            })
+            .collect();
+        if remote.is_empty() {
+            return true;
+        }
+        let local = libc::iovec {
+            iov_base: sink.as_mut_ptr().cast(),
+            iov_len: remote.len(),
+        };
+        // SAFETY: `local` is `remote.len()` bytes we own; the kernel reads one byte at each
+        // remote address on our behalf, stopping where it cannot instead of faulting.
+        let n = unsafe {
+            libc::process_vm_readv(
+                libc::getpid(),
+                &local,
+                1,
+                remote.as_ptr(),
+                remote.len() as _,
+                0,
+            )
+        };
+        if n != remote.len() as isize {
+            return n < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EFAULT);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ranges_are_probed_page_by_page() {
+        let v = vec![1u8; 5 * 4096 + 7];
+        assert!(readable(v.as_ptr(), v.len()));
+        assert!(readable(v[10..].as_ptr(), 3 * 4096));
+        assert!(!readable(8 as *const u8, 4096), "the zero page");
+        assert!(
+            !readable(v.as_ptr(), usize::MAX),
+            "beyond the address space"
+        );
+    }
 
     #[test]
     fn copies_what_is_there_and_refuses_what_is_not() {

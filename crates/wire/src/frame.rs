@@ -4,8 +4,9 @@ use crate::DecodeError;
 
 /// "WH" little-endian: the first two bytes of every frame.
 pub const MAGIC: u16 = 0x4857;
-/// Protocol version; a peer rejects frames of another version.
-pub const VERSION: u8 = 4;
+/// Protocol version; a peer rejects frames of another version (5: CUDA launches carry their
+/// attributes).
+pub const VERSION: u8 = 5;
 /// Size of [`FrameHeader`] on the wire.
 pub const HEADER_LEN: usize = 16;
 /// Largest body a peer accepts (bulk data beyond it is split by the sender).

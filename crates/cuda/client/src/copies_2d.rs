@@ -118,7 +118,20 @@ unsafe fn copy_2d(op: Op, p: *const c_void, stream: Option<*mut c_void>) -> i32 
             Some(s) => unsafe { rt::id_of(s, HandleKind::Stream, true) }?,
             None => 0,
         };
-        let rows_per_piece = (PIECE / width).max(1);
+        // Pieces of whole rows, or of one row each where a row is wider than a piece.
+        let blocks: Vec<(usize, usize, usize, usize)> = match PIECE / width {
+            0 => (0..height)
+                .flat_map(|row| {
+                    (0..width)
+                        .step_by(PIECE)
+                        .map(move |col| (row, 1, col, PIECE.min(width - col)))
+                })
+                .collect(),
+            rows => (0..height)
+                .step_by(rows)
+                .map(|first| (first, rows.min(height - first), 0, width))
+                .collect(),
+        };
         let device = |addr: u64, pitch: usize| Side2D::Device {
             addr,
             pitch: pitch as u64,
@@ -139,16 +152,15 @@ unsafe fn copy_2d(op: Op, p: *const c_void, stream: Option<*mut c_void>) -> i32 
                 Ok(CUDA_SUCCESS)
             }
             (At::Host(s), At::Device(d)) => {
-                for first in (0..height).step_by(rows_per_piece) {
-                    let n = rows_per_piece.min(height - first);
-                    let mut rows = Vec::with_capacity(n * width);
+                for (first, n, col, cols) in blocks {
+                    let mut rows = Vec::with_capacity(n * cols);
                     for i in first..first + n {
-                        rows.extend_from_slice(&read_row(s, src_pitch, i, width)?);
+                        rows.extend_from_slice(&read_row(s + col, src_pitch, i, cols)?);
                     }
                     let m = Copy2D {
                         src: Side2D::Host,
-                        dst: device(d + (first * dst_pitch) as u64, dst_pitch),
-                        width: width as u64,
+                        dst: device(d + (first * dst_pitch + col) as u64, dst_pitch),
+                        width: cols as u64,
                         height: n as u64,
                         stream: stream_id,
                         rows: Some(&rows),
@@ -160,12 +172,11 @@ unsafe fn copy_2d(op: Op, p: *const c_void, stream: Option<*mut c_void>) -> i32 
                 Ok(CUDA_SUCCESS)
             }
             (At::Device(s), At::Host(d)) => {
-                for first in (0..height).step_by(rows_per_piece) {
-                    let n = rows_per_piece.min(height - first);
+                for (first, n, col, cols) in blocks {
                     let m = Copy2D {
-                        src: device(s + (first * src_pitch) as u64, src_pitch),
+                        src: device(s + (first * src_pitch + col) as u64, src_pitch),
                         dst: Side2D::Host,
-                        width: width as u64,
+                        width: cols as u64,
                         height: n as u64,
                         stream: stream_id,
                         rows: None,
@@ -178,18 +189,16 @@ unsafe fn copy_2d(op: Op, p: *const c_void, stream: Option<*mut c_void>) -> i32 
                     r.i32()?;
                     let rows = r.bytes()?;
                     r.finish()?;
-                    if rows.len() != n * width {
+                    if rows.len() != n * cols {
                         crate::connection::log(
                             "the server answered a 2D copy with another number of bytes",
                         );
                         return Err(ApiErr(CUDA_ERROR_UNKNOWN));
                     }
-                    for (i, row) in rows.chunks_exact(width).enumerate() {
-                        let at = d + (first + i) * dst_pitch;
+                    for (i, row) in rows.chunks_exact(cols).enumerate() {
+                        let at = d + (first + i) * dst_pitch + col;
                         // SAFETY: per the contract, the destination rows are the program's.
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(row.as_ptr(), at as *mut u8, width)
-                        };
+                        unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), at as *mut u8, cols) };
                     }
                 }
                 Ok(CUDA_SUCCESS)

@@ -13,10 +13,10 @@ use crate::rt::{self, entry_status, ApiErr};
 use std::ffi::{c_char, c_void, CStr};
 use wormhole_cuda_proto::cu::*;
 use wormhole_cuda_proto::requests::{
-    CuLaunchConfig, DeviceRange, FunctionOf, GetGlobal, LaunchArgs, LaunchAttribute, LaunchKernel,
-    Message, ModuleGetFunction, ModuleLoad, ModuleLoaded, ParamLayout, IMAGE_INLINE,
-    LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT, LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT,
-    MAX_LAUNCH_ATTRIBUTES,
+    launch_attribute_forwarded, CuLaunchConfig, DeviceRange, FunctionOf, GetGlobal, LaunchArgs,
+    LaunchAttribute, LaunchKernel, Message, ModuleGetFunction, ModuleLoad, ModuleLoaded,
+    ParamLayout, IMAGE_INLINE, LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT,
+    LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT, MAX_LAUNCH_ATTRIBUTES,
 };
 use wormhole_cuda_proto::{HandleKind, Op};
 use wormhole_session::host_memory;
@@ -638,15 +638,6 @@ pub unsafe fn cuLaunchKernel_ptsz(
     }
 }
 
-/// The launch attributes whose values are plain data (the same on both sides): access policy
-/// window, cooperative, synchronisation policy, cluster dimension and scheduling, programmatic
-/// serialisation, priority, memory synchronisation domain (map), preferred cluster dimension,
-/// shared memory carveout; and the two that name an event (its id travels). Others (a graph
-/// node's, later ones) are refused, naming them.
-fn attribute_forwardable(id: u32) -> bool {
-    matches!(id, 0..=12 | 14)
-}
-
 /// A launch configuration's attributes, as they travel.
 ///
 /// # Safety
@@ -664,7 +655,7 @@ unsafe fn launch_attributes(config: &CuLaunchConfig) -> Result<Vec<LaunchAttribu
     attrs
         .iter()
         .map(|a| {
-            if !attribute_forwardable(a.id) {
+            if !launch_attribute_forwarded(a.id) {
                 crate::connection::log(&format!(
                     "cuLaunchKernelEx: launch attribute {} is not forwarded; answering CUDA_ERROR_NOT_SUPPORTED",
                     a.id

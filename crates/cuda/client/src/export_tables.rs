@@ -181,8 +181,9 @@ fn primary_context_id(dev: i32) -> Result<u64, ApiErr> {
 
 /// Flags cudart reads before each traced call (by callback id) and a second set: all zero, so
 /// cudart never takes its tracing paths (no profiler is attached through Wormhole). cudart
-/// requires more than 522 (newer: 566) and more than 13 entries.
-struct Flags<const N: usize>(UnsafeCell<[u32; N]>);
+/// requires more than 522 (newer: 566) and more than 13 entries; they are read as u32, but
+/// each is given 8 bytes, so a reader of wider entries stays inside them too.
+struct Flags<const N: usize>(UnsafeCell<[u64; N]>);
 // SAFETY: nothing in the client writes them; the program only reads them.
 unsafe impl<const N: usize> Sync for Flags<N> {}
 static TRACE_FLAGS: Flags<1024> = Flags(UnsafeCell::new([0; 1024]));

@@ -193,8 +193,7 @@ pub unsafe fn cuMemHostRegister_v2(p: *mut c_void, bytesize: usize, flags: u32) 
         if flags & (REGISTER_DEVICEMAP | REGISTER_IOMEMORY) != 0 {
             return Err(refused("cuMemHostRegister(DEVICEMAP or IOMEMORY)"));
         }
-        // SAFETY: copy_in only reads what the program has (a range it has not is None).
-        if unsafe { wormhole_session::host_memory::copy_in(p as *const u8, bytesize) }.is_none() {
+        if !wormhole_session::host_memory::readable(p as *const u8, bytesize) {
             return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
         }
         let (context, device) = owner()?;

@@ -291,15 +291,18 @@ pub unsafe fn cuCtxGetCurrent(pctx: *mut *mut c_void) -> i32 {
     status
 }
 
-/// `cuCtxSetCurrent`: the client then knows the answer.
+/// `cuCtxSetCurrent`: the client then knows the answer (unless it was NULL, which pops).
 ///
 /// # Safety
 /// None beyond the C function's.
 pub unsafe fn cuCtxSetCurrent(ctx: *mut c_void) -> i32 {
     // SAFETY: per the contract.
     let status = unsafe { generated::wire_cuCtxSetCurrent(ctx.cast()) };
-    if status == CUDA_SUCCESS {
-        current::set(ctx);
+    match (status, ctx.is_null()) {
+        (CUDA_SUCCESS, false) => current::set(ctx),
+        // NULL pops the thread's context stack: what is current is the driver's to say.
+        (CUDA_SUCCESS, true) => current::forget(),
+        _ => {}
     }
     status
 }

@@ -192,7 +192,12 @@ fn ask(ptr: u64, single: bool, attributes: Vec<u32>) -> Result<PointerValues, Ap
         ));
         return Err(ApiErr(CUDA_ERROR_NOT_SUPPORTED));
     }
-    if let Some((start, pinned)) = host_memory_pinned::range_of(ptr) {
+    let pinned = match allocations::range_of(ptr) {
+        // Device memory first, as `direction` decides.
+        Some(_) => None,
+        None => host_memory_pinned::range_of(ptr),
+    };
+    if let Some((start, pinned)) = pinned {
         // Page-locked memory of the program's: answered here (the server's driver does not
         // know it), each attribute as the driver writes it.
         let values = attributes

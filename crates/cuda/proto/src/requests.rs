@@ -198,6 +198,15 @@ pub const MAX_LAUNCH_ATTRIBUTES: usize = 64;
 pub const LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT: u32 = 7;
 pub const LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT: u32 = 12;
 
+/// Whether launch attribute `id` is forwarded: those whose values are plain data (access
+/// policy window, cooperative, synchronisation policy, cluster dimension and scheduling,
+/// programmatic serialisation, priority, memory synchronisation domain (map), preferred
+/// cluster dimension, shared memory carveout) and the two that name an event. Not: a graph
+/// node's (13), and later ones, whose values are not known.
+pub fn launch_attribute_forwarded(id: u32) -> bool {
+    matches!(id, 0..=12 | 14)
+}
+
 /// A launch attribute (`CUlaunchAttribute`): its id and its 64-byte value, an event's handle
 /// in it replaced by the event's id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -262,6 +271,9 @@ pub enum Side2D {
     Host,
 }
 
+/// The most bytes of host rows one [`Copy2D`] carries (the client sends more in pieces).
+pub const MAX_ROWS_BYTES: usize = 64 << 20;
+
 /// `cuMemcpy2D*` (and `Unaligned`, `Async`, per-thread forms): rows of `width` bytes,
 /// `height` of them, between two sides that are not both host memory (the client copies
 /// those itself). A destination on the host is answered by the status, then the rows.
@@ -317,7 +329,9 @@ impl<'a> Message<'a> for Copy2D<'a> {
             stream: r.u64()?,
             rows: r.opt_bytes_ref()?,
         };
-        let packed = m.width.checked_mul(m.height);
+        let packed = m.width.checked_mul(m.height).filter(|&n| {
+            n <= MAX_ROWS_BYTES as u64 || (m.src != Side2D::Host && m.dst != Side2D::Host)
+        });
         let consistent = match (m.src, m.dst, m.rows) {
             (Side2D::Host, Side2D::Device { .. }, Some(rows)) => packed == Some(rows.len() as u64),
             (Side2D::Device { .. }, _, None) => packed.is_some(),

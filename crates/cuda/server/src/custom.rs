@@ -10,9 +10,9 @@ use crate::session::{Call, Handle};
 use std::ffi::{c_void, CString};
 use wormhole_cuda_proto::cu::*;
 use wormhole_cuda_proto::requests::{
-    Copy2D, CuLaunchAttribute, CuLaunchConfig, CuMemcpy2D, DeviceRange, FunctionOf, GetGlobal,
-    LaunchArgs, LaunchAttribute, LaunchKernel, Message, ModuleGetFunction, ModuleLoad,
-    ModuleLoaded, ParamLayout, PointerAttributes, PointerValues, Side2D,
+    launch_attribute_forwarded, Copy2D, CuLaunchAttribute, CuLaunchConfig, CuMemcpy2D, DeviceRange,
+    FunctionOf, GetGlobal, LaunchArgs, LaunchAttribute, LaunchKernel, Message, ModuleGetFunction,
+    ModuleLoad, ModuleLoaded, ParamLayout, PointerAttributes, PointerValues, Side2D,
     LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT, LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT,
     MEMORYTYPE_DEVICE, MEMORYTYPE_HOST, POINTER_ATTRIBUTE_CONTEXT,
     POINTER_ATTRIBUTE_MEMPOOL_HANDLE, POINTER_VALUE_MAX,
@@ -468,6 +468,10 @@ fn attributes_for_driver(
     attributes
         .iter()
         .map(|a| {
+            if !launch_attribute_forwarded(a.id) {
+                tracing::warn!(id = a.id, "a launch attribute Wormhole does not forward");
+                return Err(CUDA_ERROR_NOT_SUPPORTED);
+            }
             let mut value = [0u64; 8];
             for (v, b) in value.iter_mut().zip(a.value.chunks_exact(8)) {
                 *v = u64::from_le_bytes(b.try_into().expect("8 bytes"));

@@ -316,6 +316,11 @@ fn get_entry(
         })?;
         s.bind(m.new_id, kind, entry)?;
         s.set_layout(m.new_id, layout.clone());
+        let parent_kind = match kind {
+            HandleKind::Kernel => HandleKind::Library,
+            _ => HandleKind::Module,
+        };
+        s.set_parent(m.new_id, (m.module, parent_kind));
         Ok(layout)
     })();
     answer.encode(w);
@@ -364,6 +369,7 @@ pub fn cuKernelGetFunction(
         }
         let id = s.export(HandleKind::Function, func);
         s.set_layout(id, (*layout).clone());
+        s.set_parent(id, (kernel_id, HandleKind::Kernel));
         Ok(FunctionOf {
             id,
             layout: (*layout).clone(),
@@ -417,7 +423,7 @@ fn get_global(
         if st != CUDA_SUCCESS {
             return Err(st);
         }
-        s.global(dptr, bytes as u64);
+        s.global(dptr, bytes as u64, (m.object, kind));
         Ok(DeviceRange {
             dptr,
             bytes: bytes as u64,

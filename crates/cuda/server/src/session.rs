@@ -19,9 +19,13 @@ pub struct Session {
     handles: HandleTable<HandleKind>,
     /// Device memory the session allocated: start → length.
     allocations: Mutex<BTreeMap<u64, u64>>,
-    /// Module and library variables the session found (start → length): it may name them,
-    /// never free them, and they count against no quota.
-    globals: Mutex<BTreeMap<u64, u64>>,
+    /// Module and library variables the session found (start → length and the module or
+    /// library they belong to): it may name them while that is loaded, never free them, and
+    /// they count against no quota.
+    globals: Mutex<BTreeMap<u64, (u64, Parent)>>,
+    /// The module, library or kernel each function and kernel came from (by id): once that is
+    /// unloaded, they are no longer valid handles (the driver freed them).
+    parents: Mutex<HashMap<u64, Parent>>,
     /// Bytes of device memory the session holds.
     pub mem_bytes: AtomicI64,
     limits: OnceLock<Arc<Limits>>,
@@ -36,6 +40,9 @@ pub struct Session {
     /// point (CUDA's are the context's: one key for the session).
     pub deferred: wormhole_server::deferred::DeferredErrors,
 }
+
+/// The object (id and kind) another belongs to.
+pub type Parent = (u64, HandleKind);
 
 /// One request being handled (what the generated dispatch passes the handlers).
 pub struct Call<'a>(pub &'a Session);
@@ -68,6 +75,13 @@ impl Session {
                 .handles
                 .get(id, kind)
                 .or_else(|| self.handles.get(id, HandleKind::Kernel))
+                .filter(|_| self.parent_loaded(id))
+                .map(|p| p as Handle)
+                .ok_or(kind.invalid_code()),
+            (_, HandleKind::Kernel) => self
+                .handles
+                .get(id, kind)
+                .filter(|_| self.parent_loaded(id))
                 .map(|p| p as Handle)
                 .ok_or(kind.invalid_code()),
             _ => self
@@ -199,13 +213,41 @@ impl Session {
         Some(len)
     }
 
-    /// A variable of a module or library of the session's, at `[start, start + len)`.
-    pub fn global(&self, start: u64, len: u64) {
+    /// Function or kernel `child` came from `parent`.
+    pub fn set_parent(&self, child: u64, parent: Parent) {
+        self.parents
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(child, parent);
+    }
+
+    /// Whether what `id` came from (and what that came from) is still loaded.
+    fn parent_loaded(&self, id: u64) -> bool {
+        let parents = self.parents.lock().unwrap_or_else(|p| p.into_inner());
+        let mut at = id;
+        // Function → kernel → library at most.
+        for _ in 0..3 {
+            match parents.get(&at) {
+                None => return true,
+                Some(&(parent, kind)) => {
+                    if self.handles.get(parent, kind).is_none() {
+                        return false;
+                    }
+                    at = parent;
+                }
+            }
+        }
+        true
+    }
+
+    /// A variable of `parent` (a module or library of the session's), at
+    /// `[start, start + len)`.
+    pub fn global(&self, start: u64, len: u64, parent: Parent) {
         if len > 0 {
             self.globals
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .insert(start, len);
+                .insert(start, (len, parent));
         }
     }
 
@@ -214,13 +256,26 @@ impl Session {
         let Some(end) = addr.checked_add(len) else {
             return false;
         };
-        let within = |m: &Mutex<BTreeMap<u64, u64>>| {
-            let m = m.lock().unwrap_or_else(|p| p.into_inner());
-            m.range(..=addr)
+        let allocated = {
+            let a = self.allocations.lock().unwrap_or_else(|p| p.into_inner());
+            a.range(..=addr)
                 .next_back()
                 .is_some_and(|(start, l)| end <= start.saturating_add(*l))
         };
-        within(&self.allocations) || within(&self.globals)
+        allocated || {
+            let mut g = self.globals.lock().unwrap_or_else(|p| p.into_inner());
+            match g.range(..=addr).next_back().map(|(s, v)| (*s, *v)) {
+                Some((start, (l, (parent, kind)))) if end <= start.saturating_add(l) => {
+                    // The driver may have reused the memory of an unloaded module.
+                    let loaded = self.handles.get(parent, kind).is_some();
+                    if !loaded {
+                        g.remove(&start);
+                    }
+                    loaded
+                }
+                _ => false,
+            }
+        }
     }
 }
 
@@ -243,12 +298,16 @@ mod tests {
         assert!(!s.owns(0x1000, 1));
         assert_eq!(s.freed(0x1000), None);
         assert_eq!(s.mem_bytes.load(Ordering::Relaxed), 0x100);
-        // A module's variable may be named, never freed, and holds no quota.
-        s.global(0x9000, 0x40);
+        // A module's variable may be named while the module is loaded, never freed, and
+        // holds no quota.
+        s.bind(500, HandleKind::Module, 0x8000 as Handle).unwrap();
+        s.global(0x9000, 0x40, (500, HandleKind::Module));
         assert!(s.owns(0x9000, 0x40));
         assert!(!s.owns(0x9000, 0x41));
         assert_eq!(s.freed(0x9000), None);
         assert_eq!(s.mem_bytes.load(Ordering::Relaxed), 0x100);
+        s.forget(500);
+        assert!(!s.owns(0x9000, 0x40), "the module was unloaded");
     }
 
     #[test]
@@ -270,9 +329,18 @@ mod tests {
             s.resolve(100, HandleKind::Context, false),
             Err(CUDA_ERROR_INVALID_CONTEXT)
         );
-        // A kernel stands in for a function, not the other way round.
+        // A kernel stands in for a function, not the other way round; neither outlives its
+        // library.
+        s.bind(100_000, HandleKind::Library, 0x5500 as Handle)
+            .unwrap();
         s.bind(101, HandleKind::Kernel, 0x6000 as Handle).unwrap();
+        s.set_parent(101, (100_000, HandleKind::Library));
         s.bind(102, HandleKind::Function, 0x7000 as Handle).unwrap();
+        s.set_parent(102, (101, HandleKind::Kernel));
+        assert_eq!(
+            s.resolve(102, HandleKind::Function, false),
+            Ok(0x7000 as Handle)
+        );
         assert_eq!(
             s.resolve(101, HandleKind::Function, false),
             Ok(0x6000 as Handle)
@@ -280,6 +348,16 @@ mod tests {
         assert_eq!(
             s.resolve(102, HandleKind::Kernel, false),
             Err(CUDA_ERROR_INVALID_HANDLE)
+        );
+        s.forget(100_000);
+        assert_eq!(
+            s.resolve(101, HandleKind::Kernel, false),
+            Err(CUDA_ERROR_INVALID_HANDLE)
+        );
+        assert_eq!(
+            s.resolve(102, HandleKind::Function, false),
+            Err(CUDA_ERROR_INVALID_HANDLE),
+            "a function of a kernel of an unloaded library"
         );
     }
 }

@@ -241,7 +241,23 @@ pub unsafe fn cuDevicePrimaryCtxReset_v2(dev: i32) -> i32 {
 pub unsafe fn cuDevicePrimaryCtxRelease_v2(dev: i32) -> i32 {
     // SAFETY: a value parameter.
     let status = unsafe { generated::wire_cuDevicePrimaryCtxRelease_v2(dev) };
+    released(dev, status)
+}
+
+/// After a primary context's release: the thread's current context is the driver's to say
+/// again, and after the last release (the context is inactive) what the program's libraries
+/// kept with it goes to their destructors, as when it is reset (a later retain must not find
+/// state of the context that was).
+fn released(dev: i32, status: i32) -> i32 {
     current::contexts_changed();
+    if status == CUDA_SUCCESS {
+        let (mut flags, mut active) = (0u32, 1u32);
+        // SAFETY: valid out-pointers.
+        let st = unsafe { generated::cuDevicePrimaryCtxGetState(dev, &mut flags, &mut active) };
+        if st == CUDA_SUCCESS && active == 0 {
+            crate::export_tables::primary_context_ending(dev);
+        }
+    }
     status
 }
 
@@ -267,8 +283,7 @@ pub unsafe fn cuDevicePrimaryCtxReset(dev: i32) -> i32 {
 pub unsafe fn cuDevicePrimaryCtxRelease(dev: i32) -> i32 {
     // SAFETY: a value parameter.
     let status = unsafe { generated::wire_cuDevicePrimaryCtxRelease(dev) };
-    current::contexts_changed();
-    status
+    released(dev, status)
 }
 
 /// `cuCtxGetCurrent`: from the client when it knows (see `current`), else from the server.

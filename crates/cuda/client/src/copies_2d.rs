@@ -165,9 +165,7 @@ unsafe fn copy_2d(op: Op, p: *const c_void, stream: Option<*mut c_void>) -> i32 
                         stream: stream_id,
                         rows: Some(&rows),
                     };
-                    let mut w = rt::request(op);
-                    m.encode(&mut w);
-                    status_of(&rt::call(w)?)?;
+                    status_of(&send(op, &m)?)?;
                 }
                 Ok(CUDA_SUCCESS)
             }
@@ -181,9 +179,7 @@ unsafe fn copy_2d(op: Op, p: *const c_void, stream: Option<*mut c_void>) -> i32 
                         stream: stream_id,
                         rows: None,
                     };
-                    let mut w = rt::request(op);
-                    m.encode(&mut w);
-                    let reply = rt::call(w)?;
+                    let reply = send(op, &m)?;
                     let mut r = Reader::new(&reply);
                     status_of(&reply)?;
                     r.i32()?;
@@ -212,13 +208,18 @@ unsafe fn copy_2d(op: Op, p: *const c_void, stream: Option<*mut c_void>) -> i32 
                     stream: stream_id,
                     rows: None,
                 };
-                let mut w = rt::request(op);
-                m.encode(&mut w);
-                status_of(&rt::call(w)?)?;
+                status_of(&send(op, &m)?)?;
                 Ok(CUDA_SUCCESS)
             }
         }
     })
+}
+
+/// Sends one piece and waits for the reply.
+fn send(op: Op, m: &Copy2D<'_>) -> Result<Vec<u8>, ApiErr> {
+    let mut w = rt::request(op);
+    m.encode(&mut w);
+    rt::call(w)
 }
 
 /// The status a reply begins with, as an error unless it is success.

@@ -236,26 +236,29 @@ impl Read for TlsReader {
 
 impl Write for TlsWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        // Encrypted under the connection's lock, written to the socket without it. Until the
-        // handshake is done rustls only buffers, and takes nothing once its buffer is full:
-        // then the reading half has to finish the handshake first.
+        // Encrypted under the connection's lock, written to the socket without it. rustls
+        // takes nothing while its buffer is full: records it holds go out first (the reading
+        // half may have made them), and until the handshake is done, which the reading half
+        // carries out, it only buffers.
         let started = std::time::Instant::now();
         let n = loop {
             let (n, handshaking) = {
                 let mut conn = self.shared.conn.lock().unwrap_or_else(|p| p.into_inner());
                 (conn.writer().write(buf)?, conn.is_handshaking())
             };
-            if n > 0 || buf.is_empty() || !handshaking {
+            if n > 0 || buf.is_empty() {
                 break n;
             }
             self.shared.flush_waiting()?;
-            if started.elapsed() > HANDSHAKE_WAIT {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "TLS handshake not done",
-                ));
+            if handshaking {
+                if started.elapsed() > HANDSHAKE_WAIT {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "TLS handshake not done",
+                    ));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
             }
-            std::thread::sleep(std::time::Duration::from_millis(1));
         };
         self.shared.flush_waiting()?;
         Ok(n)

@@ -17,6 +17,7 @@
 #include <time.h>
 #include <fcntl.h>
 #include <unistd.h>
+#include "bench_measure.h"
 
 #define CHECK(x)                                                                   \
     do {                                                                           \
@@ -26,22 +27,6 @@
             exit(1);                                                               \
         }                                                                          \
     } while (0)
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static void stats(const char *name, double *v, int n) {
-    qsort(v, n, sizeof *v, cmp);
-    printf("%s_median_us %.3f\n%s_p99_us %.3f\n", name, v[n / 2] * 1e6, name, v[(int)(n * 0.99)] * 1e6);
-}
 
 /* One handshake line with the benchmark host ("B name" / "E"), answered by one line. */
 static void phase_mark(int tty, const char *line) {
@@ -83,12 +68,6 @@ static void setup(void) {
     CHECK(clSetKernelArg(k, 0, sizeof buf, &buf));
     int v = 0;
     CHECK(clSetKernelArg(k, 1, sizeof v, &v));
-}
-
-static double cpu_seconds(void) {
-    struct rusage r;
-    getrusage(RUSAGE_SELF, &r);
-    return r.ru_utime.tv_sec + r.ru_utime.tv_usec * 1e-6 + r.ru_stime.tv_sec + r.ru_stime.tv_usec * 1e-6;
 }
 
 static void calls(void) {

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include "bench_measure.h"
 
 typedef int CUresult;
 typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream, *CUevent;
@@ -57,28 +58,6 @@ static const char *PTX =
     "  ld.param.u64 %rd1, [x];\n  cvta.to.global.u64 %rd2, %rd1;\n"
     "  ld.param.u32 %r1, [v];\n  st.global.u32 [%rd2], %r1;\n"
     "DONE:\n  ret;\n}\n";
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static double cpu_seconds(void) {
-    struct rusage u;
-    getrusage(RUSAGE_SELF, &u);
-    return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
-}
-
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static void stats(const char *name, double *v, int n) {
-    qsort(v, n, sizeof *v, cmp);
-    printf("%s_median_us %.3f\n%s_p99_us %.3f\n", name, v[n / 2] * 1e6, name, v[(int)(n * 0.99)] * 1e6);
-}
 
 static void *sym(void *lib, const char *name) {
     void *p = dlsym(lib, name);

@@ -84,13 +84,13 @@ fi
 
 echo "install: building Wormhole (release; cargo rebuilds only what changed)"
 cargo build --release --workspace --quiet
-if [ ! -x target/release/wh-bench-client ] || [ bench/bench_client.c -nt target/release/wh-bench-client ]; then
+if [ ! -x target/release/wh-bench-client ] || [ bench/bench_client.c -nt target/release/wh-bench-client ] || [ bench/bench_measure.h -nt target/release/wh-bench-client ]; then
     gcc -O2 -o target/release/wh-bench-client bench/bench_client.c -lOpenCL
 else
     echo "install: skipped the benchmark client: target/release/wh-bench-client is newer than its source"
 fi
 # The CUDA one needs no toolkit: it loads libcuda.so.1 itself (wh bench --part cuda, on a GPU).
-if [ ! -x target/release/wh-cuda-bench-client ] || [ bench/cuda_bench_client.c -nt target/release/wh-cuda-bench-client ]; then
+if [ ! -x target/release/wh-cuda-bench-client ] || [ bench/cuda_bench_client.c -nt target/release/wh-cuda-bench-client ] || [ bench/bench_measure.h -nt target/release/wh-cuda-bench-client ]; then
     gcc -O2 -o target/release/wh-cuda-bench-client bench/cuda_bench_client.c -ldl
 fi
 ./scripts/vm/prepare.sh   # QEMU, kernel and initramfs for the guest tests (target/vm)

@@ -225,11 +225,18 @@ pub unsafe fn cuCtxDestroy_v2(ctx: *mut c_void) -> i32 {
 /// # Safety
 /// None (a value parameter).
 pub unsafe fn cuDevicePrimaryCtxReset_v2(dev: i32) -> i32 {
+    // SAFETY: a value parameter.
+    reset(dev, || unsafe {
+        generated::wire_cuDevicePrimaryCtxReset_v2(dev)
+    })
+}
+
+/// A primary context's reset (`forward` sends it): the destructors first, then the reset.
+fn reset(dev: i32, forward: impl FnOnce() -> i32) -> i32 {
     if rt::check_initialized().is_ok() {
         crate::export_tables::primary_context_ending(dev);
     }
-    // SAFETY: a value parameter.
-    let status = unsafe { generated::wire_cuDevicePrimaryCtxReset_v2(dev) };
+    let status = forward();
     current::contexts_changed();
     status
 }
@@ -266,13 +273,10 @@ fn released(dev: i32, status: i32) -> i32 {
 /// # Safety
 /// None (a value parameter).
 pub unsafe fn cuDevicePrimaryCtxReset(dev: i32) -> i32 {
-    if rt::check_initialized().is_ok() {
-        crate::export_tables::primary_context_ending(dev);
-    }
     // SAFETY: a value parameter.
-    let status = unsafe { generated::wire_cuDevicePrimaryCtxReset(dev) };
-    current::contexts_changed();
-    status
+    reset(dev, || unsafe {
+        generated::wire_cuDevicePrimaryCtxReset(dev)
+    })
 }
 
 /// `cuDevicePrimaryCtxRelease` (cudart's at version 7000, called at every program's exit): as

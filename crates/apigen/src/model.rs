@@ -66,6 +66,9 @@ pub struct Func {
     /// The server handler is hand-written (server/src/custom) although the client stub and the
     /// wire encoding are generated: it must decode exactly what the generated stub encodes.
     pub server_entry: bool,
+    /// Answered in the client (`local`), but the server calls the real entry point for work of
+    /// its own (its ffi table has it).
+    pub driver: bool,
     pub retain: Option<String>,
     pub release: Option<String>,
     /// A synchronisation point: data of finished non-blocking reads is collected after it.
@@ -394,6 +397,7 @@ fn parse_func(line: &str) -> Result<Func, String> {
         info: false,
         client_entry: false,
         server_entry: false,
+        driver: false,
         retain: None,
         release: None,
         sync: false,
@@ -408,6 +412,7 @@ fn parse_func(line: &str) -> Result<Func, String> {
             "@info" => func.info = true,
             "@client_entry" => func.client_entry = true,
             "@server_entry" => func.server_entry = true,
+            "@driver" => func.driver = true,
             "@sync" => func.sync = true,
             "@async" => func.asynchronous = true,
             "->" => {

@@ -57,7 +57,7 @@ fn emit_ffi(s: &mut String, api: &Api) {
     let funcs: Vec<&Func> = api
         .funcs
         .iter()
-        .filter(|f| matches!(f.mode, Mode::Gen | Mode::Custom))
+        .filter(|f| matches!(f.mode, Mode::Gen | Mode::Custom) || f.driver)
         .collect();
     let fn_type = |f: &Func| {
         let types: Vec<&str> = f.params.iter().map(|p| c_type(&p.kind)).collect();

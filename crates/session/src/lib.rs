@@ -824,12 +824,12 @@ pub enum CallError {
 static WARNED: AtomicU32 = AtomicU32::new(0);
 
 impl Connection {
-    /// Sends a request on this thread's lane and returns the reply body.
     /// The session's buffer arena (local sessions whose server offers one).
     pub fn arena(&self) -> Option<&Arena> {
         self.arena.as_ref()
     }
 
+    /// Sends a request on this thread's lane and returns the reply body.
     pub fn call(&self, w: Writer) -> Result<Vec<u8>, CallError> {
         self.call_bulk(w, &[], None).map(|(r, _)| r)
     }

@@ -7,20 +7,25 @@
 //! Only pages in use cost memory: the file is sparse, and freed ranges are punched out.
 
 use crate::TransportError;
+use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Mutex;
 
 /// Virtual size of a session's arena: address space only, never committed as a whole.
 pub const ARENA_SIZE: u64 = 64 << 30;
 
-/// Where a client asks for its view of the arena: 32 TiB, far below where the kernel places
+/// Where both sides ask for their view of the arena: 32 TiB, far below where the kernel places
 /// mappings of its own accord (just under the top of the address space, in the server as
 /// here). Shared virtual memory is mirrored in the client at the addresses the server's
 /// driver hands out, which come from the server's mapping area; an arena of 64 GiB placed by
 /// the kernel in the client's mapping area would cover such addresses in about one session
-/// in ten. The kernel takes the hint when the range is free, else it picks a place.
-const CLIENT_HINT: usize = 0x2000_0000_0000;
+/// in ten. The server asks for the same place so that arena memory has one address on both
+/// sides (CUDA's page-locked memory lives here: under unified addressing its host address is
+/// also the one the device reaches it by). The kernel takes the hint when the range is free,
+/// else it picks a place.
+const SHARED_HINT: usize = 0x2000_0000_0000;
 
 pub struct Arena {
     file: File,
@@ -37,22 +42,22 @@ unsafe impl Sync for Arena {}
 impl Arena {
     /// A fresh, empty arena (server side).
     pub fn create(size: u64) -> Result<Arena, TransportError> {
-        Self::map(crate::region::memfd(c"wormhole-buffers", size)?, None)
+        Self::map(crate::region::memfd(c"wormhole-buffers", size)?)
     }
 
     /// The peer's arena, received over the session socket (client side).
     pub fn open_fd(fd: OwnedFd) -> Result<Arena, TransportError> {
-        Self::map(File::from(fd), Some(CLIENT_HINT))
+        Self::map(File::from(fd))
     }
 
-    fn map(file: File, hint: Option<usize>) -> Result<Arena, TransportError> {
+    fn map(file: File) -> Result<Arena, TransportError> {
         let len = usize::try_from(file.metadata()?.len())
             .map_err(|_| TransportError::Corrupt("arena larger than the address space"))?;
         // SAFETY: a shared mapping of our own file descriptor; without MAP_FIXED the hint
         // never replaces an existing mapping.
         let ptr = unsafe {
             libc::mmap(
-                hint.unwrap_or(0) as *mut c_void,
+                SHARED_HINT as *mut c_void,
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED | libc::MAP_NORESERVE,
@@ -94,6 +99,11 @@ impl Arena {
         Some(unsafe { self.ptr.add(off as usize) })
     }
 
+    /// Where the arena begins in this process.
+    pub fn base(&self) -> usize {
+        self.ptr as usize
+    }
+
     /// Gives the pages of a freed range back to the system (they read as zeros afterwards).
     pub fn discard(&self, off: u64, len: u64) {
         if self.range(off, len).is_none() {
@@ -109,6 +119,73 @@ impl Arena {
                 len as libc::off_t,
             );
         }
+    }
+}
+
+/// Which pages of an arena are free: the server hands them out (to the storage of OpenCL
+/// buffers, to CUDA's page-locked host memory) in whole pages, first fit; a freed range merges
+/// with its free neighbours.
+pub struct ArenaSpace {
+    /// Offset -> length, page-aligned, never adjacent.
+    free: Mutex<BTreeMap<u64, u64>>,
+}
+
+impl ArenaSpace {
+    pub const PAGE: u64 = 4096;
+
+    /// All of an arena of `len` bytes free.
+    pub fn new(len: u64) -> ArenaSpace {
+        let mut free = BTreeMap::new();
+        let len = len / Self::PAGE * Self::PAGE;
+        if len > 0 {
+            free.insert(0, len);
+        }
+        ArenaSpace {
+            free: Mutex::new(free),
+        }
+    }
+
+    /// What `size` bytes take: whole pages, at least one.
+    pub fn pages_for(size: u64) -> u64 {
+        size.max(1).div_ceil(Self::PAGE) * Self::PAGE
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, u64>> {
+        self.free.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The offset of `size` bytes (rounded up to pages) no one else holds, if there is room.
+    pub fn alloc(&self, size: u64) -> Option<u64> {
+        let len = Self::pages_for(size);
+        let mut free = self.lock();
+        let (&off, &have) = free.iter().find(|(_, &l)| l >= len)?;
+        free.remove(&off);
+        if have > len {
+            free.insert(off + len, have - len);
+        }
+        Some(off)
+    }
+
+    /// Gives back what `alloc(size)` returned as `off`.
+    pub fn release(&self, off: u64, size: u64) {
+        let own = Self::pages_for(size);
+        let mut free = self.lock();
+        let (mut start, mut len) = (off, own);
+        if let Some((&prev, &plen)) = free.range(..off).next_back() {
+            if prev + plen == off {
+                free.remove(&prev);
+                (start, len) = (prev, plen + len);
+            }
+        }
+        if let Some(next) = free.remove(&(off + own)) {
+            len += next;
+        }
+        free.insert(start, len);
+    }
+
+    /// The free ranges, for tests and reports.
+    pub fn free_ranges(&self) -> Vec<(u64, u64)> {
+        self.lock().iter().map(|(o, l)| (*o, *l)).collect()
     }
 }
 
@@ -142,8 +219,28 @@ mod tests {
         unsafe { copy_bulk(seen.as_mut_ptr(), q, 8) };
         assert_eq!(seen, [0u8; 8]);
         assert!(b.range((1 << 30) - 4, 8).is_none());
-        // The client's view sits where the hint asks (the range is free in a test process).
-        assert_eq!(b.range(0, 1).unwrap() as usize, CLIENT_HINT);
+        // The first view sits where the hint asks (the range is free in a test process); the
+        // second, in the same process, cannot.
+        assert_eq!(a.base(), SHARED_HINT);
+        assert_ne!(b.base(), SHARED_HINT);
         assert!(b.range(u64::MAX, 2).is_none());
+    }
+
+    #[test]
+    fn space_is_handed_out_in_pages_reused_and_merged_back() {
+        const PAGE: u64 = ArenaSpace::PAGE;
+        let s = ArenaSpace::new(16 * PAGE + 5);
+        let a = s.alloc(1).unwrap();
+        let b = s.alloc(PAGE + 1).unwrap();
+        let c = s.alloc(4 * PAGE).unwrap();
+        assert_eq!((a, b, c), (0, PAGE, 3 * PAGE));
+        assert!(s.alloc(10 * PAGE).is_none());
+        s.release(b, PAGE + 1);
+        s.release(a, 1);
+        assert_eq!(s.free_ranges()[0], (0, 3 * PAGE));
+        s.release(c, 4 * PAGE);
+        assert_eq!(s.free_ranges(), vec![(0, 16 * PAGE)]);
+        assert_eq!(s.alloc(16 * PAGE), Some(0));
+        assert!(ArenaSpace::new(PAGE - 1).alloc(1).is_none());
     }
 }

@@ -16,7 +16,7 @@ pub mod tls;
 pub mod unix;
 pub mod wait;
 
-pub use arena::Arena;
+pub use arena::{Arena, ArenaSpace};
 pub use error::TransportError;
 pub use link::{FrameLink, ShmLink, ShmSender, StreamLink};
 pub use region::{Layout, Region};

@@ -15,7 +15,12 @@ const CUDA: wormhole_session::ApiHooks = wormhole_session::ApiHooks {
 };
 
 fn waits_for_device(opcode: u16) -> bool {
-    Op::from_u16(opcode).is_some_and(|op| op.is_sync())
+    use wormhole_cuda_proto::pinned;
+    match Op::from_u16(opcode) {
+        Some(op) => op.is_sync(),
+        // A synchronous copy of page-locked memory waits for the copy; a free for the device.
+        None => matches!(opcode, pinned::COPY | pinned::FREE),
+    }
 }
 
 /// The session, connecting on first use; Err says why there is none (logged once).

@@ -1,15 +1,79 @@
-//! Copies between the host and the device, in pieces: one request carries at most what a
-//! frame and the worker's output buffer hold, so a copy larger than that travels as several,
-//! one after another on the caller's lane (copies to the device are not waited for, so the
-//! pieces follow each other without a round trip each). A piece the driver refuses ends the
-//! copy with its status: the pieces before it have been copied, where natively nothing is.
+//! Copies between the host and the device. Host memory in the session's arena (page-locked
+//! memory the worker registered, see `host_memory_pinned`) is copied by the worker's driver
+//! where it lies: the request names the range, and an asynchronous copy is not waited for at
+//! all (it completes with its stream, as natively). Other host memory travels in the
+//! requests and replies, in pieces: one request carries at most what a frame and the worker's
+//! output buffer hold, so a copy larger than that travels as several, one after another on the
+//! caller's lane (copies to the device are not waited for, so the pieces follow each other
+//! without a round trip each). A piece the driver refuses ends the copy with its status: the
+//! pieces before it have been copied, where natively nothing is.
 
 // Entry points keep the C names of the functions they stand for.
 #![allow(non_snake_case)]
 
 use crate::generated::{self, Handle};
+use crate::host_memory_pinned;
+use crate::rt;
 use std::ffi::c_void;
 use wormhole_cuda_proto::cu::CUDA_SUCCESS;
+use wormhole_cuda_proto::requests::{Message, PinnedCopy};
+use wormhole_cuda_proto::{pinned, HandleKind, Reader, Writer};
+
+/// How a copy was called: its stream (None: the synchronous entry point) and whether the
+/// NULL stream is the calling thread's (`_ptds`, `_ptsz`).
+#[derive(Clone, Copy)]
+struct Call {
+    stream: Option<Handle>,
+    per_thread: bool,
+}
+
+const SYNC: Call = Call {
+    stream: None,
+    per_thread: false,
+};
+const SYNC_PER_THREAD: Call = Call {
+    stream: None,
+    per_thread: true,
+};
+
+fn on(stream: Handle, per_thread: bool) -> Call {
+    Call {
+        stream: Some(stream),
+        per_thread,
+    }
+}
+
+/// The copy, made by the worker's driver where the host side lies, if it lies in the arena
+/// (None: it does not, the bytes must travel). Synchronous copies wait for the worker, as the
+/// native ones wait for theirs; asynchronous ones are not waited for.
+fn through_arena(to_device: bool, device: u64, host: u64, n: usize, how: Call) -> Option<i32> {
+    let offset = host_memory_pinned::arena_offset(host, n as u64).filter(|_| n > 0)?;
+    Some(rt::entry_status(|| {
+        let stream = match how.stream {
+            // SAFETY: `id_of` dereferences only registered objects.
+            Some(h) => Some(unsafe { rt::id_of(h, HandleKind::Stream, true) }?),
+            None => None,
+        };
+        let mut w = Writer::new(pinned::COPY);
+        PinnedCopy {
+            to_device,
+            device,
+            offset,
+            len: n as u64,
+            stream,
+            per_thread: how.per_thread,
+        }
+        .encode(&mut w);
+        let reply = match stream {
+            Some(_) => rt::call_async(w)?,
+            None => rt::call(w)?,
+        };
+        match Reader::new(&reply).i32()? {
+            CUDA_SUCCESS => Ok(CUDA_SUCCESS),
+            st => Err(rt::ApiErr(st)),
+        }
+    }))
+}
 
 /// The largest piece: what the worker returns in one reply.
 pub const PIECE: usize = 64 << 20;
@@ -42,6 +106,9 @@ fn device_at(base: u64, at: usize) -> u64 {
 /// # Safety
 /// As the C function.
 pub unsafe fn cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, n: usize) -> i32 {
+    if let Some(st) = through_arena(false, src, dst as u64, n, SYNC) {
+        return st;
+    }
     in_pieces(n, |at, len| {
         // SAFETY: per the contract, `dst` holds `n` bytes, so each piece lies inside them.
         unsafe {
@@ -55,6 +122,9 @@ pub unsafe fn cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, n: usize) -> i32 {
 /// # Safety
 /// As the C function.
 pub unsafe fn cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: u64, n: usize) -> i32 {
+    if let Some(st) = through_arena(false, src, dst as u64, n, SYNC_PER_THREAD) {
+        return st;
+    }
     in_pieces(n, |at, len| {
         // SAFETY: as in `cuMemcpyDtoH_v2`.
         unsafe {
@@ -68,6 +138,9 @@ pub unsafe fn cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: u64, n: usize) -> i32 
 /// # Safety
 /// As the C function.
 pub unsafe fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: u64, n: usize, stream: Handle) -> i32 {
+    if let Some(st) = through_arena(false, src, dst as u64, n, on(stream, false)) {
+        return st;
+    }
     in_pieces(n, |at, len| {
         // SAFETY: as in `cuMemcpyDtoH_v2`.
         unsafe {
@@ -91,6 +164,9 @@ pub unsafe fn cuMemcpyDtoHAsync_v2_ptsz(
     n: usize,
     stream: Handle,
 ) -> i32 {
+    if let Some(st) = through_arena(false, src, dst as u64, n, on(stream, true)) {
+        return st;
+    }
     in_pieces(n, |at, len| {
         // SAFETY: as in `cuMemcpyDtoH_v2`.
         unsafe {
@@ -109,6 +185,9 @@ pub unsafe fn cuMemcpyDtoHAsync_v2_ptsz(
 /// # Safety
 /// As the C function.
 pub unsafe fn cuMemcpyHtoD_v2(dst: u64, src: *const c_void, n: usize) -> i32 {
+    if let Some(st) = through_arena(true, dst, src as u64, n, SYNC) {
+        return st;
+    }
     in_pieces(n, |at, len| {
         // SAFETY: per the contract, `src` holds `n` bytes, so each piece lies inside them.
         unsafe {
@@ -122,6 +201,9 @@ pub unsafe fn cuMemcpyHtoD_v2(dst: u64, src: *const c_void, n: usize) -> i32 {
 /// # Safety
 /// As the C function.
 pub unsafe fn cuMemcpyHtoD_v2_ptds(dst: u64, src: *const c_void, n: usize) -> i32 {
+    if let Some(st) = through_arena(true, dst, src as u64, n, SYNC_PER_THREAD) {
+        return st;
+    }
     in_pieces(n, |at, len| {
         // SAFETY: as in `cuMemcpyHtoD_v2`.
         unsafe {
@@ -135,6 +217,9 @@ pub unsafe fn cuMemcpyHtoD_v2_ptds(dst: u64, src: *const c_void, n: usize) -> i3
 /// # Safety
 /// As the C function.
 pub unsafe fn cuMemcpyHtoDAsync_v2(dst: u64, src: *const c_void, n: usize, stream: Handle) -> i32 {
+    if let Some(st) = through_arena(true, dst, src as u64, n, on(stream, false)) {
+        return st;
+    }
     in_pieces(n, |at, len| {
         // SAFETY: as in `cuMemcpyHtoD_v2`.
         unsafe {
@@ -158,6 +243,9 @@ pub unsafe fn cuMemcpyHtoDAsync_v2_ptsz(
     n: usize,
     stream: Handle,
 ) -> i32 {
+    if let Some(st) = through_arena(true, dst, src as u64, n, on(stream, true)) {
+        return st;
+    }
     in_pieces(n, |at, len| {
         // SAFETY: as in `cuMemcpyHtoD_v2`.
         unsafe {

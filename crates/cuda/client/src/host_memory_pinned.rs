@@ -1,11 +1,17 @@
 //! Page-locked host memory (`cuMemHostAlloc`, `cuMemAllocHost`, `cuMemHostRegister`), as the
-//! client knows it. The program's host memory is not the device's to reach through Wormhole:
-//! copies from and to it travel as every copy of host memory does, so these ranges are plain
-//! memory of the program's that the client remembers, to answer what CUDA answers of them
-//! (their flags, their pointer attributes: host memory of the context they were made in).
-//! What would need the device to reach them (`CU_MEMHOSTALLOC_DEVICEMAP`, mapped device
-//! pointers, I/O memory) is refused with a log line. Not page-locked in the client: nothing
-//! DMAs from it here, and locking could fail where the native allocation succeeds.
+//! client knows it. Two kinds:
+//! - **in the arena** (local sessions): `cuMemHostAlloc` takes a range of the memory the
+//!   session shares with its worker, which the worker page-locks with its driver (see the
+//!   server's `pinned` module). Copies from and to it are the driver's DMA (`copies.rs` sends
+//!   where, not what), asynchronous ones complete when their stream does, and where both sides
+//!   map the arena at one address the device reaches it at the program's address, as under
+//!   unified addressing natively (`CU_MEMHOSTALLOC_DEVICEMAP`, `cuMemHostGetDevicePointer`);
+//! - **the program's own memory** (`cuMemHostRegister`, and every allocation where the session
+//!   has no arena: TCP, guests): plain memory the client remembers, to answer what CUDA
+//!   answers of it (its flags, its pointer attributes). Copies travel as every copy of host
+//!   memory does; what would need the device to reach it (`DEVICEMAP`, mapped device pointers,
+//!   I/O memory) is refused with a log line. Not page-locked in the client: nothing DMAs from
+//!   it here, and locking could fail where the native allocation succeeds.
 
 // Entry points keep the C names of the functions they stand for.
 #![allow(non_snake_case)]
@@ -16,6 +22,9 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use wormhole_cuda_proto::cu::*;
+use wormhole_cuda_proto::requests::{Message, PinnedAlloc, PinnedAllocated, PinnedFree};
+use wormhole_cuda_proto::{pinned, Reader, Writer};
+use wormhole_transport::Arena;
 
 /// `CU_MEMHOSTALLOC_PORTABLE`, `_DEVICEMAP`, `_WRITECOMBINED`.
 const ALLOC_PORTABLE: u32 = 0x1;
@@ -39,6 +48,24 @@ pub struct Pinned {
     pub device: i32,
     /// A number no other range of the process has (`CU_POINTER_ATTRIBUTE_BUFFER_ID`).
     pub buffer_id: u64,
+    /// Where it lies in the session's arena, if it does.
+    pub arena: Option<InArena>,
+}
+
+/// A range allocated in the session's arena.
+#[derive(Debug, Clone, Copy)]
+pub struct InArena {
+    /// Its offset there.
+    pub offset: u64,
+    /// The worker sees it at the program's address: the device reaches it there too.
+    pub same_address: bool,
+}
+
+impl Pinned {
+    /// Whether the device reaches the range at its host address.
+    pub fn mapped(&self) -> bool {
+        self.arena.is_some_and(|a| a.same_address)
+    }
 }
 
 fn table() -> MutexGuard<'static, BTreeMap<u64, Pinned>> {
@@ -53,6 +80,15 @@ pub fn range_of(addr: u64) -> Option<(u64, Pinned)> {
         .next_back()
         .filter(|(start, p)| addr - **start < p.len)
         .map(|(s, p)| (*s, *p))
+}
+
+/// Where `[host, host + n)` lies in the session's arena, if wholly inside one range of
+/// page-locked memory allocated there.
+pub fn arena_offset(host: u64, n: u64) -> Option<u64> {
+    let (start, p) = range_of(host)?;
+    let a = p.arena?;
+    let end = host.checked_add(n)?;
+    (end <= start + p.len).then_some(a.offset + (host - start))
 }
 
 fn overlaps(t: &BTreeMap<u64, Pinned>, start: u64, len: u64) -> bool {
@@ -107,10 +143,26 @@ pub unsafe fn cuMemHostAlloc(pp: *mut c_void, bytesize: usize, flags: u32) -> i3
         if flags & !(ALLOC_PORTABLE | ALLOC_DEVICEMAP | ALLOC_WRITECOMBINED) != 0 {
             return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
         }
+        let (context, device) = owner()?;
+        let pinned = |arena| Pinned {
+            len: bytesize as u64,
+            flags,
+            allocated: true,
+            context,
+            device,
+            buffer_id: next_buffer_id(),
+            arena,
+        };
+        if let Some(arena) = session_arena() {
+            let (p, in_arena) = alloc_in_arena(arena, bytesize, flags)?;
+            table().insert(p as u64, pinned(Some(in_arena)));
+            // SAFETY: per the contract.
+            unsafe { *pp = p };
+            return Ok(CUDA_SUCCESS);
+        }
         if flags & ALLOC_DEVICEMAP != 0 {
             return Err(refused("cuMemHostAlloc(CU_MEMHOSTALLOC_DEVICEMAP)"));
         }
-        let (context, device) = owner()?;
         // SAFETY: an anonymous private mapping: no file, no fixed address.
         let p = unsafe {
             libc::mmap(
@@ -125,17 +177,7 @@ pub unsafe fn cuMemHostAlloc(pp: *mut c_void, bytesize: usize, flags: u32) -> i3
         if p == libc::MAP_FAILED {
             return Err(ApiErr(CUDA_ERROR_OUT_OF_MEMORY));
         }
-        table().insert(
-            p as u64,
-            Pinned {
-                len: bytesize as u64,
-                flags,
-                allocated: true,
-                context,
-                device,
-                buffer_id: next_buffer_id(),
-            },
-        );
+        table().insert(p as u64, pinned(None));
         // SAFETY: per the contract.
         unsafe { *pp = p };
         Ok(CUDA_SUCCESS)
@@ -161,17 +203,29 @@ pub unsafe fn cuMemFreeHost(p: *mut c_void) -> i32 {
         if p.is_null() {
             return Ok(CUDA_SUCCESS);
         }
-        let mut t = table();
-        match t.get(&(p as u64)) {
-            Some(pinned) if pinned.allocated => {
-                let len = pinned.len as usize;
-                t.remove(&(p as u64));
+        let pinned = {
+            let mut t = table();
+            match t.get(&(p as u64)) {
+                Some(pinned) if pinned.allocated => t.remove(&(p as u64)),
+                _ => None,
+            }
+        };
+        match pinned {
+            Some(Pinned { arena: Some(a), .. }) => {
+                let mut w = Writer::new(pinned::FREE);
+                PinnedFree { offset: a.offset }.encode(&mut w);
+                match Reader::new(&rt::call(w)?).i32()? {
+                    CUDA_SUCCESS => Ok(CUDA_SUCCESS),
+                    st => Err(ApiErr(st)),
+                }
+            }
+            Some(pinned) => {
                 // SAFETY: a mapping this module made, of this length, unmapped once (it is
                 // no longer in the table).
-                unsafe { libc::munmap(p, len) };
+                unsafe { libc::munmap(p, pinned.len as usize) };
                 Ok(CUDA_SUCCESS)
             }
-            _ => Err(ApiErr(CUDA_ERROR_INVALID_VALUE)),
+            None => Err(ApiErr(CUDA_ERROR_INVALID_VALUE)),
         }
     })
 }
@@ -210,10 +264,94 @@ pub unsafe fn cuMemHostRegister_v2(p: *mut c_void, bytesize: usize, flags: u32) 
                 context,
                 device,
                 buffer_id: next_buffer_id(),
+                arena: None,
             },
         );
         Ok(CUDA_SUCCESS)
     })
+}
+
+/// `cuMemHostRegister`: the same call as `cuMemHostRegister_v2` (the v2 symbol only fixed the
+/// ABI of the flags' type).
+///
+/// # Safety
+/// None beyond the C function's.
+pub unsafe fn cuMemHostRegister(p: *mut c_void, bytesize: usize, flags: u32) -> i32 {
+    // SAFETY: per the contract.
+    unsafe { cuMemHostRegister_v2(p, bytesize, flags) }
+}
+
+/// `cuMemHostGetDevicePointer_v2`: the device's address of page-locked memory, which under
+/// unified addressing is its host address; known only of arena memory the worker maps at the
+/// program's address.
+///
+/// # Safety
+/// `pdptr` NULL or a writable `CUdeviceptr`.
+pub unsafe fn cuMemHostGetDevicePointer_v2(pdptr: *mut c_void, p: *mut c_void, flags: u32) -> i32 {
+    let pdptr = pdptr as *mut u64;
+    entry_status(|| {
+        rt::check_initialized()?;
+        if pdptr.is_null() || flags != 0 {
+            return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
+        }
+        let (_, pinned) = range_of(p as u64).ok_or(ApiErr(CUDA_ERROR_INVALID_VALUE))?;
+        if !pinned.mapped() {
+            return Err(refused("cuMemHostGetDevicePointer"));
+        }
+        // SAFETY: per the contract.
+        unsafe { *pdptr = p as u64 };
+        Ok(CUDA_SUCCESS)
+    })
+}
+
+/// The session's arena, if it has one (local sessions).
+fn session_arena() -> Option<&'static Arena> {
+    crate::connection::get().ok()?.arena()
+}
+
+/// Page-locked memory from the worker (see the module's comment): the program's pointer to it.
+fn alloc_in_arena(
+    arena: &Arena,
+    bytesize: usize,
+    flags: u32,
+) -> Result<(*mut c_void, InArena), ApiErr> {
+    let mut w = Writer::new(pinned::ALLOC);
+    PinnedAlloc {
+        bytes: bytesize as u64,
+        flags,
+    }
+    .encode(&mut w);
+    let reply = PinnedAllocated::decode_all(&rt::call(w)?)?;
+    if reply.status != CUDA_SUCCESS {
+        return Err(ApiErr(reply.status));
+    }
+    let give_back = || {
+        let mut w = Writer::new(pinned::FREE);
+        PinnedFree {
+            offset: reply.offset,
+        }
+        .encode(&mut w);
+        let _ = rt::call(w);
+    };
+    let Some(p) = arena.range(reply.offset, bytesize as u64) else {
+        crate::connection::log("the server placed page-locked memory outside the arena");
+        give_back();
+        return Err(ApiErr(CUDA_ERROR_UNKNOWN));
+    };
+    let same_address = reply.address == p as u64;
+    if flags & ALLOC_DEVICEMAP != 0 && !same_address {
+        give_back();
+        return Err(refused(
+            "cuMemHostAlloc(CU_MEMHOSTALLOC_DEVICEMAP) (the worker maps the arena elsewhere)",
+        ));
+    }
+    Ok((
+        p as *mut c_void,
+        InArena {
+            offset: reply.offset,
+            same_address,
+        },
+    ))
 }
 
 /// `cuMemHostUnregister`: the start of a range the program registered.
@@ -284,11 +422,18 @@ pub fn attribute(ptr: u64, start: u64, p: &Pinned, attribute: u32) -> Option<Vec
     Some(match attribute {
         ATTR_CONTEXT => context_id().to_le_bytes().to_vec(),
         ATTR_MEMORY_TYPE => MEMORYTYPE_HOST.to_le_bytes().to_vec(),
-        // Not reachable from the device through Wormhole: no device address.
-        ATTR_DEVICE_POINTER => 0u64.to_le_bytes().to_vec(),
+        // The device reaches arena memory at the program's address where the worker maps it
+        // there; other page-locked memory it does not reach through Wormhole.
+        ATTR_DEVICE_POINTER => match p.mapped() {
+            true => ptr,
+            false => 0,
+        }
+        .to_le_bytes()
+        .to_vec(),
+        ATTR_MAPPED => vec![u8::from(p.mapped())],
         ATTR_HOST_POINTER => ptr.to_le_bytes().to_vec(),
         ATTR_BUFFER_ID => p.buffer_id.to_le_bytes().to_vec(),
-        ATTR_IS_MANAGED | ATTR_IS_LEGACY_CUDA_IPC_CAPABLE | ATTR_MAPPED => vec![0],
+        ATTR_IS_MANAGED | ATTR_IS_LEGACY_CUDA_IPC_CAPABLE => vec![0],
         ATTR_DEVICE_ORDINAL => p.device.to_le_bytes().to_vec(),
         ATTR_RANGE_START_ADDR => start.to_le_bytes().to_vec(),
         ATTR_RANGE_SIZE => p.len.to_le_bytes().to_vec(),
@@ -309,6 +454,7 @@ mod tests {
             context: 0x100,
             device: 0,
             buffer_id: next_buffer_id(),
+            arena: None,
         };
         table().insert(0x5000_0000, pinned(0x1000));
         assert_eq!(range_of(0x5000_0fff).map(|r| r.0), Some(0x5000_0000));
@@ -333,6 +479,60 @@ mod tests {
             Some(vec![0])
         );
         assert_eq!(attribute(0x5000_0010, start, &p, 5), None, "P2P tokens");
+        assert_eq!(arena_offset(0x5000_0010, 16), None, "not in the arena");
+        assert_eq!(
+            attribute(0x5000_0010, start, &p, ATTR_DEVICE_POINTER),
+            Some(vec![0; 8])
+        );
         table().remove(&0x5000_0000);
+    }
+
+    /// Arena memory: copies that lie wholly inside one range go through the arena, the device
+    /// reaches it at the program's address only where the worker maps it there.
+    #[test]
+    fn arena_ranges_give_offsets_and_device_addresses() {
+        let in_arena = |offset, same_address| Pinned {
+            len: 0x3000,
+            flags: 0,
+            allocated: true,
+            context: 0x100,
+            device: 0,
+            buffer_id: next_buffer_id(),
+            arena: Some(InArena {
+                offset,
+                same_address,
+            }),
+        };
+        table().insert(0x6000_0000, in_arena(0x10000, true));
+        table().insert(0x6000_3000, in_arena(0x20000, false));
+        assert_eq!(arena_offset(0x6000_0000, 0x3000), Some(0x10000));
+        assert_eq!(arena_offset(0x6000_1000, 0x10), Some(0x11000));
+        assert_eq!(
+            arena_offset(0x6000_2000, 0x1001),
+            None,
+            "runs past the range"
+        );
+        assert_eq!(arena_offset(0x6000_3100, 0x100), Some(0x20100));
+        assert_eq!(arena_offset(u64::MAX - 4, 8), None);
+        let (start, p) = range_of(0x6000_0040).unwrap();
+        assert_eq!(
+            attribute(0x6000_0040, start, &p, ATTR_DEVICE_POINTER),
+            Some(0x6000_0040u64.to_le_bytes().to_vec())
+        );
+        assert_eq!(
+            attribute(0x6000_0040, start, &p, ATTR_MAPPED),
+            Some(vec![1])
+        );
+        let (start, p) = range_of(0x6000_3040).unwrap();
+        assert_eq!(
+            attribute(0x6000_3040, start, &p, ATTR_DEVICE_POINTER),
+            Some(vec![0; 8])
+        );
+        assert_eq!(
+            attribute(0x6000_3040, start, &p, ATTR_MAPPED),
+            Some(vec![0])
+        );
+        table().remove(&0x6000_0000);
+        table().remove(&0x6000_3000);
     }
 }

@@ -11,8 +11,8 @@ pub use crate::copies::*;
 use crate::current;
 use crate::generated;
 pub use crate::host_memory_pinned::{
-    cuMemAllocHost_v2, cuMemFreeHost, cuMemHostAlloc, cuMemHostGetFlags, cuMemHostRegister_v2,
-    cuMemHostUnregister,
+    cuMemAllocHost_v2, cuMemFreeHost, cuMemHostAlloc, cuMemHostGetDevicePointer_v2,
+    cuMemHostGetFlags, cuMemHostRegister, cuMemHostRegister_v2, cuMemHostUnregister,
 };
 pub use crate::memory::{
     cuMemAlloc_v2, cuMemFree_v2, cuMemGetAddressRange_v2, cuMemcpy, cuMemcpyAsync,

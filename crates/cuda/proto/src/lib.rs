@@ -57,6 +57,21 @@ pub mod export_tables {
     }
 }
 
+/// Page-locked host memory in the session's arena (local sessions: memory both sides map at
+/// one address, see `wormhole_transport::arena`): the worker allocates and registers it with
+/// its driver, so copies from and to it are the driver's own DMA, with no copy through the
+/// rings, and asynchronous ones complete when the stream does, as natively. Requests of these
+/// opcodes stand behind no exported symbol (`host_memory_pinned` in the client makes them).
+pub mod pinned {
+    /// [`crate::requests::PinnedAlloc`] → the status, then the range's offset in the arena
+    /// and its address in the worker.
+    pub const ALLOC: u16 = 0xE001;
+    /// [`crate::requests::PinnedFree`] → the status.
+    pub const FREE: u16 = 0xE002;
+    /// [`crate::requests::PinnedCopy`] → the status. With a stream, sent without waiting.
+    pub const COPY: u16 = 0xE003;
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;

@@ -498,6 +498,111 @@ impl<'a> Message<'a> for PointerValues {
     }
 }
 
+/// `cuMemHostAlloc` in the arena ([`crate::pinned::ALLOC`]): `bytes` page-locked with the
+/// driver's `flags` (`CU_MEMHOSTALLOC_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PinnedAlloc {
+    pub bytes: u64,
+    pub flags: u32,
+}
+
+impl<'a> Message<'a> for PinnedAlloc {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.bytes);
+        w.u32(self.flags);
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        Ok(PinnedAlloc {
+            bytes: r.u64()?,
+            flags: r.u32()?,
+        })
+    }
+}
+
+/// The answer to a [`PinnedAlloc`]: where the range lies in the arena, and at which address
+/// the worker (and so the device, under unified addressing) sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PinnedAllocated {
+    pub status: i32,
+    pub offset: u64,
+    pub address: u64,
+}
+
+impl<'a> Message<'a> for PinnedAllocated {
+    fn encode(&self, w: &mut Writer) {
+        w.i32(self.status);
+        w.u64(self.offset);
+        w.u64(self.address);
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        Ok(PinnedAllocated {
+            status: r.i32()?,
+            offset: r.u64()?,
+            address: r.u64()?,
+        })
+    }
+}
+
+/// `cuMemFreeHost` of a range [`PinnedAlloc`] made ([`crate::pinned::FREE`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PinnedFree {
+    pub offset: u64,
+}
+
+impl<'a> Message<'a> for PinnedFree {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.offset);
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        Ok(PinnedFree { offset: r.u64()? })
+    }
+}
+
+/// A copy between device memory and page-locked arena memory ([`crate::pinned::COPY`]): the
+/// worker's driver copies directly, no byte travels in the request or the reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PinnedCopy {
+    /// Host to device (else device to host).
+    pub to_device: bool,
+    pub device: u64,
+    /// Where the host side lies in the arena.
+    pub offset: u64,
+    pub len: u64,
+    /// The stream of an asynchronous copy (by id: 0 the NULL stream), None for a synchronous
+    /// one.
+    pub stream: Option<u64>,
+    /// The `_ptds`/`_ptsz` entry point (the NULL stream is the thread's own).
+    pub per_thread: bool,
+}
+
+impl<'a> Message<'a> for PinnedCopy {
+    fn encode(&self, w: &mut Writer) {
+        w.bool(self.to_device);
+        w.u64(self.device);
+        w.u64(self.offset);
+        w.u64(self.len);
+        w.bool(self.stream.is_some());
+        w.u64(self.stream.unwrap_or(0));
+        w.bool(self.per_thread);
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        let to_device = r.bool()?;
+        let device = r.u64()?;
+        let offset = r.u64()?;
+        let len = r.u64()?;
+        let has_stream = r.bool()?;
+        let stream = r.u64()?;
+        Ok(PinnedCopy {
+            to_device,
+            device,
+            offset,
+            len,
+            stream: has_stream.then_some(stream),
+            per_thread: r.bool()?,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -516,6 +621,35 @@ mod tests {
     #[test]
     fn requests_decode_as_encoded() {
         let image = [7u8; 100];
+        roundtrip(
+            &PinnedAlloc {
+                bytes: 1 << 33,
+                flags: 3,
+            },
+            &mut Vec::new(),
+        );
+        roundtrip(
+            &PinnedAllocated {
+                status: 0,
+                offset: 4096,
+                address: 0x2000_0000_1000,
+            },
+            &mut Vec::new(),
+        );
+        roundtrip(&PinnedFree { offset: 8192 }, &mut Vec::new());
+        for (stream, per_thread) in [(None, false), (Some(0), true), (Some(77), false)] {
+            roundtrip(
+                &PinnedCopy {
+                    to_device: stream.is_some(),
+                    device: 0x7f00_0000_0000,
+                    offset: 12288,
+                    len: 1 << 28,
+                    stream,
+                    per_thread,
+                },
+                &mut Vec::new(),
+            );
+        }
         roundtrip(
             &ModuleLoad {
                 new_id: 99,

@@ -8,6 +8,7 @@
 mod custom;
 mod driver;
 mod export_tables;
+mod pinned;
 mod rt;
 mod session;
 
@@ -56,6 +57,10 @@ pub fn run(
         export_tables::handle(&session::Call(s), r, w)?;
         return Ok(w.status());
     }
+    if let Some(done) = pinned::handle(&session::Call(s), opcode, r, w) {
+        done?;
+        return Ok(w.status());
+    }
     let op = Op::from_u16(opcode).ok_or(DecodeError::UnknownOp(opcode))?;
     generated::dispatch(&session::Call(s), op, r, w)?;
     if op.is_sync() {
@@ -76,11 +81,13 @@ fn settle(s: &session::Session, h: &FrameHeader, status: i32, w: &mut Writer) ->
         }
         return status;
     }
-    // The deferred failures' lock is taken only at synchronisation points.
-    if status != CUDA_SUCCESS
-        || !Op::from_u16(h.opcode).is_some_and(|op| op.is_sync())
-        || s.deferred.is_empty()
-    {
+    // The deferred failures' lock is taken only at synchronisation points (a synchronous copy
+    // of page-locked memory is one, as the native copy is).
+    let sync = match Op::from_u16(h.opcode) {
+        Some(op) => op.is_sync(),
+        None => h.opcode == wormhole_cuda_proto::pinned::COPY,
+    };
+    if status != CUDA_SUCCESS || !sync || s.deferred.is_empty() {
         return status;
     }
     match s.deferred.take(&[]) {
@@ -149,6 +156,9 @@ impl wormhole_server::Backend for Cuda {
 
     fn begin(&self, setup: SessionSetup) {
         session().set_limits(setup.limits);
+        if let Some(arena) = setup.arena {
+            pinned::enable(arena);
+        }
         if let Some(cache) = setup.build_cache {
             session().set_cache(cache);
         }

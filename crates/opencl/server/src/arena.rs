@@ -11,13 +11,13 @@
 
 use crate::generated::ffi;
 use crate::session::{Handle, Session};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use wormhole_opencl_proto::requests::{Direct, Message};
 use wormhole_opencl_proto::{cl::*, DecodeError, HandleKind, Reader, Writer};
-use wormhole_transport::Arena;
+use wormhole_transport::{Arena, ArenaSpace};
 
 /// Smaller buffers keep ordinary driver storage: arena space is handed out in whole pages.
 pub const WINDOW_MIN: usize = 4096;
@@ -28,13 +28,13 @@ pub use wormhole_opencl_proto::requests::{DIRECT_DECLINED, NO_WINDOW};
 pub static SHARED_BYTES: AtomicU64 = AtomicU64::new(0);
 pub static DIRECT_TRANSFERS: AtomicU64 = AtomicU64::new(0);
 
-const PAGE: u64 = 4096;
+const PAGE: u64 = ArenaSpace::PAGE;
 const HOST_PTR_FLAGS: u64 = CL_MEM_USE_HOST_PTR | CL_MEM_ALLOC_HOST_PTR | CL_MEM_COPY_HOST_PTR;
 
 struct Shared {
     arena: Arena,
-    /// Free ranges: offset -> length, page-aligned, never adjacent (merged on free).
-    free: Mutex<BTreeMap<u64, u64>>,
+    /// Which of its pages are free.
+    space: ArenaSpace,
     /// Live windowed buffers: driver handle -> the flags the application asked for.
     windows: Mutex<HashMap<usize, u64>>,
     /// Per device: whether it computes on host memory in place.
@@ -45,14 +45,7 @@ static SHARED: OnceLock<Shared> = OnceLock::new();
 
 /// Gives this session an arena (local sessions only; call once, before serving).
 pub fn enable(arena: Arena) {
-    let mut free = BTreeMap::new();
-    free.insert(0, arena.len() / PAGE * PAGE);
-    let _ = SHARED.set(Shared {
-        arena,
-        free: Mutex::new(free),
-        windows: Mutex::default(),
-        in_place: Mutex::default(),
-    });
+    let _ = SHARED.set(Shared::new(arena));
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -60,32 +53,22 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Shared {
-    fn alloc(&self, size: usize) -> Option<u64> {
-        let len = (size as u64).max(1).div_ceil(PAGE) * PAGE;
-        let mut free = lock(&self.free);
-        let (&off, &have) = free.iter().find(|(_, &l)| l >= len)?;
-        free.remove(&off);
-        if have > len {
-            free.insert(off + len, have - len);
+    fn new(arena: Arena) -> Shared {
+        Shared {
+            space: ArenaSpace::new(arena.len()),
+            arena,
+            windows: Mutex::default(),
+            in_place: Mutex::default(),
         }
-        Some(off)
+    }
+
+    fn alloc(&self, size: usize) -> Option<u64> {
+        self.space.alloc(size as u64)
     }
 
     fn release(&self, off: u64, size: usize) {
-        let own = (size as u64).max(1).div_ceil(PAGE) * PAGE;
-        self.arena.discard(off, own);
-        let mut free = lock(&self.free);
-        let (mut start, mut len) = (off, own);
-        if let Some((&prev, &plen)) = free.range(..off).next_back() {
-            if prev + plen == off {
-                free.remove(&prev);
-                (start, len) = (prev, plen + len);
-            }
-        }
-        if let Some(next) = free.remove(&(off + own)) {
-            len += next;
-        }
-        free.insert(start, len);
+        self.arena.discard(off, ArenaSpace::pages_for(size as u64));
+        self.space.release(off, size as u64);
     }
 
     /// Whether every device of `context` computes on host memory in place.
@@ -395,21 +378,9 @@ pub fn direct(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), Dec
 mod tests {
     use super::*;
 
-    fn shared(size: u64) -> Shared {
-        let arena = Arena::create(size).unwrap();
-        let mut free = BTreeMap::new();
-        free.insert(0, size);
-        Shared {
-            arena,
-            free: Mutex::new(free),
-            windows: Mutex::default(),
-            in_place: Mutex::default(),
-        }
-    }
-
     #[test]
     fn ranges_are_pages_reused_and_merged_back() {
-        let s = shared(16 * PAGE);
+        let s = Shared::new(Arena::create(16 * PAGE).unwrap());
         let a = s.alloc(1).unwrap();
         let b = s.alloc(PAGE as usize + 1).unwrap();
         let c = s.alloc(4 * PAGE as usize).unwrap();
@@ -417,9 +388,9 @@ mod tests {
         assert!(s.alloc(10 * PAGE as usize).is_none());
         s.release(b, PAGE as usize + 1);
         s.release(a, 1);
-        assert_eq!(lock(&s.free).get(&0), Some(&(3 * PAGE)));
+        assert_eq!(s.space.free_ranges()[0], (0, 3 * PAGE));
         s.release(c, 4 * PAGE as usize);
-        assert_eq!(lock(&s.free).len(), 1);
+        assert_eq!(s.space.free_ranges().len(), 1);
         assert_eq!(s.alloc(16 * PAGE as usize), Some(0));
     }
 }

@@ -1,0 +1,329 @@
+//! Page-locked host memory in the session's arena (`wormhole_cuda_proto::pinned`). A local
+//! session's arena is memory the client maps too, at the same address when it can (see
+//! `wormhole_transport::arena`). `cuMemHostAlloc` in the client takes a range of it from here,
+//! which the worker registers with its driver (`cuMemHostRegister`, portable and mapped), so:
+//! - copies between it and the device are the driver's own DMA, no byte through the rings;
+//! - asynchronous copies are queued on their stream and complete when it does, as natively
+//!   (a device-to-host copy lands in the program's memory without a reply carrying it);
+//! - under unified addressing the device reaches it at its host address, which is the
+//!   program's address too when both sides mapped the arena at one place.
+//!
+//! The program can write the range at any time; the worker only hands it to the driver.
+
+use crate::generated::ffi;
+use crate::session::Call;
+use std::collections::BTreeMap;
+use std::ffi::c_void;
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use wormhole_cuda_proto::cu::*;
+use wormhole_cuda_proto::requests::{
+    Message, PinnedAlloc, PinnedAllocated, PinnedCopy, PinnedFree,
+};
+use wormhole_cuda_proto::{pinned, DecodeError, HandleKind, Reader, Writer};
+use wormhole_transport::{Arena, ArenaSpace};
+
+/// `CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP`: every context may use the
+/// range, and the device reaches it (what `cuMemHostAlloc` memory is under unified addressing
+/// whatever its flags).
+const REGISTER_FLAGS: u32 = 0x1 | 0x2;
+/// `CU_MEMHOSTALLOC_PORTABLE | _DEVICEMAP | _WRITECOMBINED`.
+const ALLOC_FLAGS: u32 = 0x1 | 0x2 | 0x4;
+
+pub struct Pinned {
+    arena: Arena,
+    space: ArenaSpace,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Live ranges: offset → bytes (whole pages).
+    live: BTreeMap<u64, u64>,
+    /// Their sum, bounded by the tenant's memory quota (the worker's memory is the tenant's).
+    bytes: u64,
+}
+
+static PINNED: OnceLock<Pinned> = OnceLock::new();
+
+/// Gives this session's page-locked memory its arena (local sessions; once, before serving).
+pub fn enable(arena: Arena) {
+    let _ = PINNED.set(Pinned::new(arena));
+}
+
+/// Handles `opcode` if it is one of `wormhole_cuda_proto::pinned`'s (None: it is not).
+pub fn handle(
+    s: &Call<'_>,
+    opcode: u16,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Option<Result<(), DecodeError>> {
+    if !matches!(opcode, pinned::ALLOC | pinned::FREE | pinned::COPY) {
+        return None;
+    }
+    let Some(p) = PINNED.get() else {
+        tracing::warn!("page-locked memory request in a session without an arena");
+        w.i32(CUDA_ERROR_NOT_SUPPORTED);
+        return Some(Ok(()));
+    };
+    Some(p.handle(s, opcode, r, w))
+}
+
+/// A request's message: all of its body.
+fn whole<'a, M: Message<'a>>(r: &mut Reader<'a>) -> Result<M, DecodeError> {
+    let m = M::decode(r)?;
+    r.finish()?;
+    Ok(m)
+}
+
+impl Pinned {
+    fn new(arena: Arena) -> Pinned {
+        Pinned {
+            space: ArenaSpace::new(arena.len()),
+            arena,
+            state: Mutex::default(),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn handle(
+        &self,
+        s: &Call<'_>,
+        opcode: u16,
+        r: &mut Reader<'_>,
+        w: &mut Writer,
+    ) -> Result<(), DecodeError> {
+        match opcode {
+            pinned::ALLOC => {
+                let reply = match self.alloc(s, whole::<PinnedAlloc>(r)?) {
+                    Ok((offset, address)) => PinnedAllocated {
+                        status: CUDA_SUCCESS,
+                        offset,
+                        address,
+                    },
+                    Err(status) => PinnedAllocated {
+                        status,
+                        offset: 0,
+                        address: 0,
+                    },
+                };
+                reply.encode(w);
+            }
+            pinned::FREE => w.i32(self.free(whole::<PinnedFree>(r)?)),
+            _ => {
+                let m = whole::<PinnedCopy>(r)?;
+                w.i32(self.copy(s, &m).err().unwrap_or(CUDA_SUCCESS));
+            }
+        }
+        Ok(())
+    }
+
+    /// A new range of at least `m.bytes`, registered with the driver: its offset and address.
+    fn alloc(&self, s: &Call<'_>, m: PinnedAlloc) -> Result<(u64, u64), i32> {
+        if m.bytes == 0 || m.flags & !ALLOC_FLAGS != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let len = ArenaSpace::pages_for(m.bytes);
+        let mut state = self.state();
+        if let Some(quota) = s.limits().mem_quota {
+            if state.bytes.saturating_add(len) > quota {
+                tracing::warn!(
+                    bytes = len,
+                    held = state.bytes,
+                    quota,
+                    "page-locked memory refused: the session's would exceed the tenant's memory quota"
+                );
+                return Err(CUDA_ERROR_OUT_OF_MEMORY);
+            }
+        }
+        let Some(offset) = self.space.alloc(len) else {
+            tracing::warn!(bytes = len, "page-locked memory refused: the arena is full");
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        };
+        let Some(ptr) = self.arena.range(offset, len) else {
+            self.space.release(offset, len);
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        };
+        // SAFETY: `len` bytes of the arena's mapping, which outlives the registration (it is
+        // undone before the range goes back).
+        let st =
+            unsafe { ffi::cuMemHostRegister_v2(ptr as *mut c_void, len as usize, REGISTER_FLAGS) };
+        if st != CUDA_SUCCESS {
+            tracing::warn!(
+                bytes = len,
+                status = st,
+                "the driver refused to page-lock arena memory"
+            );
+            self.space.release(offset, len);
+            return Err(st);
+        }
+        state.live.insert(offset, len);
+        state.bytes += len;
+        Ok((offset, ptr as u64))
+    }
+
+    /// Frees a range `alloc` made, once the device is done with it.
+    fn free(&self, m: PinnedFree) -> i32 {
+        let Some(len) = self.state().live.remove(&m.offset) else {
+            tracing::warn!(
+                offset = m.offset,
+                "cuMemFreeHost of arena memory the session did not allocate"
+            );
+            return CUDA_ERROR_INVALID_VALUE;
+        };
+        // Copies queued from or to the range must finish before its pages go (the native
+        // cuMemFreeHost waits for the device too).
+        // SAFETY: no arguments; the lane's current context, if any.
+        unsafe { ffi::cuCtxSynchronize() };
+        if let Some(ptr) = self.arena.range(m.offset, len) {
+            // SAFETY: a range registered by `alloc`.
+            let st = unsafe { ffi::cuMemHostUnregister(ptr as *mut c_void) };
+            if st != CUDA_SUCCESS {
+                tracing::warn!(status = st, "could not unregister freed page-locked memory");
+            }
+        }
+        self.arena.discard(m.offset, len);
+        self.space.release(m.offset, len);
+        self.state().bytes -= len;
+        CUDA_SUCCESS
+    }
+
+    /// The worker's address of `[offset, offset + len)` if it lies in one live range.
+    fn host_range(&self, offset: u64, len: u64) -> Option<*mut c_void> {
+        let end = offset.checked_add(len)?;
+        let state = self.state();
+        let (&start, &have) = state.live.range(..=offset).next_back()?;
+        (end <= start + have)
+            .then(|| self.arena.range(offset, len))
+            .flatten()
+            .map(|p| p as *mut c_void)
+    }
+
+    fn copy(&self, s: &Call<'_>, m: &PinnedCopy) -> Result<(), i32> {
+        let n = usize::try_from(m.len).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        let Some(host) = self.host_range(m.offset, m.len) else {
+            tracing::warn!(
+                offset = m.offset,
+                len = m.len,
+                "refused a copy of page-locked memory the session did not allocate"
+            );
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        };
+        crate::rt::check_device(s, m.device, Some(n))?;
+        let stream = match m.stream {
+            Some(id) => Some(s.resolve(id, HandleKind::Stream, true)?),
+            None => None,
+        };
+        let dev = m.device;
+        // SAFETY: `host` holds `n` bytes of the arena and `dev` `n` bytes of the session's
+        // device memory (both checked above); the stream is one of the session's.
+        let st = unsafe {
+            match (m.to_device, stream, m.per_thread) {
+                (true, None, false) => ffi::cuMemcpyHtoD_v2(dev, host, n),
+                (true, None, true) => ffi::cuMemcpyHtoD_v2_ptds(dev, host, n),
+                (true, Some(h), false) => ffi::cuMemcpyHtoDAsync_v2(dev, host, n, h),
+                (true, Some(h), true) => ffi::cuMemcpyHtoDAsync_v2_ptsz(dev, host, n, h),
+                (false, None, false) => ffi::cuMemcpyDtoH_v2(host, dev, n),
+                (false, None, true) => ffi::cuMemcpyDtoH_v2_ptds(host, dev, n),
+                (false, Some(h), false) => ffi::cuMemcpyDtoHAsync_v2(host, dev, n, h),
+                (false, Some(h), true) => ffi::cuMemcpyDtoHAsync_v2_ptsz(host, dev, n, h),
+            }
+        };
+        match st {
+            CUDA_SUCCESS => Ok(()),
+            st => Err(st),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::Session;
+
+    const PAGE: u64 = ArenaSpace::PAGE;
+
+    fn pinned_with(ranges: &[(u64, u64)]) -> Pinned {
+        let p = Pinned::new(Arena::create(64 * PAGE).unwrap());
+        for &(off, len) in ranges {
+            assert_eq!(p.space.alloc(len), Some(off));
+            p.state().live.insert(off, len);
+        }
+        p
+    }
+
+    fn copy(to_device: bool, device: u64, offset: u64, len: u64) -> PinnedCopy {
+        PinnedCopy {
+            to_device,
+            device,
+            offset,
+            len,
+            stream: None,
+            per_thread: false,
+        }
+    }
+
+    /// A copy names arena memory the session allocated, and device memory it owns, or the
+    /// driver never sees it.
+    #[test]
+    fn copies_are_refused_outside_the_sessions_ranges() {
+        let p = pinned_with(&[(0, 2 * PAGE), (2 * PAGE, PAGE)]);
+        assert!(p.host_range(0, 2 * PAGE).is_some());
+        assert!(p.host_range(PAGE, 10).is_some());
+        assert!(p.host_range(PAGE, 2 * PAGE).is_none(), "spans two ranges");
+        assert!(p.host_range(3 * PAGE, 1).is_none(), "never allocated");
+        assert!(p.host_range(u64::MAX - 1, 4).is_none());
+        let session = Session::default();
+        let s = Call(&session);
+        session.allocated(0x7000_0000, 0x1000);
+        assert_eq!(
+            p.copy(&s, &copy(true, 0x7000_0000, 3 * PAGE, 16)),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+        assert_eq!(
+            p.copy(&s, &copy(false, 0x7000_0800, 0, 0x1000)),
+            Err(CUDA_ERROR_INVALID_VALUE),
+            "device range beyond the allocation"
+        );
+        let mut bad_stream = copy(true, 0x7000_0000, 0, 16);
+        bad_stream.stream = Some(999);
+        assert_eq!(p.copy(&s, &bad_stream), Err(CUDA_ERROR_INVALID_HANDLE));
+    }
+
+    #[test]
+    fn frees_name_a_live_range_once() {
+        let p = pinned_with(&[(0, PAGE)]);
+        p.state().bytes = PAGE;
+        assert_eq!(
+            p.free(PinnedFree { offset: PAGE }),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        // Without a driver the synchronisation and the unregistration fail (logged); the
+        // range still goes back.
+        assert_eq!(p.free(PinnedFree { offset: 0 }), CUDA_SUCCESS);
+        assert_eq!(p.state().bytes, 0);
+        assert_eq!(p.space.free_ranges(), vec![(0, 64 * PAGE)]);
+        assert_eq!(p.free(PinnedFree { offset: 0 }), CUDA_ERROR_INVALID_VALUE);
+    }
+
+    #[test]
+    fn allocations_are_checked_and_bounded_by_the_quota() {
+        let p = pinned_with(&[]);
+        let session = Session::default();
+        session.set_limits(std::sync::Arc::new(wormhole_server::worker::Limits {
+            mem_quota: Some(4 * PAGE),
+            ..Default::default()
+        }));
+        let s = Call(&session);
+        let alloc = |bytes, flags| p.alloc(&s, PinnedAlloc { bytes, flags });
+        assert_eq!(alloc(0, 0), Err(CUDA_ERROR_INVALID_VALUE));
+        assert_eq!(alloc(PAGE, 0x8), Err(CUDA_ERROR_INVALID_VALUE));
+        assert_eq!(alloc(4 * PAGE + 1, 0), Err(CUDA_ERROR_OUT_OF_MEMORY));
+        // Within the quota the driver decides (here there is none): the range goes back.
+        assert_eq!(alloc(PAGE, 0x2), Err(CUDA_ERROR_NOT_SUPPORTED));
+        assert_eq!(p.space.free_ranges(), vec![(0, 64 * PAGE)]);
+        assert!(p.state().live.is_empty());
+    }
+}

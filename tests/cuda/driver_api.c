@@ -342,6 +342,33 @@ int main(int argc, char **argv) {
         CHECK(cuMemFreeHost(out));
     }
 
+    /* Tensor maps (cuBLASLt's Hopper GEMMs make them): a 2D float tensor over device
+     * memory, made at two addresses, one moved to the other's, and one the driver refuses. */
+    {
+        CUtensorMap m1, m2, m3;
+        cuuint64_t gdim[2] = {256, 256}, gstride[1] = {256 * sizeof(float)};
+        cuuint32_t box[2] = {64, 64}, estride[2] = {1, 1};
+        CUdeviceptr tens;
+        CHECK(cuMemAlloc(&tens, 2 * 256 * 256 * sizeof(float)));
+        CUdeviceptr other = tens + 256 * 256 * sizeof(float);
+        CHECK(cuTensorMapEncodeTiled(&m1, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, (void *)tens, gdim, gstride, box,
+                                     estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                     CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+        CHECK(cuTensorMapEncodeTiled(&m2, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, (void *)other, gdim, gstride, box,
+                                     estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                     CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+        cuuint32_t big_box[2] = {512, 64};
+        CUresult refused = cuTensorMapEncodeTiled(&m3, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, (void *)tens, gdim,
+                                                  gstride, big_box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                                  CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                                                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        CUtensorMap m4 = m1;
+        CHECK(cuTensorMapReplaceAddress(&m4, (void *)other));
+        printf("tensor maps: moved equals made there: %s, a 512-wide box: %d\n",
+               memcmp(&m2, &m4, sizeof m2) == 0 ? "yes" : "no", (int)refused);
+        CHECK(cuMemFree(tens));
+    }
+
     /* 2D copies: 100 rows of 64 floats into a pitched device area and back, and host to
      * host (cudart's cudaMemcpy between two host buffers comes this way). */
     {

@@ -10,6 +10,7 @@ use crate::image;
 pub use crate::memory::{cuPointerGetAttribute, cuPointerGetAttributes};
 use crate::objects;
 use crate::rt::{self, entry_status, ApiErr};
+pub use crate::tensor_maps::*;
 use std::ffi::{c_char, c_void, CStr};
 use wormhole_cuda_proto::cu::*;
 use wormhole_cuda_proto::requests::{

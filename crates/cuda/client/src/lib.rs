@@ -21,6 +21,7 @@ mod local;
 mod memory;
 mod objects;
 pub mod rt;
+mod tensor_maps;
 
 /// The generated entry points: every symbol exported by name (see `crates/apigen`).
 #[allow(

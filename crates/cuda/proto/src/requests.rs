@@ -603,6 +603,200 @@ impl<'a> Message<'a> for PinnedCopy {
     }
 }
 
+/// `CUtensorMap`: an opaque descriptor of 128 bytes that kernels using the tensor memory
+/// accelerator (Hopper on: cuBLASLt's and cuDNN's GEMMs) receive as a parameter.
+pub const TENSOR_MAP_BYTES: usize = 128;
+/// The most dimensions a tensor map has (`tensorRank`).
+pub const TENSOR_MAP_MAX_RANK: u32 = 5;
+
+/// A tensor map the driver made (or changed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TensorMap(pub [u8; TENSOR_MAP_BYTES]);
+
+impl<'a> Message<'a> for TensorMap {
+    fn encode(&self, w: &mut Writer) {
+        w.bytes(&self.0);
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        Ok(TensorMap(r.bytes()?.try_into().map_err(|_| {
+            DecodeError::BadValue("a tensor map is 128 bytes")
+        })?))
+    }
+}
+
+/// How a tensor map cuts its boxes: the part of `cuTensorMapEncodeTiled`,
+/// `cuTensorMapEncodeIm2col` and `cuTensorMapEncodeIm2colWide` that differs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TensorMapLayout {
+    Tiled {
+        box_dim: Vec<u32>,
+    },
+    Im2col {
+        lower_corner: Vec<i32>,
+        upper_corner: Vec<i32>,
+        channels_per_pixel: u32,
+        pixels_per_column: u32,
+    },
+    Im2colWide {
+        lower_corner_width: i32,
+        upper_corner_width: i32,
+        channels_per_pixel: u32,
+        pixels_per_column: u32,
+        mode: u32,
+    },
+}
+
+/// `cuTensorMapEncode*`: every argument but the output, its arrays read at their lengths
+/// (`rank` entries, `rank - 1` strides, `rank - 2` im2col corners). Answered by
+/// `Reply<TensorMap>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorMapEncode {
+    pub layout: TensorMapLayout,
+    pub data_type: u32,
+    pub rank: u32,
+    /// A device address (the same number on both sides).
+    pub address: u64,
+    pub global_dim: Vec<u64>,
+    pub global_strides: Vec<u64>,
+    pub element_strides: Vec<u32>,
+    pub interleave: u32,
+    pub swizzle: u32,
+    pub l2_promotion: u32,
+    pub oob_fill: u32,
+}
+
+fn put_u32s(w: &mut Writer, v: &[u32]) {
+    w.u32(v.len() as u32);
+    v.iter().for_each(|&x| w.u32(x));
+}
+
+fn put_i32s(w: &mut Writer, v: &[i32]) {
+    w.u32(v.len() as u32);
+    v.iter().for_each(|&x| w.i32(x));
+}
+
+fn put_u64s(w: &mut Writer, v: &[u64]) {
+    w.u32(v.len() as u32);
+    v.iter().for_each(|&x| w.u64(x));
+}
+
+/// At most this many entries in a tensor map's arrays.
+const RANK_LIMIT: usize = TENSOR_MAP_MAX_RANK as usize;
+
+fn get_u32s(r: &mut Reader<'_>) -> Result<Vec<u32>, DecodeError> {
+    (0..count(r, 4, RANK_LIMIT)?).map(|_| r.u32()).collect()
+}
+
+fn get_i32s(r: &mut Reader<'_>) -> Result<Vec<i32>, DecodeError> {
+    (0..count(r, 4, RANK_LIMIT)?).map(|_| r.i32()).collect()
+}
+
+fn get_u64s(r: &mut Reader<'_>) -> Result<Vec<u64>, DecodeError> {
+    (0..count(r, 8, RANK_LIMIT)?).map(|_| r.u64()).collect()
+}
+
+impl<'a> Message<'a> for TensorMapEncode {
+    fn encode(&self, w: &mut Writer) {
+        match &self.layout {
+            TensorMapLayout::Tiled { box_dim } => {
+                w.u8(0);
+                put_u32s(w, box_dim);
+            }
+            TensorMapLayout::Im2col {
+                lower_corner,
+                upper_corner,
+                channels_per_pixel,
+                pixels_per_column,
+            } => {
+                w.u8(1);
+                put_i32s(w, lower_corner);
+                put_i32s(w, upper_corner);
+                w.u32(*channels_per_pixel);
+                w.u32(*pixels_per_column);
+            }
+            TensorMapLayout::Im2colWide {
+                lower_corner_width,
+                upper_corner_width,
+                channels_per_pixel,
+                pixels_per_column,
+                mode,
+            } => {
+                w.u8(2);
+                w.i32(*lower_corner_width);
+                w.i32(*upper_corner_width);
+                w.u32(*channels_per_pixel);
+                w.u32(*pixels_per_column);
+                w.u32(*mode);
+            }
+        }
+        w.u32(self.data_type);
+        w.u32(self.rank);
+        w.u64(self.address);
+        put_u64s(w, &self.global_dim);
+        put_u64s(w, &self.global_strides);
+        put_u32s(w, &self.element_strides);
+        w.u32(self.interleave);
+        w.u32(self.swizzle);
+        w.u32(self.l2_promotion);
+        w.u32(self.oob_fill);
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        let layout = match r.u8()? {
+            0 => TensorMapLayout::Tiled {
+                box_dim: get_u32s(r)?,
+            },
+            1 => TensorMapLayout::Im2col {
+                lower_corner: get_i32s(r)?,
+                upper_corner: get_i32s(r)?,
+                channels_per_pixel: r.u32()?,
+                pixels_per_column: r.u32()?,
+            },
+            2 => TensorMapLayout::Im2colWide {
+                lower_corner_width: r.i32()?,
+                upper_corner_width: r.i32()?,
+                channels_per_pixel: r.u32()?,
+                pixels_per_column: r.u32()?,
+                mode: r.u32()?,
+            },
+            _ => return Err(DecodeError::BadValue("unknown tensor map layout")),
+        };
+        Ok(TensorMapEncode {
+            layout,
+            data_type: r.u32()?,
+            rank: r.u32()?,
+            address: r.u64()?,
+            global_dim: get_u64s(r)?,
+            global_strides: get_u64s(r)?,
+            element_strides: get_u32s(r)?,
+            interleave: r.u32()?,
+            swizzle: r.u32()?,
+            l2_promotion: r.u32()?,
+            oob_fill: r.u32()?,
+        })
+    }
+}
+
+/// `cuTensorMapReplaceAddress`: the map as the program holds it, and its new address.
+/// Answered by `Reply<TensorMap>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TensorMapReplaceAddress {
+    pub map: TensorMap,
+    pub address: u64,
+}
+
+impl<'a> Message<'a> for TensorMapReplaceAddress {
+    fn encode(&self, w: &mut Writer) {
+        self.map.encode(w);
+        w.u64(self.address);
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        Ok(TensorMapReplaceAddress {
+            map: TensorMap::decode(r)?,
+            address: r.u64()?,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -619,8 +813,77 @@ mod tests {
     }
 
     #[test]
+    fn tensor_map_arrays_longer_than_the_largest_rank_are_malformed() {
+        let m = TensorMapEncode {
+            layout: TensorMapLayout::Tiled {
+                box_dim: vec![1; 6],
+            },
+            data_type: 0,
+            rank: 6,
+            address: 0,
+            global_dim: vec![],
+            global_strides: vec![],
+            element_strides: vec![],
+            interleave: 0,
+            swizzle: 0,
+            l2_promotion: 0,
+            oob_fill: 0,
+        };
+        let mut w = Writer::new(0);
+        m.encode(&mut w);
+        assert!(TensorMapEncode::decode_all(w.body()).is_err());
+        let mut w = Writer::new(0);
+        w.bytes(&[0; 127]);
+        assert!(TensorMap::decode_all(w.body()).is_err());
+    }
+
+    #[test]
     fn requests_decode_as_encoded() {
         let image = [7u8; 100];
+        let encode = |layout| TensorMapEncode {
+            layout,
+            data_type: 7,
+            rank: 3,
+            address: 0x7f00_0000_0000,
+            global_dim: vec![1024, 512, 8],
+            global_strides: vec![2048, 1 << 20],
+            element_strides: vec![1, 1, 1],
+            interleave: 0,
+            swizzle: 3,
+            l2_promotion: 2,
+            oob_fill: 0,
+        };
+        for layout in [
+            TensorMapLayout::Tiled {
+                box_dim: vec![64, 64, 1],
+            },
+            TensorMapLayout::Im2col {
+                lower_corner: vec![-1],
+                upper_corner: vec![1],
+                channels_per_pixel: 64,
+                pixels_per_column: 128,
+            },
+            TensorMapLayout::Im2colWide {
+                lower_corner_width: -2,
+                upper_corner_width: 2,
+                channels_per_pixel: 32,
+                pixels_per_column: 64,
+                mode: 1,
+            },
+        ] {
+            roundtrip(&encode(layout), &mut Vec::new());
+        }
+        let mut bytes = [0u8; TENSOR_MAP_BYTES];
+        bytes[127] = 9;
+        roundtrip(
+            &TensorMapReplaceAddress {
+                map: TensorMap(bytes),
+                address: 0x7f00_0000_1000,
+            },
+            &mut Vec::new(),
+        );
+        let reply: Reply<TensorMap> = Ok(TensorMap(bytes));
+        roundtrip(&reply, &mut Vec::new());
         roundtrip(
             &PinnedAlloc {
                 bytes: 1 << 33,

@@ -7,6 +7,7 @@
 
 use crate::generated::{args, ffi};
 use crate::session::{Call, Handle};
+pub use crate::tensor_maps::*;
 use std::ffi::{c_void, CString};
 use wormhole_cuda_proto::cu::*;
 use wormhole_cuda_proto::requests::{

@@ -11,6 +11,7 @@ mod export_tables;
 mod pinned;
 mod rt;
 mod session;
+mod tensor_maps;
 
 /// The generated decoders and dispatch (see `crates/apigen`).
 #[allow(

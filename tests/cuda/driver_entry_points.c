@@ -119,9 +119,9 @@ int main(void) {
     EXPECT(table((const void **)&t, logger_id) == 801 && t == NULL, "an unknown table must fail");
 
     /* Entry points not forwarded (a graph call, a GL interop call): NOT_SUPPORTED. */
-    nullary_t graph = (nullary_t)dlsym(lib, "cuGraphCreate");
+    nullary_t graph = (nullary_t)dlsym(lib, "cuGraphClone");
     nullary_t gl = (nullary_t)dlsym(lib, "cuGLInit");
-    EXPECT(graph && graph() == 801, "cuGraphCreate must be CUDA_ERROR_NOT_SUPPORTED");
+    EXPECT(graph && graph() == 801, "cuGraphClone must be CUDA_ERROR_NOT_SUPPORTED");
     EXPECT(gl && gl() == 801, "cuGLInit must be CUDA_ERROR_NOT_SUPPORTED");
 
     /* Before cuInit, what needs the driver initialised is refused, as natively. */

@@ -5,6 +5,7 @@
 // Entry points keep the C names the description gives them.
 #![allow(non_snake_case)]
 
+pub use crate::capture::*;
 pub use crate::copies_2d::*;
 use crate::image;
 pub use crate::memory::{cuPointerGetAttribute, cuPointerGetAttributes};

@@ -9,6 +9,7 @@
 //! and every failure becomes a CUDA status.
 
 mod allocations;
+mod capture;
 mod connection;
 mod copies;
 mod copies_2d;

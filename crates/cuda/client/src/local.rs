@@ -6,6 +6,7 @@
 // Entry points keep the C names the description gives them.
 #![allow(non_snake_case)]
 
+pub use crate::capture::*;
 use crate::connection;
 pub use crate::copies::*;
 use crate::current;

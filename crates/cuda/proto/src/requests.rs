@@ -797,6 +797,141 @@ impl<'a> Message<'a> for TensorMapReplaceAddress {
     }
 }
 
+/// Most graph nodes one answer names (`cuGraphGetNodes`, a capture's dependencies).
+pub const MAX_GRAPH_NODES: usize = 1 << 20;
+
+fn put_ids(w: &mut Writer, v: &[u64]) {
+    w.u32(v.len() as u32);
+    v.iter().for_each(|&x| w.u64(x));
+}
+
+fn get_ids(r: &mut Reader<'_>) -> Result<Vec<u64>, DecodeError> {
+    (0..count(r, 8, MAX_GRAPH_NODES)?)
+        .map(|_| r.u64())
+        .collect()
+}
+
+/// `cuStreamGetCaptureInfo` (v1, v2, v3; the opcode says which): the stream, and which
+/// optional outputs the program asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CaptureInfoQuery {
+    pub stream: u64,
+    pub id: bool,
+    pub graph: bool,
+    pub dependencies: bool,
+    pub edge_data: bool,
+}
+
+impl<'a> Message<'a> for CaptureInfoQuery {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.stream);
+        w.bool(self.id);
+        w.bool(self.graph);
+        w.bool(self.dependencies);
+        w.bool(self.edge_data);
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        Ok(CaptureInfoQuery {
+            stream: r.u64()?,
+            id: r.bool()?,
+            graph: r.bool()?,
+            dependencies: r.bool()?,
+            edge_data: r.bool()?,
+        })
+    }
+}
+
+/// The answer to a [`CaptureInfoQuery`] (in a `Reply`): the capture status, and what was asked
+/// for (0 where not): the capture's id, its graph and dependency nodes by id (borrowed: the
+/// capture owns them), each dependency's edge data (`CUgraphEdgeData`, 8 bytes).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CaptureInfo {
+    pub status: u32,
+    pub id: u64,
+    pub graph: u64,
+    pub dependencies: Vec<u64>,
+    pub edge_data: Vec<u64>,
+}
+
+impl<'a> Message<'a> for CaptureInfo {
+    fn encode(&self, w: &mut Writer) {
+        w.u32(self.status);
+        w.u64(self.id);
+        w.u64(self.graph);
+        put_ids(w, &self.dependencies);
+        put_ids(w, &self.edge_data);
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        Ok(CaptureInfo {
+            status: r.u32()?,
+            id: r.u64()?,
+            graph: r.u64()?,
+            dependencies: get_ids(r)?,
+            edge_data: get_ids(r)?,
+        })
+    }
+}
+
+/// `cuGraphGetNodes`: the graph, and how many nodes the program's array holds (None: it
+/// passed no array, and asks for the count).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GraphNodesQuery {
+    pub graph: u64,
+    pub capacity: Option<u64>,
+}
+
+impl<'a> Message<'a> for GraphNodesQuery {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.graph);
+        w.bool(self.capacity.is_some());
+        w.u64(self.capacity.unwrap_or(0));
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        let graph = r.u64()?;
+        let present = r.bool()?;
+        let capacity = r.u64()?;
+        Ok(GraphNodesQuery {
+            graph,
+            capacity: present.then_some(capacity),
+        })
+    }
+}
+
+/// The answer to a [`GraphNodesQuery`] (in a `Reply`): the count the driver returned, and
+/// the array's entries by id (0 for NULL; none when no array was passed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GraphNodes {
+    pub count: u64,
+    pub nodes: Vec<u64>,
+}
+
+impl<'a> Message<'a> for GraphNodes {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.count);
+        put_ids(w, &self.nodes);
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        Ok(GraphNodes {
+            count: r.u64()?,
+            nodes: get_ids(r)?,
+        })
+    }
+}
+
+/// `cuThreadExchangeStreamCaptureMode`: the mode the calling thread takes; answered (in a
+/// `Reply`) by the one it had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CaptureMode(pub u32);
+
+impl<'a> Message<'a> for CaptureMode {
+    fn encode(&self, w: &mut Writer) {
+        w.u32(self.0);
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        Ok(CaptureMode(r.u32()?))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -840,6 +975,39 @@ mod tests {
     #[test]
     fn requests_decode_as_encoded() {
         let image = [7u8; 100];
+        roundtrip(
+            &CaptureInfoQuery {
+                stream: 17,
+                id: true,
+                graph: false,
+                dependencies: true,
+                edge_data: false,
+            },
+            &mut Vec::new(),
+        );
+        let info: Reply<CaptureInfo> = Ok(CaptureInfo {
+            status: 1,
+            id: 9,
+            graph: 40,
+            dependencies: vec![41, 42],
+            edge_data: vec![0, 0x0101],
+        });
+        roundtrip(&info, &mut Vec::new());
+        for capacity in [None, Some(0), Some(12)] {
+            roundtrip(
+                &GraphNodesQuery {
+                    graph: 40,
+                    capacity,
+                },
+                &mut Vec::new(),
+            );
+        }
+        let nodes: Reply<GraphNodes> = Ok(GraphNodes {
+            count: 3,
+            nodes: vec![41, 42, 0],
+        });
+        roundtrip(&nodes, &mut Vec::new());
+        roundtrip(&CaptureMode(2), &mut Vec::new());
         let encode = |layout| TensorMapEncode {
             layout,
             data_type: 7,

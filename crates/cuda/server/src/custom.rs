@@ -5,6 +5,7 @@
 // Entry points keep the C names the description gives them.
 #![allow(non_snake_case)]
 
+pub use crate::capture::*;
 use crate::generated::{args, ffi};
 use crate::session::{Call, Handle};
 pub use crate::tensor_maps::*;

@@ -5,6 +5,7 @@
 //! dispatch (`crates/apigen`), with hand-written handlers in `custom` for device memory. The
 //! server core (`wormhole-server`) does everything that is not CUDA's own.
 
+mod capture;
 mod custom;
 mod driver;
 mod export_tables;

@@ -71,8 +71,10 @@ pub fn release(kind: HandleKind, obj: Handle) {
             HandleKind::Stream => ffi::cuStreamDestroy_v2(obj),
             HandleKind::Event => ffi::cuEventDestroy_v2(obj),
             HandleKind::Library => ffi::cuLibraryUnload(obj),
-            // A function belongs to its module, a kernel to its library.
-            HandleKind::Function | HandleKind::Kernel => CUDA_SUCCESS,
+            HandleKind::Graph => ffi::cuGraphDestroy(obj),
+            HandleKind::GraphExec => ffi::cuGraphExecDestroy(obj),
+            // A function belongs to its module, a kernel to its library, a node to its graph.
+            HandleKind::Function | HandleKind::Kernel | HandleKind::GraphNode => CUDA_SUCCESS,
         }
     };
     if st != CUDA_SUCCESS {

@@ -1,0 +1,265 @@
+//! Stream capture and graphs (see the client's `capture`): the capture itself is the driver's,
+//! on the lane threads that run the program's calls. Here: capture status queries, whose graph
+//! and dependency nodes the driver lends (they are exported as the session's objects, the
+//! nodes as children of their graph), a graph's nodes, and the thread's capture mode.
+
+// Entry points keep the C names the description gives them.
+#![allow(non_snake_case)]
+
+use crate::generated::ffi;
+use crate::session::{Call, Handle};
+use std::ffi::c_void;
+use wormhole_cuda_proto::cu::*;
+use wormhole_cuda_proto::requests::{
+    CaptureInfo, CaptureInfoQuery, CaptureMode, GraphNodes, GraphNodesQuery, Message,
+    MAX_GRAPH_NODES,
+};
+use wormhole_cuda_proto::{DecodeError, HandleKind, Op, Reader, Writer};
+
+fn whole<'a, M: Message<'a>>(r: &mut Reader<'a>) -> Result<M, DecodeError> {
+    let m = M::decode(r)?;
+    r.finish()?;
+    Ok(m)
+}
+
+fn answer<'a, T: Message<'a>>(w: &mut Writer, reply: Result<T, i32>) {
+    reply.encode(w);
+}
+
+/// Exports the nodes the driver returned (children of `graph`, by id) as ids; NULL as 0.
+fn export_nodes(s: &Call<'_>, graph: u64, nodes: &[Handle]) -> Vec<u64> {
+    nodes
+        .iter()
+        .map(|&n| {
+            let id = s.export(HandleKind::GraphNode, n);
+            if id != 0 && graph != 0 {
+                s.set_parent(id, (graph, HandleKind::Graph));
+            }
+            id
+        })
+        .collect()
+}
+
+fn query(s: &Call<'_>, op: Op, q: &CaptureInfoQuery) -> Result<CaptureInfo, i32> {
+    let stream = s.resolve(q.stream, HandleKind::Stream, true)?;
+    let mut status = 0u32;
+    let mut id = 0u64;
+    let mut graph: Handle = std::ptr::null_mut();
+    let mut deps: *const Handle = std::ptr::null();
+    let mut edges: *const u64 = std::ptr::null();
+    let mut count = 0usize;
+    let st_ptr = &mut status as *mut u32 as *mut c_void;
+    let id_ptr = match q.id {
+        true => &mut id as *mut u64 as *mut c_void,
+        false => std::ptr::null_mut(),
+    };
+    // The graph and the dependencies are always asked for (the count is their number, and
+    // the nodes are the graph's children); edge data only as the program did (the driver
+    // refuses a query that would lose edge data it was not given room for).
+    let graph_ptr = &mut graph as *mut Handle as *mut c_void;
+    let deps_ptr = &mut deps as *mut *const Handle as *mut c_void;
+    let edges_ptr = match q.edge_data {
+        true => &mut edges as *mut *const u64 as *mut c_void,
+        false => std::ptr::null_mut(),
+    };
+    let count_ptr = &mut count as *mut usize as *mut c_void;
+    // SAFETY: every output points to a local of the type the driver writes there; the arrays
+    // the driver lends are read below, before any other call.
+    let st = unsafe {
+        match op {
+            Op::cuStreamGetCaptureInfo => ffi::cuStreamGetCaptureInfo(stream, st_ptr, id_ptr),
+            Op::cuStreamGetCaptureInfo_ptsz => {
+                ffi::cuStreamGetCaptureInfo_ptsz(stream, st_ptr, id_ptr)
+            }
+            Op::cuStreamGetCaptureInfo_v2 => ffi::cuStreamGetCaptureInfo_v2(
+                stream, st_ptr, id_ptr, graph_ptr, deps_ptr, count_ptr,
+            ),
+            Op::cuStreamGetCaptureInfo_v2_ptsz => ffi::cuStreamGetCaptureInfo_v2_ptsz(
+                stream, st_ptr, id_ptr, graph_ptr, deps_ptr, count_ptr,
+            ),
+            Op::cuStreamGetCaptureInfo_v3 => ffi::cuStreamGetCaptureInfo_v3(
+                stream, st_ptr, id_ptr, graph_ptr, deps_ptr, edges_ptr, count_ptr,
+            ),
+            _ => ffi::cuStreamGetCaptureInfo_v3_ptsz(
+                stream, st_ptr, id_ptr, graph_ptr, deps_ptr, edges_ptr, count_ptr,
+            ),
+        }
+    };
+    if st != CUDA_SUCCESS {
+        return Err(st);
+    }
+    if count > MAX_GRAPH_NODES {
+        tracing::warn!(
+            count,
+            "a capture with more dependencies than Wormhole carries"
+        );
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    let lent = |p: *const Handle| match p.is_null() || count == 0 {
+        true => Vec::new(),
+        // SAFETY: the driver lends `count` entries at `p` until the stream's next call.
+        false => unsafe { std::slice::from_raw_parts(p, count) }.to_vec(),
+    };
+    let graph_id = s.export(HandleKind::Graph, graph);
+    let nodes = lent(deps);
+    let edge_data = match edges.is_null() || count == 0 {
+        true => Vec::new(),
+        // SAFETY: as above; `CUgraphEdgeData` is 8 bytes.
+        false => unsafe { std::slice::from_raw_parts(edges, count) }.to_vec(),
+    };
+    Ok(CaptureInfo {
+        status,
+        id,
+        graph: if q.graph { graph_id } else { 0 },
+        dependencies: export_nodes(s, graph_id, &nodes),
+        edge_data,
+    })
+}
+
+fn capture_info(
+    s: &Call<'_>,
+    op: Op,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let q: CaptureInfoQuery = whole(r)?;
+    answer(w, query(s, op, &q));
+    Ok(())
+}
+
+/// `cuStreamGetCaptureInfo`.
+pub fn cuStreamGetCaptureInfo(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    capture_info(s, Op::cuStreamGetCaptureInfo, r, w)
+}
+
+/// `cuStreamGetCaptureInfo_ptsz`.
+pub fn cuStreamGetCaptureInfo_ptsz(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    capture_info(s, Op::cuStreamGetCaptureInfo_ptsz, r, w)
+}
+
+/// `cuStreamGetCaptureInfo_v2`.
+pub fn cuStreamGetCaptureInfo_v2(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    capture_info(s, Op::cuStreamGetCaptureInfo_v2, r, w)
+}
+
+/// `cuStreamGetCaptureInfo_v2_ptsz`.
+pub fn cuStreamGetCaptureInfo_v2_ptsz(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    capture_info(s, Op::cuStreamGetCaptureInfo_v2_ptsz, r, w)
+}
+
+/// `cuStreamGetCaptureInfo_v3`.
+pub fn cuStreamGetCaptureInfo_v3(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    capture_info(s, Op::cuStreamGetCaptureInfo_v3, r, w)
+}
+
+/// `cuStreamGetCaptureInfo_v3_ptsz`.
+pub fn cuStreamGetCaptureInfo_v3_ptsz(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    capture_info(s, Op::cuStreamGetCaptureInfo_v3_ptsz, r, w)
+}
+
+fn graph_nodes(s: &Call<'_>, q: &GraphNodesQuery) -> Result<GraphNodes, i32> {
+    let graph = s.resolve(q.graph, HandleKind::Graph, false)?;
+    let capacity = match q.capacity {
+        Some(c) if c > MAX_GRAPH_NODES as u64 => return Err(CUDA_ERROR_OUT_OF_MEMORY),
+        Some(c) => Some(c as usize),
+        None => None,
+    };
+    let mut nodes: Vec<Handle> = vec![std::ptr::null_mut(); capacity.unwrap_or(0)];
+    let mut count = capacity.unwrap_or(0);
+    let array = match capacity {
+        Some(_) => nodes.as_mut_ptr() as *mut c_void,
+        None => std::ptr::null_mut(),
+    };
+    // SAFETY: `array` is NULL or holds `count` entries, as the driver's contract asks.
+    let st = unsafe { ffi::cuGraphGetNodes(graph, array, &mut count as *mut usize as *mut c_void) };
+    if st != CUDA_SUCCESS {
+        return Err(st);
+    }
+    Ok(GraphNodes {
+        count: count as u64,
+        nodes: export_nodes(s, q.graph, &nodes),
+    })
+}
+
+/// `cuGraphGetNodes`.
+pub fn cuGraphGetNodes(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let q: GraphNodesQuery = whole(r)?;
+    answer(w, graph_nodes(s, &q));
+    Ok(())
+}
+
+/// `cuThreadExchangeStreamCaptureMode`: the mode of the lane thread that runs the call.
+pub fn cuThreadExchangeStreamCaptureMode(
+    _s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let CaptureMode(mut mode) = whole(r)?;
+    // SAFETY: a valid in-out pointer.
+    let st =
+        unsafe { ffi::cuThreadExchangeStreamCaptureMode(&mut mode as *mut u32 as *mut c_void) };
+    answer(
+        w,
+        match st {
+            CUDA_SUCCESS => Ok(CaptureMode(mode)),
+            st => Err(st),
+        },
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::Session;
+
+    #[test]
+    fn queries_name_the_sessions_streams_and_graphs() {
+        let session = Session::default();
+        let s = Call(&session);
+        let q = CaptureInfoQuery {
+            stream: 999,
+            id: true,
+            graph: true,
+            dependencies: true,
+            edge_data: true,
+        };
+        assert_eq!(
+            query(&s, Op::cuStreamGetCaptureInfo_v3, &q),
+            Err(CUDA_ERROR_INVALID_HANDLE)
+        );
+        let nodes = GraphNodesQuery {
+            graph: 999,
+            capacity: Some(4),
+        };
+        assert_eq!(graph_nodes(&s, &nodes), Err(CUDA_ERROR_INVALID_VALUE));
+    }
+}

@@ -1,0 +1,95 @@
+// Stream capture and CUDA graphs as PyTorch uses them (torch.cuda.graph): capture status
+// queries before, during and after a capture, the graph and its dependencies while capturing,
+// the thread's capture mode, instantiation, replays into page-locked memory, a capture the
+// program breaks. Through Wormhole it must print what it prints natively.
+#include <cstdio>
+#include <cuda_runtime.h>
+
+__global__ void axpy(float a, const float *x, float *y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] += a * x[i];
+}
+
+#define CHECK(call)                                                                          \
+    do {                                                                                     \
+        cudaError_t e_ = (call);                                                             \
+        if (e_ != cudaSuccess) {                                                             \
+            printf("error: %s -> %d %s: %s\n", #call, (int)e_, cudaGetErrorName(e_),         \
+                   cudaGetErrorString(e_));                                                  \
+            return 2;                                                                        \
+        }                                                                                    \
+    } while (0)
+
+int main() {
+    const int n = 1 << 16;
+    const size_t bytes = n * sizeof(float);
+    cudaStream_t s;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    float *x, *y, *h;
+    CHECK(cudaMalloc(&x, bytes));
+    CHECK(cudaMalloc(&y, bytes));
+    CHECK(cudaMallocHost(&h, bytes));
+    for (int i = 0; i < n; i++) h[i] = (float)(i % 100);
+    CHECK(cudaMemcpy(x, h, bytes, cudaMemcpyHostToDevice));
+    CHECK(cudaMemset(y, 0, bytes));
+
+    cudaStreamCaptureStatus st;
+    unsigned long long id = 0;
+    CHECK(cudaStreamIsCapturing(s, &st));
+    printf("before: capturing %d\n", (int)st);
+    CHECK(cudaStreamGetCaptureInfo(s, &st, &id));
+    printf("before: capture info %d\n", (int)st);
+
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    CHECK(cudaStreamIsCapturing(s, &st));
+    cudaGraph_t during = nullptr;
+    const cudaGraphNode_t *deps = nullptr;
+    size_t ndeps = 99;
+    CHECK(cudaStreamGetCaptureInfo(s, &st, &id, &during, &deps, nullptr, &ndeps));
+    printf("during: capturing %d, a graph %s, %zu dependencies\n", (int)st, during ? "yes" : "no", ndeps);
+    axpy<<<n / 256, 256, 0, s>>>(2.0f, x, y, n);
+    axpy<<<n / 256, 256, 0, s>>>(3.0f, x, y, n);
+    CHECK(cudaMemcpyAsync(h, y, bytes, cudaMemcpyDeviceToHost, s));
+    CHECK(cudaStreamGetCaptureInfo(s, &st, &id, nullptr, &deps, nullptr, &ndeps));
+    printf("after three operations: %zu dependencies, one given: %s\n", ndeps, deps && deps[0] ? "yes" : "no");
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+    printf("the thread's mode was %d\n", (int)mode);
+    CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+    cudaGraph_t graph;
+    CHECK(cudaStreamEndCapture(s, &graph));
+    CHECK(cudaStreamIsCapturing(s, &st));
+    printf("after: capturing %d, the graph is the one captured into: %s\n", (int)st, graph == during ? "yes" : "no");
+    size_t nodes = 0;
+    CHECK(cudaGraphGetNodes(graph, nullptr, &nodes));
+    cudaGraphNode_t listed[8] = {};
+    size_t room = 8;
+    CHECK(cudaGraphGetNodes(graph, listed, &room));
+    printf("nodes: %zu, listed %zu, the last slot empty: %s\n", nodes, room, listed[7] ? "no" : "yes");
+
+    cudaGraphExec_t exec;
+    CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    CHECK(cudaGraphUpload(exec, s));
+    for (int i = 0; i < n; i++) h[i] = -1.0f;
+    for (int r = 0; r < 10; r++) CHECK(cudaGraphLaunch(exec, s));
+    CHECK(cudaStreamSynchronize(s));
+    bool right = true;
+    for (int i = 0; i < n; i++) right &= h[i] == 50.0f * (float)(i % 100);
+    printf("ten replays: %s\n", right ? "right" : "wrong");
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(graph));
+
+    // Synchronizing a capturing stream is refused and breaks the capture.
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    cudaError_t sync = cudaStreamSynchronize(s);
+    cudaGraph_t broken = nullptr;
+    cudaError_t end = cudaStreamEndCapture(s, &broken);
+    printf("a sync while capturing: %d, then the end: %d, a graph: %s\n", (int)sync, (int)end,
+           broken ? "yes" : "no");
+    cudaGetLastError();
+    CHECK(cudaStreamIsCapturing(s, &st));
+    printf("afterwards: capturing %d\n", (int)st);
+    CHECK(cudaFreeHost(h));
+    CHECK(cudaStreamDestroy(s));
+    return 0;
+}

@@ -201,7 +201,8 @@ def test_vector_add_gives_native_results(gpu_server, cuda_programs, cudart):
 def test_stream_capture_and_graphs_give_native_results(gpu_server, cuda_programs, cudart):
     """Capture status before, during and after a capture (answered in the client until the
     first capture begins), the graph and dependencies lent while capturing, the thread's mode,
-    instantiation, ten replays into page-locked memory, and a capture the program breaks."""
+    instantiation, ten replays into page-locked memory, a capture the program breaks, host
+    functions and stream callbacks in stream order and as graph nodes (run in the client)."""
     prog = cuda_programs[f"graphs_{cudart}"]
     native = subprocess.run([prog], capture_output=True, text=True, timeout=120)
     assert native.returncode == 0, native.stdout + native.stderr

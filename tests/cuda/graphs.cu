@@ -1,7 +1,8 @@
 // Stream capture and CUDA graphs as PyTorch uses them (torch.cuda.graph): capture status
 // queries before, during and after a capture, the graph and its dependencies while capturing,
 // the thread's capture mode, instantiation, replays into page-locked memory, a capture the
-// program breaks. Through Wormhole it must print what it prints natively.
+// program breaks; host functions and stream callbacks, in stream order and as graph nodes.
+// Through Wormhole it must print what it prints natively.
 #include <cstdio>
 #include <cuda_runtime.h>
 
@@ -9,6 +10,10 @@ __global__ void axpy(float a, const float *x, float *y, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] += a * x[i];
 }
+
+static int calls = 0;
+static void CUDART_CB count_call(void *by) { calls += *(int *)by; }
+static void CUDART_CB note_status(cudaStream_t, cudaError_t status, void *out) { *(int *)out = 100 + (int)status; }
 
 #define CHECK(call)                                                                          \
     do {                                                                                     \
@@ -33,6 +38,18 @@ int main() {
     CHECK(cudaMemcpy(x, h, bytes, cudaMemcpyHostToDevice));
     CHECK(cudaMemset(y, 0, bytes));
 
+    // Host functions run in stream order: after the kernel before them, before what follows.
+    int one = 1, seen_status = 0;
+    CHECK(cudaMemsetAsync(y, 0, bytes, s));
+    axpy<<<n / 256, 256, 0, s>>>(1.0f, x, y, n);
+    CHECK(cudaMemcpyAsync(h, y, bytes, cudaMemcpyDeviceToHost, s));
+    CHECK(cudaLaunchHostFunc(s, count_call, &one));
+    CHECK(cudaStreamAddCallback(s, note_status, &seen_status, 0));
+    CHECK(cudaStreamSynchronize(s));
+    printf("host function ran %d time(s), the stream callback saw %d, the copy before them: %s\n", calls,
+           seen_status, h[99] == 99.0f ? "done" : "not done");
+    CHECK(cudaMemset(y, 0, bytes));
+
     cudaStreamCaptureStatus st;
     unsigned long long id = 0;
     CHECK(cudaStreamIsCapturing(s, &st));
@@ -50,8 +67,9 @@ int main() {
     axpy<<<n / 256, 256, 0, s>>>(2.0f, x, y, n);
     axpy<<<n / 256, 256, 0, s>>>(3.0f, x, y, n);
     CHECK(cudaMemcpyAsync(h, y, bytes, cudaMemcpyDeviceToHost, s));
+    CHECK(cudaLaunchHostFunc(s, count_call, &one));
     CHECK(cudaStreamGetCaptureInfo(s, &st, &id, nullptr, &deps, nullptr, &ndeps));
-    printf("after three operations: %zu dependencies, one given: %s\n", ndeps, deps && deps[0] ? "yes" : "no");
+    printf("after four operations: %zu dependencies, one given: %s\n", ndeps, deps && deps[0] ? "yes" : "no");
     cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
     CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
     printf("the thread's mode was %d\n", (int)mode);
@@ -66,6 +84,7 @@ int main() {
     size_t room = 8;
     CHECK(cudaGraphGetNodes(graph, listed, &room));
     printf("nodes: %zu, listed %zu, the last slot empty: %s\n", nodes, room, listed[7] ? "no" : "yes");
+    calls = 0;
 
     cudaGraphExec_t exec;
     CHECK(cudaGraphInstantiate(&exec, graph, 0));
@@ -75,7 +94,7 @@ int main() {
     CHECK(cudaStreamSynchronize(s));
     bool right = true;
     for (int i = 0; i < n; i++) right &= h[i] == 50.0f * (float)(i % 100);
-    printf("ten replays: %s\n", right ? "right" : "wrong");
+    printf("ten replays: %s, the host function in the graph ran %d times\n", right ? "right" : "wrong", calls);
     CHECK(cudaGraphExecDestroy(exec));
     CHECK(cudaGraphDestroy(graph));
 

@@ -8,9 +8,8 @@ pub use wormhole_session::{log, CallError, Connection, OnceConnection};
 const CUDA: wormhole_session::ApiHooks = wormhole_session::ApiHooks {
     api: wormhole_cuda_proto::API,
     waits_for_device,
-    // No entry point registers a callback yet (host functions and stream callbacks will run
-    // in the client).
-    deliver_callback: wormhole_session::no_callbacks,
+    // Host functions and stream callbacks run here.
+    deliver_callback: crate::host_functions::deliver,
     when_gone: "further CUDA calls fail with CUDA_ERROR_DEVICE_UNAVAILABLE",
 };
 

@@ -7,6 +7,9 @@
 
 pub use crate::capture::*;
 pub use crate::copies_2d::*;
+pub use crate::host_functions::{
+    cuLaunchHostFunc, cuLaunchHostFunc_ptsz, cuStreamAddCallback, cuStreamAddCallback_ptsz,
+};
 use crate::image;
 pub use crate::memory::{cuPointerGetAttribute, cuPointerGetAttributes};
 use crate::objects;

@@ -16,6 +16,7 @@ mod copies_2d;
 mod current;
 mod custom;
 mod export_tables;
+mod host_functions;
 mod host_memory_pinned;
 mod image;
 mod local;

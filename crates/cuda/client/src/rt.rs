@@ -62,18 +62,33 @@ pub fn check_initialized() -> Result<(), ApiErr> {
     }
 }
 
+/// CUDA_ERROR_NOT_PERMITTED inside a host function (see `host_functions`).
+fn check_permitted() -> Result<(), ApiErr> {
+    match crate::host_functions::in_host_function() {
+        false => Ok(()),
+        true => {
+            connection::log(
+                "a CUDA call inside a host function: answering CUDA_ERROR_NOT_PERMITTED",
+            );
+            Err(ApiErr(CUDA_ERROR_NOT_PERMITTED))
+        }
+    }
+}
+
 /// Sends a request and waits for its reply body.
 pub fn call(w: Writer) -> Result<Vec<u8>, ApiErr> {
     let op = w.opcode();
     if op != Op::cuInit as u16 && op != Op::cuDriverGetVersion as u16 {
         check_initialized()?;
     }
+    check_permitted()?;
     session()?.call(w).map_err(call_failed)
 }
 
 /// Sends a request whose errors the client has ruled out, without waiting.
 pub fn call_async(w: Writer) -> Result<Vec<u8>, ApiErr> {
     check_initialized()?;
+    check_permitted()?;
     session()?.send_async(w).map_err(call_failed)?;
     Ok(CUDA_SUCCESS.to_le_bytes().to_vec())
 }

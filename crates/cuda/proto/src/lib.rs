@@ -72,6 +72,15 @@ pub mod pinned {
     pub const COPY: u16 = 0xE003;
 }
 
+/// Host functions (`cuLaunchHostFunc`, `cuStreamAddCallback`): the driver in the worker calls a
+/// trampoline in stream order, which sends a CALLBACK frame
+/// ([`crate::requests::HostFunctionCall`]) and holds the stream until the client, having run
+/// the program's function, says so with a request of this opcode
+/// ([`crate::requests::HostFunctionDone`]; no exported symbol stands behind it).
+pub mod host_functions {
+    pub const DONE: u16 = 0xE004;
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;

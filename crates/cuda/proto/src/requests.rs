@@ -932,6 +932,72 @@ impl<'a> Message<'a> for CaptureMode {
     }
 }
 
+/// `cuLaunchHostFunc`, `cuStreamAddCallback` (and their `_ptsz`): the stream, and the id the
+/// client knows the program's function (and its data) by. Sent without waiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostFunction {
+    pub stream: u64,
+    pub callback: u64,
+    /// `cuStreamAddCallback`'s flags (0).
+    pub flags: u32,
+}
+
+impl<'a> Message<'a> for HostFunction {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.stream);
+        w.u64(self.callback);
+        w.u32(self.flags);
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        Ok(HostFunction {
+            stream: r.u64()?,
+            callback: r.u64()?,
+            flags: r.u32()?,
+        })
+    }
+}
+
+/// The CALLBACK frame of a host function the driver runs now: which, the stream's status
+/// (what `cuStreamAddCallback`'s callback receives), and whether it is the last run (one
+/// captured into a graph runs at every launch of it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostFunctionCall {
+    pub callback: u64,
+    pub status: i32,
+    pub last: bool,
+}
+
+impl<'a> Message<'a> for HostFunctionCall {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.callback);
+        w.i32(self.status);
+        w.bool(self.last);
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        Ok(HostFunctionCall {
+            callback: r.u64()?,
+            status: r.i32()?,
+            last: r.bool()?,
+        })
+    }
+}
+
+/// The program's function for a [`HostFunctionCall`] returned: the stream may go on
+/// ([`crate::host_functions::DONE`], sent without waiting).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostFunctionDone {
+    pub callback: u64,
+}
+
+impl<'a> Message<'a> for HostFunctionDone {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.callback);
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        Ok(HostFunctionDone { callback: r.u64()? })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -975,6 +1041,23 @@ mod tests {
     #[test]
     fn requests_decode_as_encoded() {
         let image = [7u8; 100];
+        roundtrip(
+            &HostFunction {
+                stream: 2,
+                callback: 77,
+                flags: 0,
+            },
+            &mut Vec::new(),
+        );
+        roundtrip(
+            &HostFunctionCall {
+                callback: 77,
+                status: 700,
+                last: true,
+            },
+            &mut Vec::new(),
+        );
+        roundtrip(&HostFunctionDone { callback: 77 }, &mut Vec::new());
         roundtrip(
             &CaptureInfoQuery {
                 stream: 17,

@@ -7,6 +7,9 @@
 
 pub use crate::capture::*;
 use crate::generated::{args, ffi};
+pub use crate::host_functions::{
+    cuLaunchHostFunc, cuLaunchHostFunc_ptsz, cuStreamAddCallback, cuStreamAddCallback_ptsz,
+};
 use crate::session::{Call, Handle};
 pub use crate::tensor_maps::*;
 use std::ffi::{c_void, CString};

@@ -9,6 +9,7 @@ mod capture;
 mod custom;
 mod driver;
 mod export_tables;
+mod host_functions;
 mod pinned;
 mod rt;
 mod session;
@@ -57,6 +58,10 @@ pub fn run(
 ) -> Result<i32, DecodeError> {
     if opcode == wormhole_cuda_proto::export_tables::OP {
         export_tables::handle(&session::Call(s), r, w)?;
+        return Ok(w.status());
+    }
+    if opcode == wormhole_cuda_proto::host_functions::DONE {
+        host_functions::done(r, w)?;
         return Ok(w.status());
     }
     if let Some(done) = pinned::handle(&session::Call(s), opcode, r, w) {
@@ -161,6 +166,7 @@ impl wormhole_server::Backend for Cuda {
         if let Some(arena) = setup.arena {
             pinned::enable(arena);
         }
+        host_functions::CHANNEL.connect(setup.callbacks);
         if let Some(cache) = setup.build_cache {
             session().set_cache(cache);
         }

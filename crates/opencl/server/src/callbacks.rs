@@ -4,16 +4,16 @@
 use crate::generated::ffi;
 use crate::session::Handle;
 use std::ffi::{c_char, c_void, CStr};
-use std::sync::OnceLock;
 use wormhole_opencl_proto::{control, CallbackKind, Writer};
+use wormhole_server::callbacks::CallbackChannel;
 
 /// Where callback frames go (the core's sink for the session's transport).
 pub type Sink = wormhole_server::backend::CallbackSink;
 
-static SINK: OnceLock<Sink> = OnceLock::new();
+static CHANNEL: CallbackChannel = CallbackChannel::new();
 
 pub fn set_sink(s: Sink) {
-    let _ = SINK.set(s);
+    CHANNEL.connect(s);
 }
 
 struct Ctx {
@@ -22,21 +22,7 @@ struct Ctx {
 }
 
 fn send(w: Writer) {
-    let frame = match w.finish(0, 0) {
-        Ok(frame) => frame,
-        Err(e) => {
-            tracing::warn!("callback not delivered: {e}");
-            return;
-        }
-    };
-    if let Some(s) = SINK.get() {
-        // Natively a kernel's output is written before its event completes: it goes first.
-        wormhole_server::output::flush();
-        let mut s = s.lock().unwrap_or_else(|p| p.into_inner());
-        if let Err(e) = s.write_all(&frame) {
-            tracing::debug!("callback not delivered, client gone: {e}");
-        }
-    }
+    CHANNEL.send(w);
 }
 
 fn header(kind: CallbackKind, ctx: &Ctx) -> Writer {

@@ -1,0 +1,220 @@
+//! Host functions (see the client's `host_functions`): the driver runs a trampoline of the
+//! worker's in stream order; it sends the client a CALLBACK frame and holds the stream (as the
+//! program's function would, natively) until the client's DONE. One enqueued while its stream
+//! is capturing becomes a node of the graph and runs at every launch of it: its context stays
+//! for the session, and no run is the last.
+
+// Entry points keep the C names the description gives them.
+#![allow(non_snake_case)]
+
+use crate::generated::ffi;
+use crate::session::{Call, Handle};
+use std::collections::BTreeSet;
+use std::ffi::c_void;
+use std::sync::{Condvar, Mutex};
+use wormhole_cuda_proto::cu::*;
+use wormhole_cuda_proto::requests::{HostFunction, HostFunctionCall, HostFunctionDone, Message};
+use wormhole_cuda_proto::{control, DecodeError, HandleKind, Op, Reader, Writer};
+use wormhole_server::callbacks::CallbackChannel;
+
+/// Where the CALLBACK frames go.
+pub static CHANNEL: CallbackChannel = CallbackChannel::new();
+
+/// Host functions whose DONE came and whose trampoline has not yet seen it.
+static DONE: Mutex<BTreeSet<u64>> = Mutex::new(BTreeSet::new());
+static DONE_CHANGED: Condvar = Condvar::new();
+
+/// What a trampoline needs: the client's id of the function, and whether it may run again.
+struct Ctx {
+    callback: u64,
+    repeats: bool,
+}
+
+fn whole<'a, M: Message<'a>>(r: &mut Reader<'a>) -> Result<M, DecodeError> {
+    let m = M::decode(r)?;
+    r.finish()?;
+    Ok(m)
+}
+
+/// Has the client run function `ctx.callback` (with the stream's `status`), and waits until it
+/// has returned.
+fn run_in_client(ctx: &Ctx, status: i32) {
+    let mut w = Writer::new(control::CALLBACK);
+    HostFunctionCall {
+        callback: ctx.callback,
+        status,
+        last: !ctx.repeats,
+    }
+    .encode(&mut w);
+    CHANNEL.send(w);
+    // Without a client no DONE comes, but then the worker ends with the session.
+    let mut done = DONE.lock().unwrap_or_else(|p| p.into_inner());
+    while !done.remove(&ctx.callback) {
+        done = DONE_CHANGED.wait(done).unwrap_or_else(|p| p.into_inner());
+    }
+}
+
+/// Takes the trampoline's context: borrowed if it repeats, else owned (freed after the run).
+///
+/// # Safety
+/// `data` is a `Ctx` that `enqueue` leaked.
+unsafe fn with_ctx(data: *mut c_void, f: impl FnOnce(&Ctx)) {
+    // SAFETY: per the contract.
+    let ctx = unsafe { &*(data as *const Ctx) };
+    f(ctx);
+    if !ctx.repeats {
+        // SAFETY: a context that does not repeat runs once: nothing refers to it any more.
+        drop(unsafe { Box::from_raw(data as *mut Ctx) });
+    }
+}
+
+unsafe extern "C" fn host_fn(data: *mut c_void) {
+    // SAFETY: the driver passes the data `enqueue` gave it.
+    unsafe { with_ctx(data, |ctx| run_in_client(ctx, CUDA_SUCCESS)) }
+}
+
+unsafe extern "C" fn stream_callback(_stream: Handle, status: i32, data: *mut c_void) {
+    // SAFETY: as in `host_fn`.
+    unsafe { with_ctx(data, |ctx| run_in_client(ctx, status)) }
+}
+
+/// Whether `stream` is capturing (a host function enqueued now joins the graph).
+fn capturing(op: Op, stream: Handle) -> bool {
+    let mut status = 0u32;
+    let per_thread = matches!(op, Op::cuLaunchHostFunc_ptsz | Op::cuStreamAddCallback_ptsz);
+    // SAFETY: a stream of the session's and a valid output.
+    let st = unsafe {
+        match per_thread {
+            true => ffi::cuStreamIsCapturing_ptsz(stream, &mut status),
+            false => ffi::cuStreamIsCapturing(stream, &mut status),
+        }
+    };
+    st == CUDA_SUCCESS && status != 0
+}
+
+fn enqueue(s: &Call<'_>, op: Op, m: &HostFunction) -> Result<(), i32> {
+    let stream = s.resolve(m.stream, HandleKind::Stream, true)?;
+    let ctx = Box::into_raw(Box::new(Ctx {
+        callback: m.callback,
+        repeats: capturing(op, stream),
+    })) as *mut c_void;
+    // SAFETY: a stream of the session's, a trampoline of the driver's callback type, and its
+    // context (leaked until it runs, or for the session if it repeats).
+    let st = unsafe {
+        match op {
+            Op::cuLaunchHostFunc => ffi::cuLaunchHostFunc(stream, host_fn as *mut c_void, ctx),
+            Op::cuLaunchHostFunc_ptsz => {
+                ffi::cuLaunchHostFunc_ptsz(stream, host_fn as *mut c_void, ctx)
+            }
+            Op::cuStreamAddCallback => {
+                ffi::cuStreamAddCallback(stream, stream_callback as *mut c_void, ctx, m.flags)
+            }
+            _ => {
+                ffi::cuStreamAddCallback_ptsz(stream, stream_callback as *mut c_void, ctx, m.flags)
+            }
+        }
+    };
+    if st != CUDA_SUCCESS {
+        // SAFETY: the driver refused it: the context was never handed out.
+        drop(unsafe { Box::from_raw(ctx as *mut Ctx) });
+        return Err(st);
+    }
+    Ok(())
+}
+
+fn handle(s: &Call<'_>, op: Op, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
+    let m: HostFunction = whole(r)?;
+    w.i32(enqueue(s, op, &m).err().unwrap_or(CUDA_SUCCESS));
+    Ok(())
+}
+
+/// DONE: the client ran the function; its trampoline may return.
+pub fn done(r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
+    let m: HostFunctionDone = whole(r)?;
+    DONE.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(m.callback);
+    DONE_CHANGED.notify_all();
+    w.i32(CUDA_SUCCESS);
+    Ok(())
+}
+
+/// `cuLaunchHostFunc`.
+pub fn cuLaunchHostFunc(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    handle(s, Op::cuLaunchHostFunc, r, w)
+}
+
+/// `cuLaunchHostFunc_ptsz`.
+pub fn cuLaunchHostFunc_ptsz(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    handle(s, Op::cuLaunchHostFunc_ptsz, r, w)
+}
+
+/// `cuStreamAddCallback`.
+pub fn cuStreamAddCallback(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    handle(s, Op::cuStreamAddCallback, r, w)
+}
+
+/// `cuStreamAddCallback_ptsz`.
+pub fn cuStreamAddCallback_ptsz(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    handle(s, Op::cuStreamAddCallback_ptsz, r, w)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::Session;
+
+    /// A trampoline waits for its DONE, and only its own: a DONE that came first is kept.
+    #[test]
+    fn a_trampoline_returns_once_the_client_says_its_function_did() {
+        let ctx = Ctx {
+            callback: 4242,
+            repeats: true,
+        };
+        let mut w = Writer::new(0);
+        let mut body = Writer::new(0);
+        HostFunctionDone { callback: 4242 }.encode(&mut body);
+        done(&mut Reader::new(body.body()), &mut w).unwrap();
+        run_in_client(&ctx, CUDA_SUCCESS);
+        let waiter = std::thread::spawn(move || run_in_client(&ctx, CUDA_SUCCESS));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!waiter.is_finished(), "returned before its DONE");
+        let mut other = Writer::new(0);
+        HostFunctionDone { callback: 4343 }.encode(&mut other);
+        done(&mut Reader::new(other.body()), &mut Writer::new(0)).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!waiter.is_finished(), "returned on another function's DONE");
+        done(&mut Reader::new(body.body()), &mut Writer::new(0)).unwrap();
+        waiter.join().unwrap();
+    }
+
+    #[test]
+    fn host_functions_name_the_sessions_streams() {
+        let session = Session::default();
+        let m = HostFunction {
+            stream: 999,
+            callback: 1,
+            flags: 0,
+        };
+        assert_eq!(
+            enqueue(&Call(&session), Op::cuLaunchHostFunc, &m),
+            Err(CUDA_ERROR_INVALID_HANDLE)
+        );
+    }
+}

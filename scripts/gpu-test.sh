@@ -2,7 +2,7 @@
 # The GPU tests (pytest marker `gpu`), on a machine with an NVIDIA GPU and its driver. The GPU
 # machine has no Rust and no network: build here, carry target/release (wh, the client
 # libraries) and target/gpu-py (pytest, made by `scripts/gpu-test.sh --prepare`), then run
-# `scripts/gpu-test.sh` there; it then prints `wh bench --part cuda`. Elsewhere the same tests
+# `scripts/gpu-test.sh` there; it then prints `wh bench --part cuda` and `--part torch`. Elsewhere the same tests
 # skip, saying why.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,11 +19,15 @@ done
 nvidia-smi -L || { echo "gpu-test: no NVIDIA GPU here" >&2; exit 1; }
 if python3 -c "import pytest" 2>/dev/null; then py=(python3); else py=(env PYTHONPATH=target/gpu-py python3); fi
 rc=0
-"${py[@]}" -m pytest -v -m gpu -p no:cacheprovider --timeout=900 tests/test_cuda.py "$@" || rc=$?
+"${py[@]}" -m pytest -v -m gpu -p no:cacheprovider --timeout=900 tests/test_cuda.py tests/test_torch.py "$@" || rc=$?
 # The CUDA table of `wh bench` (native, shared memory, TCP), for the session's note.
 if [ -x target/release/wh-cuda-bench-client ]; then
     target/release/wh bench --part cuda || rc=$?
 else
     echo "gpu-test: no target/release/wh-cuda-bench-client (scripts/install.sh builds it): no CUDA table" >&2
+fi
+# PyTorch training, native vs Wormhole (bench/torch_train.py), where python3 has PyTorch.
+if python3 -c "import torch" 2>/dev/null; then
+    target/release/wh bench --part torch || rc=$?
 fi
 exit $rc

@@ -1,5 +1,6 @@
 """Unmodified C programs give the same results through Wormhole as natively."""
 
+import re
 import subprocess
 
 import pytest
@@ -120,3 +121,23 @@ def test_threads_sharing_few_lanes_never_wait_for_each_other(tmp_path, c_program
         assert r.stdout == native.stdout
     finally:
         s.stop()
+
+
+def test_call_counts_say_which_calls_were_round_trips(server, c_programs):
+    """WORMHOLE_CALL_COUNTS=1: at exit the client reports its calls per entry point, waited for
+    and pipelined (how a framework's step is profiled); without it, nothing."""
+    r = server.run([c_programs["vector_add"]], WORMHOLE_CALL_COUNTS="1")
+    assert r.returncode == 0, r.stderr
+    total = re.search(r"^wormhole call counts: waited=(\d+) pipelined=(\d+)$", r.stderr, re.M)
+    assert total, r.stderr
+    rows = dict((m.group(1), (int(m.group(2)), int(m.group(3)))) for m in re.finditer(
+        r"^wormhole call counts:   (.+?) waited=(\d+) pipelined=(\d+)$", r.stderr, re.M))
+    assert sum(w for w, _ in rows.values()) == int(total.group(1))
+    assert sum(p for _, p in rows.values()) == int(total.group(2))
+    # A build waits; a release is pipelined; the blocking read of a buffer in the arena is
+    # the client's own copy after a DIRECT request, named as such.
+    assert rows.get("clBuildProgram", (0, 0))[0] >= 1, r.stderr
+    assert rows.get("clReleaseMemObject", (0, 0))[1] >= 1, r.stderr
+    assert rows.get("direct transfer", (0, 0))[0] >= 1, r.stderr
+    quiet = server.run([c_programs["vector_add"]])
+    assert "wormhole call counts" not in quiet.stderr

@@ -5,6 +5,7 @@
 
 mod cuda;
 mod oversubscription;
+mod torch;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -35,6 +36,8 @@ pub enum Part {
     Oversubscription,
     /// The CUDA table (needs NVIDIA's driver and a GPU; not part of `all`).
     Cuda,
+    /// PyTorch training, native vs Wormhole (needs a GPU and PyTorch; not part of `all`).
+    Torch,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -345,8 +348,10 @@ pub fn run(icd_lib: &Path, part: Part) -> Result<(), BenchError> {
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_default();
-    if part == Part::Cuda {
-        return cuda::run(&exe_dir);
+    match part {
+        Part::Cuda => return cuda::run(&exe_dir),
+        Part::Torch => return torch::run(&exe_dir),
+        _ => {}
     }
     let client = std::env::var_os("WORMHOLE_BENCH_CLIENT")
         .map(PathBuf::from)

@@ -9,6 +9,7 @@
 //! stream carries every lane's frames, tagged with the lane, plus callbacks. Either way each
 //! application thread uses its own lane.
 
+pub mod call_counts;
 pub mod host_memory;
 pub mod marshal;
 
@@ -40,6 +41,8 @@ pub struct ApiHooks {
     pub deliver_callback: fn(body: &[u8]),
     /// What the application sees once the server is gone (the API's own words), for the log.
     pub when_gone: &'static str,
+    /// The entry point an opcode stands for (for `call_counts`).
+    pub op_name: call_counts::OpName,
 }
 
 fn policy_for(hooks: &ApiHooks, opcode: u16) -> SpinPolicy {
@@ -846,6 +849,7 @@ impl Connection {
         if self.dead.load(Ordering::Relaxed) || FORKED.load(Ordering::Relaxed) {
             return Err(CallError::Unavailable);
         }
+        call_counts::count(self.hooks.api, self.hooks.op_name, w.opcode(), true);
         let mut idx = self.my_lane();
         let res = match &self.transport {
             Transport::Shm { lanes, .. } => {
@@ -895,6 +899,7 @@ impl Connection {
         if self.dead.load(Ordering::Relaxed) || FORKED.load(Ordering::Relaxed) {
             return Err(CallError::Unavailable);
         }
+        call_counts::count(self.hooks.api, self.hooks.op_name, w.opcode(), false);
         let idx = self.my_lane();
         let res = match &self.transport {
             Transport::Shm { lanes, .. } => {
@@ -1055,6 +1060,7 @@ mod tests {
         waits_for_device: |_| false,
         deliver_callback: |_| {},
         when_gone: "",
+        op_name: |_| None,
     };
 
     /// A call waits for its own lane's mark, or a later one, and no longer than it must.

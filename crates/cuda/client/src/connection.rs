@@ -11,7 +11,21 @@ const CUDA: wormhole_session::ApiHooks = wormhole_session::ApiHooks {
     // Host functions and stream callbacks run here.
     deliver_callback: crate::host_functions::deliver,
     when_gone: "further CUDA calls fail with CUDA_ERROR_DEVICE_UNAVAILABLE",
+    op_name,
 };
+
+/// What an opcode stands for: an entry point, or one of the requests no symbol stands behind.
+fn op_name(opcode: u16) -> Option<&'static str> {
+    use wormhole_cuda_proto::{export_tables, host_functions, pinned};
+    Op::from_u16(opcode).map(Op::name).or(match opcode {
+        export_tables::OP => Some("export table slot"),
+        pinned::ALLOC => Some("page-locked alloc (arena)"),
+        pinned::FREE => Some("page-locked free (arena)"),
+        pinned::COPY => Some("page-locked copy (arena)"),
+        host_functions::DONE => Some("host function done"),
+        _ => None,
+    })
+}
 
 fn waits_for_device(opcode: u16) -> bool {
     use wormhole_cuda_proto::pinned;

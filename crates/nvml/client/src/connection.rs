@@ -11,6 +11,7 @@ const NVML: wormhole_session::ApiHooks = wormhole_session::ApiHooks {
     // NVML's forwarded entry points register no callbacks.
     deliver_callback: wormhole_session::no_callbacks,
     when_gone: "further NVML calls fail with NVML_ERROR_GPU_IS_LOST",
+    op_name: |op| wormhole_nvml_proto::Op::from_u16(op).map(wormhole_nvml_proto::Op::name),
 };
 
 /// The session, connecting on first use; Err says why there is none (logged once).

@@ -11,7 +11,21 @@ const OPENCL: wormhole_session::ApiHooks = wormhole_session::ApiHooks {
     waits_for_device,
     deliver_callback: crate::rt::callbacks::deliver,
     when_gone: "further OpenCL calls fail with CL_OUT_OF_RESOURCES",
+    op_name,
 };
+
+/// What an opcode stands for: an entry point, or one of the requests behind several.
+fn op_name(opcode: u16) -> Option<&'static str> {
+    use wormhole_opencl_proto::control;
+    Op::from_u16(opcode).map(Op::name).or(match opcode {
+        control::DIRECT => Some("direct transfer"),
+        control::STAGE => Some("staged write piece"),
+        control::COLLECT => Some("collected read piece"),
+        control::SVM_PUSH => Some("SVM push"),
+        control::SVM_PULL => Some("SVM pull"),
+        _ => None,
+    })
+}
 
 fn waits_for_device(opcode: u16) -> bool {
     opcode == Op::clFinish as u16 || opcode == Op::clWaitForEvents as u16

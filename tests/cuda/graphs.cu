@@ -1,7 +1,8 @@
 // Stream capture and CUDA graphs as PyTorch uses them (torch.cuda.graph): capture status
 // queries before, during and after a capture, the graph and its dependencies while capturing,
 // the thread's capture mode, instantiation, replays into page-locked memory, a capture the
-// program breaks; host functions and stream callbacks, in stream order and as graph nodes.
+// program breaks; host functions and stream callbacks, in stream order and as graph nodes;
+// stream-ordered allocation.
 // Through Wormhole it must print what it prints natively.
 #include <cstdio>
 #include <cuda_runtime.h>
@@ -108,6 +109,15 @@ int main() {
     cudaGetLastError();
     CHECK(cudaStreamIsCapturing(s, &st));
     printf("afterwards: capturing %d\n", (int)st);
+    // Stream-ordered allocation (cudaMallocAsync, cudaFreeAsync).
+    float *z = nullptr;
+    CHECK(cudaMallocAsync(&z, bytes, s));
+    CHECK(cudaMemsetAsync(z, 0, bytes, s));
+    axpy<<<n / 256, 256, 0, s>>>(4.0f, x, z, n);
+    CHECK(cudaMemcpyAsync(h, z, bytes, cudaMemcpyDeviceToHost, s));
+    CHECK(cudaFreeAsync(z, s));
+    CHECK(cudaStreamSynchronize(s));
+    printf("stream-ordered allocation: %s\n", h[99] == 396.0f ? "right" : "wrong");
     CHECK(cudaFreeHost(h));
     CHECK(cudaStreamDestroy(s));
     return 0;

@@ -16,8 +16,9 @@ pub use crate::host_memory_pinned::{
     cuMemHostGetFlags, cuMemHostRegister, cuMemHostRegister_v2, cuMemHostUnregister,
 };
 pub use crate::memory::{
-    cuMemAlloc_v2, cuMemFree_v2, cuMemGetAddressRange_v2, cuMemcpy, cuMemcpyAsync,
-    cuMemcpyAsync_ptsz, cuMemcpy_ptds,
+    cuMemAllocAsync, cuMemAllocAsync_ptsz, cuMemAlloc_v2, cuMemFreeAsync, cuMemFreeAsync_ptsz,
+    cuMemFree_v2, cuMemGetAddressRange_v2, cuMemcpy, cuMemcpyAsync, cuMemcpyAsync_ptsz,
+    cuMemcpy_ptds,
 };
 use crate::rt::{self, entry_status, ApiErr};
 use std::collections::HashSet;

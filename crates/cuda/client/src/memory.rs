@@ -49,6 +49,61 @@ pub unsafe fn cuMemFree_v2(dptr: u64) -> i32 {
     status
 }
 
+/// `cuMemAllocAsync`: noted as `cuMemAlloc_v2` (usable in stream order; the address is
+/// known at once).
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuMemAllocAsync(dptr: *mut u64, bytesize: usize, stream: Handle) -> i32 {
+    // SAFETY: per the contract.
+    let status = unsafe { generated::wire_cuMemAllocAsync(dptr, bytesize, stream) };
+    if status == CUDA_SUCCESS && !dptr.is_null() {
+        // SAFETY: the call succeeded, so it wrote the address.
+        allocations::allocated(unsafe { *dptr }, bytesize as u64);
+    }
+    status
+}
+
+/// `cuMemAllocAsync_ptsz`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuMemAllocAsync_ptsz(dptr: *mut u64, bytesize: usize, stream: Handle) -> i32 {
+    // SAFETY: per the contract.
+    let status = unsafe { generated::wire_cuMemAllocAsync_ptsz(dptr, bytesize, stream) };
+    if status == CUDA_SUCCESS && !dptr.is_null() {
+        // SAFETY: the call succeeded, so it wrote the address.
+        allocations::allocated(unsafe { *dptr }, bytesize as u64);
+    }
+    status
+}
+
+/// `cuMemFreeAsync`: forgotten as by `cuMemFree_v2` (the program may not name it again).
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuMemFreeAsync(dptr: u64, stream: Handle) -> i32 {
+    // SAFETY: value parameters.
+    let status = unsafe { generated::wire_cuMemFreeAsync(dptr, stream) };
+    if status == CUDA_SUCCESS {
+        allocations::freed(dptr);
+    }
+    status
+}
+
+/// `cuMemFreeAsync_ptsz`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuMemFreeAsync_ptsz(dptr: u64, stream: Handle) -> i32 {
+    // SAFETY: value parameters.
+    let status = unsafe { generated::wire_cuMemFreeAsync_ptsz(dptr, stream) };
+    if status == CUDA_SUCCESS {
+        allocations::freed(dptr);
+    }
+    status
+}
+
 /// `cuMemGetAddressRange_v2`: the allocation `dptr` lies in.
 ///
 /// # Safety

@@ -31,25 +31,72 @@ pub fn cuMemAlloc_v2(
     a: args::cuMemAlloc_v2,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let bytes = a.bytesize as u64;
+    // SAFETY: a valid output pointer.
+    allocate(s, a.bytesize, a.dptr_present, w, |d| unsafe {
+        ffi::cuMemAlloc_v2(d, a.bytesize)
+    });
+    Ok(())
+}
+
+/// `cuMemAllocAsync`: as `cuMemAlloc_v2`, ordered on the stream (the address is known at once,
+/// the memory usable in stream order).
+pub fn cuMemAllocAsync(
+    s: &Call<'_>,
+    a: args::cuMemAllocAsync,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    match s.resolve(a.hStream_id, HandleKind::Stream, true) {
+        // SAFETY: a valid output pointer and a stream of the session's.
+        Ok(stream) => allocate(s, a.bytesize, a.dptr_present, w, |d| unsafe {
+            ffi::cuMemAllocAsync(d, a.bytesize, stream)
+        }),
+        Err(st) => w.i32(st),
+    }
+    Ok(())
+}
+
+/// `cuMemAllocAsync_ptsz`.
+pub fn cuMemAllocAsync_ptsz(
+    s: &Call<'_>,
+    a: args::cuMemAllocAsync_ptsz,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    match s.resolve(a.hStream_id, HandleKind::Stream, true) {
+        // SAFETY: as in `cuMemAllocAsync`.
+        Ok(stream) => allocate(s, a.bytesize, a.dptr_present, w, |d| unsafe {
+            ffi::cuMemAllocAsync_ptsz(d, a.bytesize, stream)
+        }),
+        Err(st) => w.i32(st),
+    }
+    Ok(())
+}
+
+/// An allocation of `bytes` by `alloc`, reserved against the tenant's quota first; the range
+/// is the session's until it is freed. Writes the reply.
+fn allocate(
+    s: &Call<'_>,
+    bytesize: usize,
+    present: bool,
+    w: &mut Writer,
+    alloc: impl FnOnce(&mut u64) -> i32,
+) {
+    let bytes = bytesize as u64;
     if !s.limits().reserve(bytes) {
         w.i32(CUDA_ERROR_OUT_OF_MEMORY);
-        return Ok(());
+        return;
     }
     let mut dptr = 0u64;
-    // SAFETY: a valid output pointer.
-    let st = unsafe { ffi::cuMemAlloc_v2(&mut dptr, a.bytesize) };
+    let st = alloc(&mut dptr);
     if st != CUDA_SUCCESS {
         s.limits().release(bytes);
         w.i32(st);
-        return Ok(());
+        return;
     }
     s.allocated(dptr, bytes);
     w.i32(CUDA_SUCCESS);
-    if a.dptr_present {
+    if present {
         w.u64(dptr);
     }
-    Ok(())
 }
 
 /// `cuMemFree_v2`: only the start of an allocation of this session.
@@ -58,26 +105,61 @@ pub fn cuMemFree_v2(
     a: args::cuMemFree_v2,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let Some(len) = s.freed(a.dptr) else {
-        if a.dptr != 0 {
+    // SAFETY: a value argument: an allocation of this session.
+    w.i32(free(s, a.dptr, |d| unsafe { ffi::cuMemFree_v2(d) }));
+    Ok(())
+}
+
+/// `cuMemFreeAsync`: as `cuMemFree_v2`, in stream order (the quota is given back now: the
+/// tenant can no longer name the memory).
+pub fn cuMemFreeAsync(
+    s: &Call<'_>,
+    a: args::cuMemFreeAsync,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    w.i32(match s.resolve(a.hStream_id, HandleKind::Stream, true) {
+        // SAFETY: an allocation of this session and a stream of its.
+        Ok(stream) => free(s, a.dptr, |d| unsafe { ffi::cuMemFreeAsync(d, stream) }),
+        Err(st) => st,
+    });
+    Ok(())
+}
+
+/// `cuMemFreeAsync_ptsz`.
+pub fn cuMemFreeAsync_ptsz(
+    s: &Call<'_>,
+    a: args::cuMemFreeAsync_ptsz,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    w.i32(match s.resolve(a.hStream_id, HandleKind::Stream, true) {
+        // SAFETY: as in `cuMemFreeAsync`.
+        Ok(stream) => free(s, a.dptr, |d| unsafe {
+            ffi::cuMemFreeAsync_ptsz(d, stream)
+        }),
+        Err(st) => st,
+    });
+    Ok(())
+}
+
+/// Frees `dptr` by `release_it` if it starts an allocation of this session; its status.
+fn free(s: &Call<'_>, dptr: u64, release_it: impl FnOnce(u64) -> i32) -> i32 {
+    let Some(len) = s.freed(dptr) else {
+        if dptr != 0 {
             tracing::warn!(
-                dptr = format_args!("{:#x}", a.dptr),
-                "cuMemFree of an address the session did not allocate"
+                dptr = format_args!("{dptr:#x}"),
+                "free of an address the session did not allocate"
             );
         }
-        w.i32(CUDA_ERROR_INVALID_VALUE);
-        return Ok(());
+        return CUDA_ERROR_INVALID_VALUE;
     };
-    // SAFETY: a value argument: an allocation of this session.
-    let st = unsafe { ffi::cuMemFree_v2(a.dptr) };
+    let st = release_it(dptr);
     if st == CUDA_SUCCESS {
         s.limits().release(len);
     } else {
         // Still allocated as far as the driver is concerned.
-        s.allocated(a.dptr, len);
+        s.allocated(dptr, len);
     }
-    w.i32(st);
-    Ok(())
+    st
 }
 
 /// The device memory a tenant may use: its quota, where that is less than the device's.
@@ -967,4 +1049,53 @@ fn copy_2d(
         w.bytes(&back);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::Session;
+    use std::sync::Arc;
+    use wormhole_server::quota::Ledger;
+    use wormhole_server::worker::Limits;
+
+    fn session(quota: u64) -> Session {
+        let s = Session::default();
+        s.set_limits(Arc::new(Limits {
+            ledger: Some(Ledger::create().unwrap()),
+            mem_quota: Some(quota),
+            ..Default::default()
+        }));
+        s
+    }
+
+    /// Stream-ordered allocations are bounded by the quota like `cuMemAlloc`, and what the
+    /// driver refuses gives the reservation back; frees name the session's allocations only.
+    #[test]
+    fn stream_ordered_allocations_hold_the_quota() {
+        let s = session(1 << 20);
+        let c = Call(&s);
+        let alloc = |bytes: usize, stream: u64| {
+            let mut w = Writer::new(0);
+            let a = args::cuMemAllocAsync {
+                dptr_present: true,
+                bytesize: bytes,
+                hStream_id: stream,
+            };
+            cuMemAllocAsync(&c, a, &mut w).unwrap();
+            w.status()
+        };
+        assert_eq!(alloc(2 << 20, 0), CUDA_ERROR_OUT_OF_MEMORY);
+        assert_eq!(alloc(4096, 999), CUDA_ERROR_INVALID_HANDLE);
+        // No driver here: refused, and the reservation is given back (the whole quota fits).
+        assert_eq!(alloc(1 << 20, 0), CUDA_ERROR_NOT_SUPPORTED);
+        assert_eq!(s.limits().tenant_bytes(), 0);
+        let mut w = Writer::new(0);
+        let f = args::cuMemFreeAsync {
+            dptr: 0x7000_0000,
+            hStream_id: 0,
+        };
+        cuMemFreeAsync(&c, f, &mut w).unwrap();
+        assert_eq!(w.status(), CUDA_ERROR_INVALID_VALUE);
+    }
 }

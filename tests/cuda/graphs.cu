@@ -2,7 +2,7 @@
 // queries before, during and after a capture, the graph and its dependencies while capturing,
 // the thread's capture mode, instantiation, replays into page-locked memory, a capture the
 // program breaks; host functions and stream callbacks, in stream order and as graph nodes;
-// stream-ordered allocation.
+// stream-ordered allocation; a cooperative launch.
 // Through Wormhole it must print what it prints natively.
 #include <cstdio>
 #include <cuda_runtime.h>
@@ -10,6 +10,24 @@
 __global__ void axpy(float a, const float *x, float *y, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] += a * x[i];
+}
+
+// Every block writes its number, waits at a grid-wide barrier (which only a cooperative
+// launch guarantees to be reachable: all blocks resident at once), then block 0 adds them up.
+__global__ void grid_sum(int *v, int *out, unsigned *arrived) {
+    if (threadIdx.x == 0) {
+        v[blockIdx.x] = blockIdx.x + 1;
+        __threadfence();
+        atomicAdd(arrived, 1u);
+        while (atomicAdd(arrived, 0u) < gridDim.x) {
+        }
+    }
+    __syncthreads();
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        int sum = 0;
+        for (unsigned i = 0; i < gridDim.x; i++) sum += v[i];
+        *out = sum;
+    }
 }
 
 static int calls = 0;
@@ -118,6 +136,18 @@ int main() {
     CHECK(cudaFreeAsync(z, s));
     CHECK(cudaStreamSynchronize(s));
     printf("stream-ordered allocation: %s\n", h[99] == 396.0f ? "right" : "wrong");
+    // A cooperative launch.
+    int *v, *sum_d, sum = 0;
+    unsigned *arrived;
+    CHECK(cudaMalloc(&v, 64 * sizeof(int)));
+    CHECK(cudaMalloc(&sum_d, sizeof(int)));
+    CHECK(cudaMalloc(&arrived, sizeof(unsigned)));
+    CHECK(cudaMemsetAsync(arrived, 0, sizeof(unsigned), s));
+    void *coop_args[] = {&v, &sum_d, &arrived};
+    CHECK(cudaLaunchCooperativeKernel((void *)grid_sum, dim3(64), dim3(32), coop_args, 0, s));
+    CHECK(cudaMemcpyAsync(&sum, sum_d, sizeof sum, cudaMemcpyDeviceToHost, s));
+    CHECK(cudaStreamSynchronize(s));
+    printf("cooperative launch: grid sum %d\n", sum);
     CHECK(cudaFreeHost(h));
     CHECK(cudaStreamDestroy(s));
     return 0;

@@ -575,6 +575,80 @@ unsafe fn launch(
     })
 }
 
+/// `CU_LAUNCH_ATTRIBUTE_COOPERATIVE` set: what `cuLaunchCooperativeKernel` is, as a launch
+/// attribute (the driver documents the two as the same launch).
+fn cooperative() -> LaunchAttribute {
+    let mut value = [0u8; 64];
+    value[..4].copy_from_slice(&1i32.to_le_bytes());
+    LaunchAttribute { id: 2, value }
+}
+
+/// `cuLaunchCooperativeKernel`.
+///
+/// # Safety
+/// As the C function.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn cuLaunchCooperativeKernel(
+    f: *mut c_void,
+    gx: u32,
+    gy: u32,
+    gz: u32,
+    bx: u32,
+    by: u32,
+    bz: u32,
+    shared_mem: u32,
+    stream: *mut c_void,
+    kernel_params: *mut c_void,
+) -> i32 {
+    // SAFETY: per the contract.
+    unsafe {
+        launch(
+            Op::cuLaunchCooperativeKernel,
+            f,
+            [gx, gy, gz],
+            [bx, by, bz],
+            shared_mem,
+            stream,
+            kernel_params,
+            std::ptr::null_mut(),
+            vec![cooperative()],
+        )
+    }
+}
+
+/// `cuLaunchCooperativeKernel_ptsz`.
+///
+/// # Safety
+/// As the C function.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn cuLaunchCooperativeKernel_ptsz(
+    f: *mut c_void,
+    gx: u32,
+    gy: u32,
+    gz: u32,
+    bx: u32,
+    by: u32,
+    bz: u32,
+    shared_mem: u32,
+    stream: *mut c_void,
+    kernel_params: *mut c_void,
+) -> i32 {
+    // SAFETY: per the contract.
+    unsafe {
+        launch(
+            Op::cuLaunchCooperativeKernel_ptsz,
+            f,
+            [gx, gy, gz],
+            [bx, by, bz],
+            shared_mem,
+            stream,
+            kernel_params,
+            std::ptr::null_mut(),
+            vec![cooperative()],
+        )
+    }
+}
+
 /// `cuLaunchKernel`.
 ///
 /// # Safety

@@ -534,6 +534,25 @@ pub fn cuLaunchKernel_ptsz(
     launch(s, r, w, true)
 }
 
+/// `cuLaunchCooperativeKernel`: the client sends it as a launch with the cooperative attribute
+/// (`CU_LAUNCH_ATTRIBUTE_COOPERATIVE`, which the driver documents as the same launch).
+pub fn cuLaunchCooperativeKernel(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    launch(s, r, w, false)
+}
+
+/// `cuLaunchCooperativeKernel_ptsz`.
+pub fn cuLaunchCooperativeKernel_ptsz(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    launch(s, r, w, true)
+}
+
 /// `cuLaunchKernelEx`: as `cuLaunchKernel`, with the launch's attributes.
 pub fn cuLaunchKernelEx(
     s: &Call<'_>,

@@ -342,6 +342,30 @@ int main(int argc, char **argv) {
         CHECK(cuMemFreeHost(out));
     }
 
+    /* Cluster occupancy (CUTLASS sizes persistent Hopper kernels with it): clusters of 2. */
+    {
+        CUlaunchAttribute cl;
+        memset(&cl, 0, sizeof cl);
+        cl.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        cl.value.clusterDim.x = 2;
+        cl.value.clusterDim.y = 1;
+        cl.value.clusterDim.z = 1;
+        CUlaunchConfig cfg;
+        memset(&cfg, 0, sizeof cfg);
+        cfg.gridDimX = 64;
+        cfg.gridDimY = cfg.gridDimZ = 1;
+        cfg.blockDimX = 256;
+        cfg.blockDimY = cfg.blockDimZ = 1;
+        cfg.hStream = stream;
+        cfg.attrs = &cl;
+        cfg.numAttrs = 1;
+        int clusters = -1, size = -1;
+        CHECK(cuOccupancyMaxActiveClusters(&clusters, vadd, &cfg));
+        cfg.numAttrs = 0;
+        CHECK(cuOccupancyMaxPotentialClusterSize(&size, vadd, &cfg));
+        printf("cluster occupancy: %d active clusters of 2, potential cluster size %d\n", clusters, size);
+    }
+
     /* Tensor maps (cuBLASLt's Hopper GEMMs make them): a 2D float tensor over device
      * memory, made at two addresses, one moved to the other's, and one the driver refuses. */
     {

@@ -20,7 +20,7 @@ use wormhole_cuda_proto::cu::*;
 use wormhole_cuda_proto::requests::{
     launch_attribute_forwarded, CuLaunchConfig, DeviceRange, FunctionOf, GetGlobal, LaunchArgs,
     LaunchAttribute, LaunchKernel, Message, ModuleGetFunction, ModuleLoad, ModuleLoaded,
-    ParamLayout, IMAGE_INLINE, LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT,
+    ParamLayout, Reply, Value, IMAGE_INLINE, LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT,
     LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT, MAX_LAUNCH_ATTRIBUTES,
 };
 use wormhole_cuda_proto::{HandleKind, Op};
@@ -821,6 +821,84 @@ pub unsafe fn cuLaunchKernelEx_ptsz(
 ) -> i32 {
     // SAFETY: per the contract.
     unsafe { launch_ex(Op::cuLaunchKernelEx_ptsz, config, f, kernel_params, extra) }
+}
+
+/// A cluster occupancy question about `f` launched with `config`: the configuration travels as
+/// a launch's would (a `LaunchKernel` without arguments, its attributes giving the cluster's
+/// shape), and the driver's answer is written to `out`.
+///
+/// # Safety
+/// `out` NULL or a writable `int`; `config` NULL or a launch configuration.
+unsafe fn cluster_occupancy(
+    op: Op,
+    out: *mut c_void,
+    f: *mut c_void,
+    config: *const c_void,
+) -> i32 {
+    entry_status(|| {
+        rt::check_initialized()?;
+        if out.is_null() || config.is_null() {
+            return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
+        }
+        // SAFETY: per the contract.
+        let config = unsafe { &*(config as *const CuLaunchConfig) };
+        // SAFETY: as above.
+        let attributes = unsafe { launch_attributes(config) }?;
+        // SAFETY: `f` is dereferenced only if it is a registered function or kernel.
+        let func = unsafe { objects::get(f, HandleKind::Function) }
+            .or_else(|| unsafe { objects::get(f, HandleKind::Kernel) })
+            .ok_or(ApiErr(CUDA_ERROR_INVALID_HANDLE))?;
+        let query = LaunchKernel {
+            function: func.id,
+            grid: config.grid,
+            block: config.block,
+            shared_mem: config.shared_mem,
+            // SAFETY: `id_of` dereferences only registered objects.
+            stream: unsafe { rt::id_of(config.stream, HandleKind::Stream, true) }?,
+            args: LaunchArgs::Each(Vec::new()),
+            attributes,
+        };
+        let value = match Reply::<Value>::decode_all(&send(op, &query)?)? {
+            Ok(Value(v)) => v,
+            Err(st) => return Err(ApiErr(st)),
+        };
+        // SAFETY: per the contract.
+        unsafe { *(out as *mut i32) = value };
+        Ok(CUDA_SUCCESS)
+    })
+}
+
+/// `cuOccupancyMaxActiveClusters` (CUTLASS sizes its persistent Hopper kernels with it).
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuOccupancyMaxActiveClusters(
+    num_clusters: *mut c_void,
+    f: *mut c_void,
+    config: *mut c_void,
+) -> i32 {
+    // SAFETY: per the contract.
+    unsafe { cluster_occupancy(Op::cuOccupancyMaxActiveClusters, num_clusters, f, config) }
+}
+
+/// `cuOccupancyMaxPotentialClusterSize`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuOccupancyMaxPotentialClusterSize(
+    cluster_size: *mut c_void,
+    f: *mut c_void,
+    config: *mut c_void,
+) -> i32 {
+    // SAFETY: per the contract.
+    unsafe {
+        cluster_occupancy(
+            Op::cuOccupancyMaxPotentialClusterSize,
+            cluster_size,
+            f,
+            config,
+        )
+    }
 }
 
 #[cfg(test)]

@@ -998,6 +998,21 @@ impl<'a> Message<'a> for HostFunctionDone {
     }
 }
 
+/// One `int` a query answers (in a `Reply`): cluster occupancy (`cuOccupancyMaxActiveClusters`,
+/// `cuOccupancyMaxPotentialClusterSize`, asked with a `LaunchKernel` without arguments as the
+/// launch configuration).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Value(pub i32);
+
+impl<'a> Message<'a> for Value {
+    fn encode(&self, w: &mut Writer) {
+        w.i32(self.0);
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        Ok(Value(r.i32()?))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1091,6 +1106,8 @@ mod tests {
         });
         roundtrip(&nodes, &mut Vec::new());
         roundtrip(&CaptureMode(2), &mut Vec::new());
+        let value: Reply<Value> = Ok(Value(-7));
+        roundtrip(&value, &mut Vec::new());
         let encode = |layout| TensorMapEncode {
             layout,
             data_type: 7,

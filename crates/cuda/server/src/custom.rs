@@ -17,12 +17,12 @@ use wormhole_cuda_proto::cu::*;
 use wormhole_cuda_proto::requests::{
     launch_attribute_forwarded, Copy2D, CuLaunchAttribute, CuLaunchConfig, CuMemcpy2D, DeviceRange,
     FunctionOf, GetGlobal, LaunchArgs, LaunchAttribute, LaunchKernel, Message, ModuleGetFunction,
-    ModuleLoad, ModuleLoaded, ParamLayout, PointerAttributes, PointerValues, Side2D,
+    ModuleLoad, ModuleLoaded, ParamLayout, PointerAttributes, PointerValues, Reply, Side2D, Value,
     LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT, LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT,
     MEMORYTYPE_DEVICE, MEMORYTYPE_HOST, POINTER_ATTRIBUTE_CONTEXT,
     POINTER_ATTRIBUTE_MEMPOOL_HANDLE, POINTER_VALUE_MAX,
 };
-use wormhole_cuda_proto::{DecodeError, HandleKind, Reader, Writer};
+use wormhole_cuda_proto::{DecodeError, HandleKind, Op, Reader, Writer};
 
 /// `cuMemAlloc_v2`: reserved against the tenant's quota first; the range is the session's
 /// until `cuMemFree_v2`.
@@ -600,6 +600,68 @@ fn attributes_for_driver(
             })
         })
         .collect()
+}
+
+/// A cluster occupancy question: the launch configuration arrives as a `LaunchKernel` without
+/// arguments; the answer is the driver's `int`.
+fn cluster_occupancy(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+    op: Op,
+) -> Result<(), DecodeError> {
+    let m = LaunchKernel::decode(r)?;
+    r.finish()?;
+    let reply: Reply<Value> = (|| {
+        let func = s.resolve(m.function, HandleKind::Function, false)?;
+        let stream = s.resolve(m.stream, HandleKind::Stream, true)?;
+        let mut attrs = attributes_for_driver(s, &m.attributes)?;
+        let config = CuLaunchConfig {
+            grid: m.grid,
+            block: m.block,
+            shared_mem: m.shared_mem,
+            stream,
+            attrs: attrs.as_mut_ptr(),
+            num_attrs: attrs.len() as u32,
+        };
+        let config = (&config as *const CuLaunchConfig).cast_mut().cast();
+        let mut value = 0i32;
+        let out = (&mut value as *mut i32).cast();
+        // SAFETY: a live function, a launch configuration whose attributes live across the
+        // call, and an `int` for the answer.
+        let st = unsafe {
+            match op {
+                Op::cuOccupancyMaxActiveClusters => {
+                    ffi::cuOccupancyMaxActiveClusters(out, func, config)
+                }
+                _ => ffi::cuOccupancyMaxPotentialClusterSize(out, func, config),
+            }
+        };
+        match st {
+            CUDA_SUCCESS => Ok(Value(value)),
+            st => Err(st),
+        }
+    })();
+    reply.encode(w);
+    Ok(())
+}
+
+/// `cuOccupancyMaxActiveClusters`.
+pub fn cuOccupancyMaxActiveClusters(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    cluster_occupancy(s, r, w, Op::cuOccupancyMaxActiveClusters)
+}
+
+/// `cuOccupancyMaxPotentialClusterSize`.
+pub fn cuOccupancyMaxPotentialClusterSize(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    cluster_occupancy(s, r, w, Op::cuOccupancyMaxPotentialClusterSize)
 }
 
 /// `CU_LAUNCH_PARAM_BUFFER_POINTER`, `CU_LAUNCH_PARAM_BUFFER_SIZE`, `CU_LAUNCH_PARAM_END`.

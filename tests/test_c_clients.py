@@ -128,7 +128,7 @@ def test_call_counts_say_which_calls_were_round_trips(server, c_programs):
     and pipelined (how a framework's step is profiled); without it, nothing."""
     r = server.run([c_programs["vector_add"]], WORMHOLE_CALL_COUNTS="1")
     assert r.returncode == 0, r.stderr
-    total = re.search(r"^wormhole call counts: waited=(\d+) pipelined=(\d+)$", r.stderr, re.M)
+    total = re.search(r"^wormhole call counts \(opencl\): waited=(\d+) pipelined=(\d+)$", r.stderr, re.M)
     assert total, r.stderr
     rows = dict((m.group(1), (int(m.group(2)), int(m.group(3)))) for m in re.finditer(
         r"^wormhole call counts:   (.+?) waited=(\d+) pipelined=(\d+)$", r.stderr, re.M))

@@ -48,7 +48,7 @@ def result(out):
 
 
 def waited(stderr):
-    return int(re.search(r"wormhole call counts: waited=(\d+)", stderr).group(1))
+    return int(re.search(r"wormhole call counts \(cuda\): waited=(\d+)", stderr).group(1))
 
 
 @gpu
@@ -90,8 +90,8 @@ def test_synchronous_round_trips_per_step_are_counted(torch_gpu, tmp_path):
     print(f"MLP: {per_step:.2f} synchronous round trips per training step")
     # A loss is read every 50 steps; the step's launches, copies to the device and event
     # records are pipelined (one waited for each would be dozens per step; LUPINE's driver
-    # shim measured 4 per step of a GPT).
-    assert per_step < 5, per_step
+    # shim measured 4 per step of a GPT). Each tensor map cuBLASLt makes is one more.
+    assert per_step < 10, per_step
 
 
 @gpu

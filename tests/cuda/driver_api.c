@@ -185,6 +185,8 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n; i++) bad += hx[i] != ha[i];
     printf("cuMemcpy by address: %ld wrong\n", bad);
     free(hx);
+    /* db holds hb again: the launches below add ha and hb. */
+    CHECK(cuMemcpyHtoD(db, hb, bytes));
 
     /* Copies larger than one request carries (Wormhole sends them in 64 MiB pieces). */
     const size_t big = (150u << 20) + 12;
@@ -371,7 +373,8 @@ int main(int argc, char **argv) {
     {
         CUtensorMap m1, m2, m3;
         cuuint64_t gdim[2] = {256, 256}, gstride[1] = {256 * sizeof(float)};
-        cuuint32_t box[2] = {64, 64}, estride[2] = {1, 1};
+        /* A 128-byte swizzle takes a box whose inner dimension is at most 128 bytes. */
+        cuuint32_t box[2] = {32, 32}, estride[2] = {1, 1};
         CUdeviceptr tens;
         CHECK(cuMemAlloc(&tens, 2 * 256 * 256 * sizeof(float)));
         CUdeviceptr other = tens + 256 * 256 * sizeof(float);

@@ -175,6 +175,14 @@ pub trait Backend: Sync {
         w: &mut Writer,
     ) -> Result<Reply, DecodeError>;
 
+    /// Worker: whether requests with this opcode run at once, without first waiting for what
+    /// other lanes had sent before them (see `order`): requests that depend on nothing the
+    /// program sent and that something the program sent may be waiting for (CUDA's "host
+    /// function done"). Default: none.
+    fn unordered(&self, _opcode: u16) -> bool {
+        false
+    }
+
     /// Worker, shared-memory lanes: whether the backend may answer synchronous requests with
     /// this opcode later (see [`Backend::handle_later`]). Asked first, so that requests it
     /// never takes cost nothing. Default: none.

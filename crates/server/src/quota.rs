@@ -1,5 +1,6 @@
-//! Device-memory accounting of a tenant, shared by the supervisor and every worker of that
-//! tenant: a small memfd holding the tenant's total and one slot per session. Workers reserve
+//! Memory accounting of a tenant, shared by the supervisor and every worker of that tenant: a
+//! small memfd holding, per account (device memory; page-locked host memory the workers hold
+//! for the tenant), the tenant's total and one slot per session. Workers reserve
 //! before they keep memory and give it back when the driver frees it; when a worker dies, the
 //! supervisor writes its slot off, so a crashed session never leaks quota.
 //!
@@ -16,10 +17,26 @@ pub const SLOTS: usize = 256;
 
 #[repr(C)]
 struct Shared {
-    total: AtomicI64,
-    slots: [AtomicI64; SLOTS],
+    device: Account,
     /// The tenant's `max_queued` (0: no limit).
     max_queued: AtomicU64,
+    host: Account,
+}
+
+#[repr(C)]
+struct Account {
+    total: AtomicI64,
+    slots: [AtomicI64; SLOTS],
+}
+
+/// What a reservation is of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Device memory.
+    Device,
+    /// Page-locked host memory a worker holds for the tenant (CUDA's `cuMemHostAlloc`): bounded
+    /// by the same quota, apart from device memory.
+    Host,
 }
 
 pub struct Ledger {
@@ -61,37 +78,60 @@ impl Ledger {
         unsafe { &*(self.map.as_ptr() as *const Shared) }
     }
 
-    /// Takes `bytes` for session `slot` if the tenant stays within `quota`.
+    fn account(&self, kind: Kind) -> &Account {
+        match kind {
+            Kind::Device => &self.shared().device,
+            Kind::Host => &self.shared().host,
+        }
+    }
+
+    /// Takes `bytes` of device memory for session `slot` if the tenant stays within `quota`.
     pub fn reserve(&self, slot: usize, bytes: u64, quota: Option<u64>) -> bool {
-        let s = self.shared();
+        self.reserve_of(Kind::Device, slot, bytes, quota)
+    }
+
+    /// Takes `bytes` of `kind` for session `slot` if the tenant stays within `quota`.
+    pub fn reserve_of(&self, kind: Kind, slot: usize, bytes: u64, quota: Option<u64>) -> bool {
+        let a = self.account(kind);
         let b = bytes.min(i64::MAX as u64) as i64;
-        let before = s.total.fetch_add(b, Ordering::AcqRel);
+        let before = a.total.fetch_add(b, Ordering::AcqRel);
         if let Some(q) = quota {
             if before.saturating_add(b) > q.min(i64::MAX as u64) as i64 {
-                s.total.fetch_sub(b, Ordering::AcqRel);
+                a.total.fetch_sub(b, Ordering::AcqRel);
                 return false;
             }
         }
-        s.slots[slot % SLOTS].fetch_add(b, Ordering::AcqRel);
+        a.slots[slot % SLOTS].fetch_add(b, Ordering::AcqRel);
         true
     }
 
     pub fn release(&self, slot: usize, bytes: u64) {
-        let s = self.shared();
+        self.release_of(Kind::Device, slot, bytes)
+    }
+
+    pub fn release_of(&self, kind: Kind, slot: usize, bytes: u64) {
+        let a = self.account(kind);
         let b = bytes.min(i64::MAX as u64) as i64;
-        s.slots[slot % SLOTS].fetch_sub(b, Ordering::AcqRel);
-        s.total.fetch_sub(b, Ordering::AcqRel);
+        a.slots[slot % SLOTS].fetch_sub(b, Ordering::AcqRel);
+        a.total.fetch_sub(b, Ordering::AcqRel);
     }
 
     /// The session in `slot` is gone: everything it held is free again.
     pub fn write_off(&self, slot: usize) {
-        let s = self.shared();
-        let held = s.slots[slot % SLOTS].swap(0, Ordering::AcqRel);
-        s.total.fetch_sub(held, Ordering::AcqRel);
+        for kind in [Kind::Device, Kind::Host] {
+            let a = self.account(kind);
+            let held = a.slots[slot % SLOTS].swap(0, Ordering::AcqRel);
+            a.total.fetch_sub(held, Ordering::AcqRel);
+        }
     }
 
+    /// The tenant's device memory now.
     pub fn total(&self) -> i64 {
-        self.shared().total.load(Ordering::Acquire)
+        self.total_of(Kind::Device)
+    }
+
+    pub fn total_of(&self, kind: Kind) -> i64 {
+        self.account(kind).total.load(Ordering::Acquire)
     }
 
     /// Sets the tenant's limit of commands a session may have queued per queue (0: none).
@@ -120,6 +160,12 @@ mod tests {
         b.release(1, 400);
         a.write_off(0);
         assert_eq!(b.total(), 0);
+        // Page-locked host memory is a quota of its own, written off with the session too.
+        assert!(a.reserve_of(Kind::Host, 2, 900, Some(1000)));
+        assert!(a.reserve(2, 900, Some(1000)));
+        assert!(!b.reserve_of(Kind::Host, 3, 200, Some(1000)));
+        a.write_off(2);
+        assert_eq!((b.total(), b.total_of(Kind::Host)), (0, 0));
         // The limits the supervisor changes reach every worker's mapping at once.
         assert_eq!(b.max_queued(), 0);
         a.set_max_queued(64);

@@ -95,6 +95,27 @@ impl Limits {
         }
     }
 
+    /// Reserves `bytes` of page-locked host memory against the quota (an account of its own,
+    /// apart from device memory); false (and a log line) if that would exceed it.
+    pub fn reserve_host(&self, bytes: u64) -> bool {
+        match &self.ledger {
+            Some(l) => {
+                let ok = l.reserve_of(crate::quota::Kind::Host, self.slot, bytes, self.mem_quota);
+                if !ok {
+                    tracing::warn!(tenant = %self.tenant, bytes, quota = self.mem_quota, "page-locked host memory refused: over the tenant's memory quota");
+                }
+                ok
+            }
+            None => true,
+        }
+    }
+
+    pub fn release_host(&self, bytes: u64) {
+        if let Some(l) = &self.ledger {
+            l.release_of(crate::quota::Kind::Host, self.slot, bytes);
+        }
+    }
+
     pub fn tenant_bytes(&self) -> i64 {
         self.ledger.as_ref().map_or(0, |l| l.total())
     }
@@ -608,18 +629,20 @@ fn serve_lane(
         let h = link.recv_header()?;
         // What other threads sent before this was sent comes first.
         order().took(lane, h.seq, h.flags & FLAG_ASYNC == 0);
-        let used = region.rendezvous().lanes_used.load(Ordering::Acquire);
-        order().wait_for_others(
-            lane,
-            h.seq,
-            // Lanes the client marked used (past 64 lanes there are no marks: all of them).
-            (0..region.layout().lanes as usize).filter(|j| *j >= 64 || used & (1 << j) != 0),
-            |j| {
-                region
-                    .request_activity(j as u32)
-                    .map_or(0, |(head, _)| head)
-            },
-        );
+        if !backend.unordered(h.opcode) {
+            let used = region.rendezvous().lanes_used.load(Ordering::Acquire);
+            order().wait_for_others(
+                lane,
+                h.seq,
+                // Lanes the client marked used (past 64 lanes there are no marks: all of them).
+                (0..region.layout().lanes as usize).filter(|j| *j >= 64 || used & (1 << j) != 0),
+                |j| {
+                    region
+                        .request_activity(j as u32)
+                        .map_or(0, |(head, _)| head)
+                },
+            );
+        }
         serve_request(backend, lane, &mut link, h, &mut body, &mut reply)?;
         order().handled(lane, link.received());
         if body.len() > KEEP_BUFFER {
@@ -869,9 +892,11 @@ pub fn run_tcp<S: Duplex>(
                         for (h, body) in rx {
                             let lane = usize::from(h.lane);
                             order().took(lane, h.seq, h.flags & FLAG_ASYNC == 0);
-                            order().wait_for_others(lane, h.seq, 0..received.len(), |j| {
-                                received[j].load(Ordering::Acquire)
-                            });
+                            if !backend.unordered(h.opcode) {
+                                order().wait_for_others(lane, h.seq, 0..received.len(), |j| {
+                                    received[j].load(Ordering::Acquire)
+                                });
+                            }
                             let handled = handle(backend, lane, &h, &body, &mut reply);
                             taken += 1;
                             order().handled(lane, taken);

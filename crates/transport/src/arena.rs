@@ -145,9 +145,13 @@ impl ArenaSpace {
         }
     }
 
-    /// What `size` bytes take: whole pages, at least one.
+    /// What `size` bytes take: whole pages, at least one (a size no arena holds stays one no
+    /// arena holds: the largest whole number of pages).
     pub fn pages_for(size: u64) -> u64 {
-        size.max(1).div_ceil(Self::PAGE) * Self::PAGE
+        size.max(1)
+            .div_ceil(Self::PAGE)
+            .checked_mul(Self::PAGE)
+            .unwrap_or(u64::MAX / Self::PAGE * Self::PAGE)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, u64>> {
@@ -242,5 +246,9 @@ mod tests {
         assert_eq!(s.free_ranges(), vec![(0, 16 * PAGE)]);
         assert_eq!(s.alloc(16 * PAGE), Some(0));
         assert!(ArenaSpace::new(PAGE - 1).alloc(1).is_none());
+        assert!(
+            s.alloc(u64::MAX).is_none(),
+            "a size that rounds past the end"
+        );
     }
 }

@@ -97,7 +97,7 @@ fn waited(run: &Run) -> Option<f64> {
     let line = run
         .stderr
         .lines()
-        .find(|l| l.starts_with("wormhole call counts: waited="))?;
+        .find(|l| l.starts_with("wormhole call counts (cuda): waited="))?;
     line.split_whitespace()
         .find_map(|w| w.strip_prefix("waited="))?
         .parse()

@@ -37,7 +37,8 @@ const STATUS_NONE: u32 = 0;
 /// ever begun, and the stream has a context (a stream object, or the current context for the
 /// NULL and special streams; without one the driver's error is the server's to give).
 fn never_capturing(stream: *mut c_void) -> bool {
-    !BEGUN.load(Ordering::Acquire) && (stream as usize > 2 || current::known().is_some())
+    !BEGUN.load(Ordering::Acquire)
+        && (stream as usize > 2 || current::known().is_some_and(|c| !c.is_null()))
 }
 
 fn began() {
@@ -135,15 +136,30 @@ struct InfoOut {
 }
 
 /// What the driver lends a query's caller: the dependency and edge arrays of each stream's
-/// last answer (valid until that stream's next query, as the driver's own).
+/// last answer (valid until that stream's next query, as the driver's own; the NULL and
+/// per-thread streams are each thread's own).
 struct Lent {
     dependencies: Box<[usize]>,
     edge_data: Box<[u64]>,
 }
 
-fn lent() -> std::sync::MutexGuard<'static, BTreeMap<u64, Lent>> {
-    static LENT: Mutex<BTreeMap<u64, Lent>> = Mutex::new(BTreeMap::new());
+fn lent() -> std::sync::MutexGuard<'static, BTreeMap<(u64, u64), Lent>> {
+    static LENT: Mutex<BTreeMap<(u64, u64), Lent>> = Mutex::new(BTreeMap::new());
     LENT.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The key of `stream`'s lent arrays: a stream object's own, the special streams' per thread.
+fn lent_key(stream: *mut c_void) -> (u64, u64) {
+    thread_local! {
+        static THREAD: u64 = {
+            static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        };
+    }
+    match stream as usize {
+        0..=2 => (stream as u64, THREAD.with(|t| *t)),
+        _ => (stream as u64, 0),
+    }
 }
 
 /// # Safety
@@ -171,7 +187,7 @@ unsafe fn capture_info(op: Op, stream: *mut c_void, out: InfoOut) -> i32 {
             query.encode(&mut w);
             Reply::<CaptureInfo>::decode_all(&rt::call(w)?)?.map_err(ApiErr)?
         };
-        let key = stream as u64;
+        let key = lent_key(stream);
         let mut lent = lent();
         let arrays = Lent {
             dependencies: info
@@ -192,7 +208,7 @@ unsafe fn capture_info(op: Op, stream: *mut c_void, out: InfoOut) -> i32 {
                 *out.graph = crate::objects::object_for_id(HandleKind::Graph, info.graph);
             }
             if !out.count.is_null() {
-                *out.count = info.dependencies.len();
+                *out.count = info.count as usize;
             }
             lent.insert(key, arrays);
             let arrays = &lent[&key];

@@ -12,7 +12,7 @@
 // Entry points keep the C names the description gives them.
 #![allow(non_snake_case)]
 
-use crate::rt::{self, entry_status, ApiErr};
+use crate::rt::{self, entry_status};
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::ffi::c_void;
@@ -203,9 +203,15 @@ pub fn deliver(body: &[u8]) {
         callback: call.callback,
     }
     .encode(&mut w);
-    if let Err(ApiErr(st)) = rt::call_async(w) {
+    // On any free lane, run at once by the worker: a thread sharing this thread's lane may be
+    // waiting inside a call for the stream this releases.
+    let sent = crate::connection::get()
+        .map_err(|_| ())
+        .and_then(|c| c.send_async_unordered(w).map_err(|_| ()));
+    if sent.is_err() {
         crate::connection::log(&format!(
-            "could not tell the server a host function returned ({st})"
+            "could not tell the server that host function {} returned",
+            call.callback
         ));
     }
 }

@@ -430,7 +430,8 @@ pub fn attribute(ptr: u64, start: u64, p: &Pinned, attribute: u32) -> Option<Vec
         }
         .to_le_bytes()
         .to_vec(),
-        ATTR_MAPPED => vec![u8::from(p.mapped())],
+        // Backed by an allocation (CUDA's sense: a mapped address range), as all of it is.
+        ATTR_MAPPED => vec![1],
         ATTR_HOST_POINTER => ptr.to_le_bytes().to_vec(),
         ATTR_BUFFER_ID => p.buffer_id.to_le_bytes().to_vec(),
         ATTR_IS_MANAGED | ATTR_IS_LEGACY_CUDA_IPC_CAPABLE => vec![0],
@@ -530,7 +531,7 @@ mod tests {
         );
         assert_eq!(
             attribute(0x6000_3040, start, &p, ATTR_MAPPED),
-            Some(vec![0])
+            Some(vec![1])
         );
         table().remove(&0x6000_0000);
         table().remove(&0x6000_3000);

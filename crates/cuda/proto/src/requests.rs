@@ -841,14 +841,16 @@ impl<'a> Message<'a> for CaptureInfoQuery {
     }
 }
 
-/// The answer to a [`CaptureInfoQuery`] (in a `Reply`): the capture status, and what was asked
-/// for (0 where not): the capture's id, its graph and dependency nodes by id (borrowed: the
-/// capture owns them), each dependency's edge data (`CUgraphEdgeData`, 8 bytes).
+/// The answer to a [`CaptureInfoQuery`] (in a `Reply`): the capture status, the number of
+/// dependencies, and what was asked for (0 or empty where not): the capture's id, its graph
+/// and dependency nodes by id (borrowed: the capture owns them), each dependency's edge data
+/// (`CUgraphEdgeData`, 8 bytes).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct CaptureInfo {
     pub status: u32,
     pub id: u64,
     pub graph: u64,
+    pub count: u64,
     pub dependencies: Vec<u64>,
     pub edge_data: Vec<u64>,
 }
@@ -858,6 +860,7 @@ impl<'a> Message<'a> for CaptureInfo {
         w.u32(self.status);
         w.u64(self.id);
         w.u64(self.graph);
+        w.u64(self.count);
         put_ids(w, &self.dependencies);
         put_ids(w, &self.edge_data);
     }
@@ -866,6 +869,7 @@ impl<'a> Message<'a> for CaptureInfo {
             status: r.u32()?,
             id: r.u64()?,
             graph: r.u64()?,
+            count: r.u64()?,
             dependencies: get_ids(r)?,
             edge_data: get_ids(r)?,
         })
@@ -1087,6 +1091,7 @@ mod tests {
             status: 1,
             id: 9,
             graph: 40,
+            count: 2,
             dependencies: vec![41, 42],
             edge_data: vec![0, 0x0101],
         });

@@ -8,7 +8,9 @@
 
 use crate::generated::ffi;
 use crate::session::{Call, Handle};
+use std::collections::HashMap;
 use std::ffi::c_void;
+use std::sync::Mutex;
 use wormhole_cuda_proto::cu::*;
 use wormhole_cuda_proto::requests::{
     CaptureInfo, CaptureInfoQuery, CaptureMode, GraphNodes, GraphNodesQuery, Message,
@@ -26,18 +28,39 @@ fn answer<'a, T: Message<'a>>(w: &mut Writer, reply: Result<T, i32>) {
     reply.encode(w);
 }
 
-/// Exports the nodes the driver returned (children of `graph`, by id) as ids; NULL as 0.
+/// Exports the nodes the driver returned (children of `graph`, by id) as ids; NULL as 0. They
+/// are forgotten with their graph.
 fn export_nodes(s: &Call<'_>, graph: u64, nodes: &[Handle]) -> Vec<u64> {
     nodes
         .iter()
         .map(|&n| {
             let id = s.export(HandleKind::GraphNode, n);
             if id != 0 && graph != 0 {
-                s.set_parent(id, (graph, HandleKind::Graph));
+                s.graph_node(graph, id);
             }
             id
         })
         .collect()
+}
+
+/// The graph each capturing stream's queries lent the program (by id), per stream (the NULL
+/// and per-thread streams per lane thread): at the capture's end it is the program's, or, if
+/// the capture failed, gone (the driver destroyed it) and forgotten.
+type StreamKey = (usize, Option<std::thread::ThreadId>);
+
+fn lent_graphs() -> std::sync::MutexGuard<'static, HashMap<StreamKey, u64>> {
+    static LENT: std::sync::OnceLock<Mutex<HashMap<StreamKey, u64>>> = std::sync::OnceLock::new();
+    LENT.get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+fn stream_key(stream: Handle) -> StreamKey {
+    let special = stream as usize <= 2;
+    (
+        stream as usize,
+        special.then(|| std::thread::current().id()),
+    )
 }
 
 fn query(s: &Call<'_>, op: Op, q: &CaptureInfoQuery) -> Result<CaptureInfo, i32> {
@@ -46,20 +69,23 @@ fn query(s: &Call<'_>, op: Op, q: &CaptureInfoQuery) -> Result<CaptureInfo, i32>
     let mut id = 0u64;
     let mut graph: Handle = std::ptr::null_mut();
     let mut deps: *const Handle = std::ptr::null();
-    let mut edges: *const u64 = std::ptr::null();
+    let mut edges: *const u8 = std::ptr::null();
     let mut count = 0usize;
     let st_ptr = &mut status as *mut u32 as *mut c_void;
     let id_ptr = match q.id {
         true => &mut id as *mut u64 as *mut c_void,
         false => std::ptr::null_mut(),
     };
-    // The graph and the dependencies are always asked for (the count is their number, and
-    // the nodes are the graph's children); edge data only as the program did (the driver
-    // refuses a query that would lose edge data it was not given room for).
+    // The graph is always asked for (the nodes are its children); dependencies and edge data
+    // only as the program asked (the driver refuses a query that would lose edge data it was
+    // not given room for); their count always.
     let graph_ptr = &mut graph as *mut Handle as *mut c_void;
-    let deps_ptr = &mut deps as *mut *const Handle as *mut c_void;
+    let deps_ptr = match q.dependencies {
+        true => &mut deps as *mut *const Handle as *mut c_void,
+        false => std::ptr::null_mut(),
+    };
     let edges_ptr = match q.edge_data {
-        true => &mut edges as *mut *const u64 as *mut c_void,
+        true => &mut edges as *mut *const u8 as *mut c_void,
         false => std::ptr::null_mut(),
     };
     let count_ptr = &mut count as *mut usize as *mut c_void;
@@ -100,17 +126,28 @@ fn query(s: &Call<'_>, op: Op, q: &CaptureInfoQuery) -> Result<CaptureInfo, i32>
         // SAFETY: the driver lends `count` entries at `p` until the stream's next call.
         false => unsafe { std::slice::from_raw_parts(p, count) }.to_vec(),
     };
-    let graph_id = s.export(HandleKind::Graph, graph);
+    let graph_id = match graph.is_null() {
+        true => 0,
+        false => {
+            let id = s.export(HandleKind::Graph, graph);
+            lent_graphs().insert(stream_key(stream), id);
+            id
+        }
+    };
     let nodes = lent(deps);
     let edge_data = match edges.is_null() || count == 0 {
         true => Vec::new(),
-        // SAFETY: as above; `CUgraphEdgeData` is 8 bytes.
-        false => unsafe { std::slice::from_raw_parts(edges, count) }.to_vec(),
+        // SAFETY: as above; `CUgraphEdgeData` is 8 bytes of alignment 1, read as bytes.
+        false => unsafe { std::slice::from_raw_parts(edges, count * 8) }
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
+            .collect(),
     };
     Ok(CaptureInfo {
         status,
         id,
         graph: if q.graph { graph_id } else { 0 },
+        count: count as u64,
         dependencies: export_nodes(s, graph_id, &nodes),
         edge_data,
     })
@@ -179,6 +216,55 @@ pub fn cuStreamGetCaptureInfo_v3_ptsz(
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
     capture_info(s, Op::cuStreamGetCaptureInfo_v3_ptsz, r, w)
+}
+
+/// `cuStreamEndCapture`: the graph the capture lent is the program's now; if the capture
+/// failed, the driver destroyed it, and the session forgets it.
+pub fn cuStreamEndCapture(
+    s: &Call<'_>,
+    a: crate::generated::args::cuStreamEndCapture,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    end_capture(s, a.hStream_id, a.phGraph_present, false, w);
+    Ok(())
+}
+
+/// `cuStreamEndCapture_ptsz`.
+pub fn cuStreamEndCapture_ptsz(
+    s: &Call<'_>,
+    a: crate::generated::args::cuStreamEndCapture_ptsz,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    end_capture(s, a.hStream_id, a.phGraph_present, true, w);
+    Ok(())
+}
+
+fn end_capture(s: &Call<'_>, stream_id: u64, present: bool, per_thread: bool, w: &mut Writer) {
+    let stream = match s.resolve(stream_id, HandleKind::Stream, true) {
+        Ok(h) => h,
+        Err(st) => return w.i32(st),
+    };
+    let mut graph: Handle = std::ptr::null_mut();
+    let out = match present {
+        true => &mut graph as *mut Handle,
+        false => std::ptr::null_mut(),
+    };
+    // SAFETY: a stream of the session's and an output for one graph (or NULL, as asked).
+    let st = unsafe {
+        match per_thread {
+            true => ffi::cuStreamEndCapture_ptsz(stream, out),
+            false => ffi::cuStreamEndCapture(stream, out),
+        }
+    };
+    if let Some(lent) = lent_graphs().remove(&stream_key(stream)) {
+        if st != CUDA_SUCCESS || s.export(HandleKind::Graph, graph) != lent {
+            s.forget(lent);
+        }
+    }
+    w.i32(st);
+    if st == CUDA_SUCCESS && present {
+        s.export_list(w, HandleKind::Graph, &[graph]);
+    }
 }
 
 fn graph_nodes(s: &Call<'_>, q: &GraphNodesQuery) -> Result<GraphNodes, i32> {

@@ -9,7 +9,7 @@
 
 use crate::generated::ffi;
 use crate::session::{Call, Handle};
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::sync::{Condvar, Mutex};
 use wormhole_cuda_proto::cu::*;
@@ -20,8 +20,9 @@ use wormhole_server::callbacks::CallbackChannel;
 /// Where the CALLBACK frames go.
 pub static CHANNEL: CallbackChannel = CallbackChannel::new();
 
-/// Host functions whose DONE came and whose trampoline has not yet seen it.
-static DONE: Mutex<BTreeSet<u64>> = Mutex::new(BTreeSet::new());
+/// DONEs that came and that no trampoline has taken yet, per host function (a graph's may
+/// run in two launches at once).
+static DONE: Mutex<BTreeMap<u64, u32>> = Mutex::new(BTreeMap::new());
 static DONE_CHANGED: Condvar = Condvar::new();
 
 /// What a trampoline needs: the client's id of the function, and whether it may run again.
@@ -49,8 +50,18 @@ fn run_in_client(ctx: &Ctx, status: i32) {
     CHANNEL.send(w);
     // Without a client no DONE comes, but then the worker ends with the session.
     let mut done = DONE.lock().unwrap_or_else(|p| p.into_inner());
-    while !done.remove(&ctx.callback) {
-        done = DONE_CHANGED.wait(done).unwrap_or_else(|p| p.into_inner());
+    loop {
+        match done.get_mut(&ctx.callback) {
+            Some(1) => {
+                done.remove(&ctx.callback);
+                return;
+            }
+            Some(n) => {
+                *n -= 1;
+                return;
+            }
+            None => done = DONE_CHANGED.wait(done).unwrap_or_else(|p| p.into_inner()),
+        }
     }
 }
 
@@ -131,9 +142,11 @@ fn handle(s: &Call<'_>, op: Op, r: &mut Reader<'_>, w: &mut Writer) -> Result<()
 /// DONE: the client ran the function; its trampoline may return.
 pub fn done(r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
     let m: HostFunctionDone = whole(r)?;
-    DONE.lock()
+    *DONE
+        .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .insert(m.callback);
+        .entry(m.callback)
+        .or_default() += 1;
     DONE_CHANGED.notify_all();
     w.i32(CUDA_SUCCESS);
     Ok(())
@@ -191,6 +204,9 @@ mod tests {
         let mut body = Writer::new(0);
         HostFunctionDone { callback: 4242 }.encode(&mut body);
         done(&mut Reader::new(body.body()), &mut w).unwrap();
+        done(&mut Reader::new(body.body()), &mut Writer::new(0)).unwrap();
+        // Two DONEs of one function (a graph's, in two launches): two runs return.
+        run_in_client(&ctx, CUDA_SUCCESS);
         run_in_client(&ctx, CUDA_SUCCESS);
         let waiter = std::thread::spawn(move || run_in_client(&ctx, CUDA_SUCCESS));
         std::thread::sleep(std::time::Duration::from_millis(50));

@@ -186,6 +186,11 @@ impl wormhole_server::Backend for Cuda {
         })
     }
 
+    fn unordered(&self, opcode: u16) -> bool {
+        // A host function's DONE releases a stream that later requests may be waiting on.
+        opcode == wormhole_cuda_proto::host_functions::DONE
+    }
+
     fn objects(&self) -> std::collections::BTreeMap<String, usize> {
         session()
             .object_counts()

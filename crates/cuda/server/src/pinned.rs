@@ -35,12 +35,12 @@ pub struct Pinned {
     state: Mutex<State>,
 }
 
+/// Live ranges: offset → bytes (whole pages). Their sum is the tenant's page-locked host
+/// memory in this session, reserved against its memory quota (an account of its own, apart
+/// from device memory, shared by all the tenant's sessions).
 #[derive(Default)]
 struct State {
-    /// Live ranges: offset → bytes (whole pages).
     live: BTreeMap<u64, u64>,
-    /// Their sum, bounded by the tenant's memory quota (the worker's memory is the tenant's).
-    bytes: u64,
 }
 
 static PINNED: OnceLock<Pinned> = OnceLock::new();
@@ -111,7 +111,7 @@ impl Pinned {
                 };
                 reply.encode(w);
             }
-            pinned::FREE => w.i32(self.free(whole::<PinnedFree>(r)?)),
+            pinned::FREE => w.i32(self.free(s, whole::<PinnedFree>(r)?)),
             _ => {
                 let m = whole::<PinnedCopy>(r)?;
                 w.i32(self.copy(s, &m).err().unwrap_or(CUDA_SUCCESS));
@@ -125,25 +125,30 @@ impl Pinned {
         if m.bytes == 0 || m.flags & !ALLOC_FLAGS != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let len = ArenaSpace::pages_for(m.bytes);
-        let mut state = self.state();
-        if let Some(quota) = s.limits().mem_quota {
-            if state.bytes.saturating_add(len) > quota {
-                tracing::warn!(
-                    bytes = len,
-                    held = state.bytes,
-                    quota,
-                    "page-locked memory refused: the session's would exceed the tenant's memory quota"
-                );
-                return Err(CUDA_ERROR_OUT_OF_MEMORY);
-            }
+        if m.bytes > self.arena.len() {
+            tracing::warn!(
+                bytes = m.bytes,
+                "page-locked memory refused: larger than the arena"
+            );
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }
+        let len = ArenaSpace::pages_for(m.bytes);
+        if !s.limits().reserve_host(len) {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        let give_back = |offset: Option<u64>| {
+            if let Some(offset) = offset {
+                self.space.release(offset, len);
+            }
+            s.limits().release_host(len);
+        };
         let Some(offset) = self.space.alloc(len) else {
             tracing::warn!(bytes = len, "page-locked memory refused: the arena is full");
+            give_back(None);
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         };
         let Some(ptr) = self.arena.range(offset, len) else {
-            self.space.release(offset, len);
+            give_back(Some(offset));
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         };
         // SAFETY: `len` bytes of the arena's mapping, which outlives the registration (it is
@@ -156,16 +161,16 @@ impl Pinned {
                 status = st,
                 "the driver refused to page-lock arena memory"
             );
-            self.space.release(offset, len);
+            give_back(Some(offset));
             return Err(st);
         }
-        state.live.insert(offset, len);
-        state.bytes += len;
+        self.state().live.insert(offset, len);
         Ok((offset, ptr as u64))
     }
 
-    /// Frees a range `alloc` made, once the device is done with it.
-    fn free(&self, m: PinnedFree) -> i32 {
+    /// Frees a range `alloc` made, once the device is done with it. A range the driver will
+    /// not unregister stays the session's (its pages are still locked).
+    fn free(&self, s: &Call<'_>, m: PinnedFree) -> i32 {
         let Some(len) = self.state().live.remove(&m.offset) else {
             tracing::warn!(
                 offset = m.offset,
@@ -177,16 +182,19 @@ impl Pinned {
         // cuMemFreeHost waits for the device too).
         // SAFETY: no arguments; the lane's current context, if any.
         unsafe { ffi::cuCtxSynchronize() };
+        wormhole_server::output::drain();
         if let Some(ptr) = self.arena.range(m.offset, len) {
             // SAFETY: a range registered by `alloc`.
             let st = unsafe { ffi::cuMemHostUnregister(ptr as *mut c_void) };
             if st != CUDA_SUCCESS {
-                tracing::warn!(status = st, "could not unregister freed page-locked memory");
+                tracing::warn!(status = st, "could not unregister page-locked memory: kept");
+                self.state().live.insert(m.offset, len);
+                return st;
             }
         }
         self.arena.discard(m.offset, len);
         self.space.release(m.offset, len);
-        self.state().bytes -= len;
+        s.limits().release_host(len);
         CUDA_SUCCESS
     }
 
@@ -231,6 +239,10 @@ impl Pinned {
                 (false, Some(h), true) => ffi::cuMemcpyDtoHAsync_v2_ptsz(host, dev, n, h),
             }
         };
+        if m.stream.is_none() {
+            // A synchronous copy is a synchronisation point: what kernels printed comes first.
+            wormhole_server::output::drain();
+        }
         match st {
             CUDA_SUCCESS => Ok(()),
             st => Err(st),
@@ -293,26 +305,32 @@ mod tests {
     }
 
     #[test]
-    fn frees_name_a_live_range_once() {
+    fn frees_name_a_live_range_and_keep_what_the_driver_keeps() {
         let p = pinned_with(&[(0, PAGE)]);
-        p.state().bytes = PAGE;
+        let session = Session::default();
+        let s = Call(&session);
         assert_eq!(
-            p.free(PinnedFree { offset: PAGE }),
+            p.free(&s, PinnedFree { offset: PAGE }),
             CUDA_ERROR_INVALID_VALUE
         );
-        // Without a driver the synchronisation and the unregistration fail (logged); the
-        // range still goes back.
-        assert_eq!(p.free(PinnedFree { offset: 0 }), CUDA_SUCCESS);
-        assert_eq!(p.state().bytes, 0);
-        assert_eq!(p.space.free_ranges(), vec![(0, 64 * PAGE)]);
-        assert_eq!(p.free(PinnedFree { offset: 0 }), CUDA_ERROR_INVALID_VALUE);
+        // Without a driver the unregistration fails: the range stays the session's.
+        assert_eq!(
+            p.free(&s, PinnedFree { offset: 0 }),
+            CUDA_ERROR_NOT_SUPPORTED
+        );
+        assert!(p.host_range(0, PAGE).is_some());
+        assert_eq!(p.space.free_ranges(), vec![(PAGE, 63 * PAGE)]);
     }
 
     #[test]
-    fn allocations_are_checked_and_bounded_by_the_quota() {
+    fn allocations_are_checked_and_bounded_by_the_tenants_quota() {
         let p = pinned_with(&[]);
+        let ledger = wormhole_server::quota::Ledger::create().unwrap();
+        // Another session of the tenant already holds 2 pages.
+        assert!(ledger.reserve_of(wormhole_server::quota::Kind::Host, 9, 2 * PAGE, None));
         let session = Session::default();
         session.set_limits(std::sync::Arc::new(wormhole_server::worker::Limits {
+            ledger: Some(ledger),
             mem_quota: Some(4 * PAGE),
             ..Default::default()
         }));
@@ -320,10 +338,17 @@ mod tests {
         let alloc = |bytes, flags| p.alloc(&s, PinnedAlloc { bytes, flags });
         assert_eq!(alloc(0, 0), Err(CUDA_ERROR_INVALID_VALUE));
         assert_eq!(alloc(PAGE, 0x8), Err(CUDA_ERROR_INVALID_VALUE));
-        assert_eq!(alloc(4 * PAGE + 1, 0), Err(CUDA_ERROR_OUT_OF_MEMORY));
-        // Within the quota the driver decides (here there is none): the range goes back.
-        assert_eq!(alloc(PAGE, 0x2), Err(CUDA_ERROR_NOT_SUPPORTED));
+        assert_eq!(alloc(u64::MAX, 0), Err(CUDA_ERROR_OUT_OF_MEMORY));
+        assert_eq!(alloc(2 * PAGE + 1, 0), Err(CUDA_ERROR_OUT_OF_MEMORY));
+        // Within the quota the driver decides (here there is none): the range and the
+        // reservation go back.
+        assert_eq!(alloc(2 * PAGE, 0x2), Err(CUDA_ERROR_NOT_SUPPORTED));
         assert_eq!(p.space.free_ranges(), vec![(0, 64 * PAGE)]);
         assert!(p.state().live.is_empty());
+        let tenant = s.limits().ledger.as_ref().unwrap();
+        assert_eq!(
+            tenant.total_of(wormhole_server::quota::Kind::Host),
+            2 * PAGE as i64
+        );
     }
 }

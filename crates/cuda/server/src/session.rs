@@ -26,6 +26,8 @@ pub struct Session {
     /// The module, library or kernel each function and kernel came from (by id): once that is
     /// unloaded, they are no longer valid handles (the driver freed them).
     parents: Mutex<HashMap<u64, Parent>>,
+    /// The nodes the session was told of, per graph (by id): forgotten with their graph.
+    graph_nodes: Mutex<HashMap<u64, Vec<u64>>>,
     /// Bytes of device memory the session holds.
     pub mem_bytes: AtomicI64,
     limits: OnceLock<Arc<Limits>>,
@@ -129,6 +131,14 @@ impl Session {
     /// The object behind `id` was destroyed.
     pub fn forget(&self, id: u64) {
         self.handles.forget(id);
+        let nodes = self
+            .graph_nodes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+        for node in nodes.into_iter().flatten() {
+            self.handles.forget(node);
+        }
         self.layouts
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -211,6 +221,16 @@ impl Session {
             .remove(&start)?;
         self.mem_bytes.fetch_sub(len as i64, Ordering::Relaxed);
         Some(len)
+    }
+
+    /// Graph node `node` (an id the session exported) belongs to graph `graph`.
+    pub fn graph_node(&self, graph: u64, node: u64) {
+        self.graph_nodes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(graph)
+            .or_default()
+            .push(node);
     }
 
     /// Function or kernel `child` came from `parent`.

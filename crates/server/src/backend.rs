@@ -175,6 +175,11 @@ pub trait Backend: Sync {
         w: &mut Writer,
     ) -> Result<Reply, DecodeError>;
 
+    /// Worker: the session's client is gone and the process is about to exit: release whatever
+    /// waits for the client (driver threads inside a callback of the backend's), so that the
+    /// driver's exit handlers find none stuck. Default: nothing.
+    fn end(&self) {}
+
     /// Worker: whether requests with this opcode run at once, without first waiting for what
     /// other lanes had sent before them (see `order`): requests that depend on nothing the
     /// program sent and that something the program sent may be waiting for (CUDA's "host

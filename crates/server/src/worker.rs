@@ -275,7 +275,10 @@ pub fn run(
     let mut buf = [0u8; 64];
     loop {
         match (&sock).read(&mut buf) {
-            Ok(0) | Err(_) => return Ok(()),
+            Ok(0) | Err(_) => {
+                backend.end();
+                return Ok(());
+            }
             Ok(_) => tracing::warn!("unexpected bytes on the control socket"),
         }
     }
@@ -424,14 +427,17 @@ pub fn run_guest(
         }
         if rv.client_state.load(Ordering::Acquire) == rendezvous::CLIENT_CLOSED {
             tracing::info!(region = %path.display(), "guest session closed by the client");
+            backend.end();
             return Ok(());
         }
         if overtaken() {
             tracing::warn!(region = %path.display(), "another worker reset the region; ending the session");
+            backend.end();
             return Ok(());
         }
         if !client.alive(&rv.client_beat) {
             tracing::warn!(region = %path.display(), "guest client stopped its heartbeat; ending its session");
+            backend.end();
             return Ok(());
         }
         std::thread::sleep(GUEST_TICK);
@@ -861,7 +867,10 @@ pub fn run_tcp<S: Duplex>(
         let mut body = bodies.take();
         let h = match read_frame(&mut reader, &mut body) {
             Ok(h) => h,
-            Err(TransportError::PeerGone) => return Ok(()),
+            Err(TransportError::PeerGone) => {
+                backend.end();
+                return Ok(());
+            }
             Err(e) => {
                 tracing::error!("ending session: {e}");
                 std::process::exit(3);

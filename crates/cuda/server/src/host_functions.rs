@@ -20,6 +20,16 @@ use wormhole_server::callbacks::CallbackChannel;
 /// Where the CALLBACK frames go.
 pub static CHANNEL: CallbackChannel = CallbackChannel::new();
 
+/// The client is gone: trampolines return without their DONE (the process is exiting).
+static ENDED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The session ended: every trampoline waiting for the client returns.
+pub fn end() {
+    ENDED.store(true, std::sync::atomic::Ordering::SeqCst);
+    let _guard = DONE.lock().unwrap_or_else(|p| p.into_inner());
+    DONE_CHANGED.notify_all();
+}
+
 /// DONEs that came and that no trampoline has taken yet, per host function (a graph's may
 /// run in two launches at once).
 static DONE: Mutex<BTreeMap<u64, u32>> = Mutex::new(BTreeMap::new());
@@ -48,9 +58,12 @@ fn run_in_client(ctx: &Ctx, status: i32) {
     }
     .encode(&mut w);
     CHANNEL.send(w);
-    // Without a client no DONE comes, but then the worker ends with the session.
+    // Without a client no DONE comes: the session's end releases the wait.
     let mut done = DONE.lock().unwrap_or_else(|p| p.into_inner());
     loop {
+        if ENDED.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
         match done.get_mut(&ctx.callback) {
             Some(1) => {
                 done.remove(&ctx.callback);

@@ -186,6 +186,10 @@ impl wormhole_server::Backend for Cuda {
         })
     }
 
+    fn end(&self) {
+        host_functions::end();
+    }
+
     fn unordered(&self, opcode: u16) -> bool {
         // A host function's DONE releases a stream that later requests may be waiting on.
         opcode == wormhole_cuda_proto::host_functions::DONE

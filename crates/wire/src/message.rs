@@ -15,8 +15,12 @@ pub trait Message<'a>: Sized {
 
     /// Decodes a whole body: nothing may follow the message.
     fn decode_all(body: &'a [u8]) -> Result<Self, DecodeError> {
-        let mut r = Reader::new(body);
-        let m = Self::decode(&mut r)?;
+        Self::decode_rest(&mut Reader::new(body))
+    }
+
+    /// Decodes the rest of a body: nothing may follow the message.
+    fn decode_rest(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        let m = Self::decode(r)?;
         r.finish()?;
         Ok(m)
     }

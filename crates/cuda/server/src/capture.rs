@@ -18,12 +18,6 @@ use wormhole_cuda_proto::requests::{
 };
 use wormhole_cuda_proto::{DecodeError, HandleKind, Op, Reader, Writer};
 
-fn whole<'a, M: Message<'a>>(r: &mut Reader<'a>) -> Result<M, DecodeError> {
-    let m = M::decode(r)?;
-    r.finish()?;
-    Ok(m)
-}
-
 fn answer<'a, T: Message<'a>>(w: &mut Writer, reply: Result<T, i32>) {
     reply.encode(w);
 }
@@ -159,7 +153,7 @@ fn capture_info(
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let q: CaptureInfoQuery = whole(r)?;
+    let q = CaptureInfoQuery::decode_rest(r)?;
     answer(w, query(s, op, &q));
     Ok(())
 }
@@ -297,7 +291,7 @@ pub fn cuGraphGetNodes(
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let q: GraphNodesQuery = whole(r)?;
+    let q = GraphNodesQuery::decode_rest(r)?;
     answer(w, graph_nodes(s, &q));
     Ok(())
 }
@@ -308,7 +302,7 @@ pub fn cuThreadExchangeStreamCaptureMode(
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let CaptureMode(mut mode) = whole(r)?;
+    let CaptureMode(mut mode) = CaptureMode::decode_rest(r)?;
     // SAFETY: a valid in-out pointer.
     let st =
         unsafe { ffi::cuThreadExchangeStreamCaptureMode(&mut mode as *mut u32 as *mut c_void) };

@@ -41,12 +41,6 @@ struct Ctx {
     repeats: bool,
 }
 
-fn whole<'a, M: Message<'a>>(r: &mut Reader<'a>) -> Result<M, DecodeError> {
-    let m = M::decode(r)?;
-    r.finish()?;
-    Ok(m)
-}
-
 /// Has the client run function `ctx.callback` (with the stream's `status`), and waits until it
 /// has returned.
 fn run_in_client(ctx: &Ctx, status: i32) {
@@ -147,14 +141,14 @@ fn enqueue(s: &Call<'_>, op: Op, m: &HostFunction) -> Result<(), i32> {
 }
 
 fn handle(s: &Call<'_>, op: Op, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
-    let m: HostFunction = whole(r)?;
+    let m = HostFunction::decode_rest(r)?;
     w.i32(enqueue(s, op, &m).err().unwrap_or(CUDA_SUCCESS));
     Ok(())
 }
 
 /// DONE: the client ran the function; its trampoline may return.
 pub fn done(r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
-    let m: HostFunctionDone = whole(r)?;
+    let m = HostFunctionDone::decode_rest(r)?;
     *DONE
         .lock()
         .unwrap_or_else(|p| p.into_inner())

@@ -68,13 +68,6 @@ pub fn handle(
     Some(p.handle(s, opcode, r, w))
 }
 
-/// A request's message: all of its body.
-fn whole<'a, M: Message<'a>>(r: &mut Reader<'a>) -> Result<M, DecodeError> {
-    let m = M::decode(r)?;
-    r.finish()?;
-    Ok(m)
-}
-
 impl Pinned {
     fn new(arena: Arena) -> Pinned {
         Pinned {
@@ -97,7 +90,7 @@ impl Pinned {
     ) -> Result<(), DecodeError> {
         match opcode {
             pinned::ALLOC => {
-                let reply = match self.alloc(s, whole::<PinnedAlloc>(r)?) {
+                let reply = match self.alloc(s, PinnedAlloc::decode_rest(r)?) {
                     Ok((offset, address)) => PinnedAllocated {
                         status: CUDA_SUCCESS,
                         offset,
@@ -111,9 +104,9 @@ impl Pinned {
                 };
                 reply.encode(w);
             }
-            pinned::FREE => w.i32(self.free(s, whole::<PinnedFree>(r)?)),
+            pinned::FREE => w.i32(self.free(s, PinnedFree::decode_rest(r)?)),
             _ => {
-                let m = whole::<PinnedCopy>(r)?;
+                let m = PinnedCopy::decode_rest(r)?;
                 w.i32(self.copy(s, &m).err().unwrap_or(CUDA_SUCCESS));
             }
         }

@@ -20,12 +20,6 @@ use wormhole_cuda_proto::{DecodeError, Reader, Writer};
 #[repr(C, align(64))]
 struct Aligned([u8; TENSOR_MAP_BYTES]);
 
-fn whole<'a, M: Message<'a>>(r: &mut Reader<'a>) -> Result<M, DecodeError> {
-    let m = M::decode(r)?;
-    r.finish()?;
-    Ok(m)
-}
-
 /// Whether the arrays have the lengths the rank gives (a client that sends others is refused
 /// before the driver reads them).
 fn lengths_agree(m: &TensorMapEncode) -> bool {
@@ -133,7 +127,7 @@ fn encode(m: &TensorMapEncode) -> Result<TensorMap, i32> {
 }
 
 fn encode_request(r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
-    let m: TensorMapEncode = whole(r)?;
+    let m = TensorMapEncode::decode_rest(r)?;
     let reply: Reply<TensorMap> = encode(&m);
     reply.encode(w);
     Ok(())
@@ -172,7 +166,7 @@ pub fn cuTensorMapReplaceAddress(
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let m: TensorMapReplaceAddress = whole(r)?;
+    let m = TensorMapReplaceAddress::decode_rest(r)?;
     let mut map = Aligned(m.map.0);
     // SAFETY: a 64-byte aligned tensor map of 128 bytes, changed in place.
     let st = unsafe {

@@ -396,6 +396,16 @@ int main(int argc, char **argv) {
         CHECK(cuMemFree(tens));
     }
 
+    /* A pitched allocation (cudaMallocPitch): the driver picks the pitch. */
+    {
+        CUdeviceptr pitched_alloc;
+        size_t pitch = 0;
+        CHECK(cuMemAllocPitch(&pitched_alloc, &pitch, 1000, 10, 4));
+        printf("pitched allocation: pitch %zu for rows of 1000 bytes\n", pitch);
+        CHECK(cuMemsetD8(pitched_alloc, 7, pitch * 10));
+        CHECK(cuMemFree(pitched_alloc));
+    }
+
     /* 2D copies: 100 rows of 64 floats into a pitched device area and back, and host to
      * host (cudart's cudaMemcpy between two host buffers comes this way). */
     {

@@ -36,6 +36,29 @@ pub unsafe fn cuMemAlloc_v2(dptr: *mut u64, bytesize: usize) -> i32 {
     status
 }
 
+/// `cuMemAllocPitch_v2`: noted as pitch × height bytes.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuMemAllocPitch_v2(
+    dptr: *mut u64,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    element_size: u32,
+) -> i32 {
+    // SAFETY: per the contract.
+    let status =
+        unsafe { generated::wire_cuMemAllocPitch_v2(dptr, pitch, width, height, element_size) };
+    if status == CUDA_SUCCESS && !dptr.is_null() && !pitch.is_null() {
+        // SAFETY: the call succeeded, so it wrote both.
+        let bytes = unsafe { *pitch as u64 }.saturating_mul(height as u64);
+        // SAFETY: as above.
+        allocations::allocated(unsafe { *dptr }, bytes);
+    }
+    status
+}
+
 /// `cuMemFree_v2`: the allocation is forgotten.
 ///
 /// # Safety

@@ -71,6 +71,52 @@ pub fn cuMemAllocAsync_ptsz(
     Ok(())
 }
 
+/// `cuMemAllocPitch_v2`: the driver picks the pitch, so the size is known only after it has
+/// allocated; an allocation the quota cannot take is freed again (CUDA_ERROR_OUT_OF_MEMORY,
+/// as when the device is full).
+pub fn cuMemAllocPitch_v2(
+    s: &Call<'_>,
+    a: args::cuMemAllocPitch_v2,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    if !a.dptr_present || !a.pPitch_present {
+        // What the driver answers for a missing output, before anything is allocated.
+        w.i32(CUDA_ERROR_INVALID_VALUE);
+        return Ok(());
+    }
+    let (mut dptr, mut pitch) = (0u64, 0usize);
+    // SAFETY: valid output pointers; the rest are values.
+    let st = unsafe {
+        ffi::cuMemAllocPitch_v2(
+            &mut dptr,
+            &mut pitch,
+            a.WidthInBytes,
+            a.Height,
+            a.ElementSizeBytes,
+        )
+    };
+    if st != CUDA_SUCCESS {
+        w.i32(st);
+        return Ok(());
+    }
+    let bytes = (pitch as u64).saturating_mul(a.Height as u64);
+    if !s.limits().reserve(bytes) {
+        // SAFETY: the allocation just made, which nothing else knows.
+        unsafe { ffi::cuMemFree_v2(dptr) };
+        w.i32(CUDA_ERROR_OUT_OF_MEMORY);
+        return Ok(());
+    }
+    s.allocated(dptr, bytes);
+    w.i32(CUDA_SUCCESS);
+    if a.dptr_present {
+        w.u64(dptr);
+    }
+    if a.pPitch_present {
+        w.u64(pitch as u64);
+    }
+    Ok(())
+}
+
 /// An allocation of `bytes` by `alloc`, reserved against the tenant's quota first; the range
 /// is the session's until it is freed. Writes the reply.
 fn allocate(

@@ -21,6 +21,7 @@ __global__ void grid_sum(int *v, int *out, unsigned *arrived) {
         atomicAdd(arrived, 1u);
         while (atomicAdd(arrived, 0u) < gridDim.x) {
         }
+        __threadfence();
     }
     __syncthreads();
     if (blockIdx.x == 0 && threadIdx.x == 0) {

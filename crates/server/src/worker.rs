@@ -250,6 +250,7 @@ pub fn run(
                 let link = ShmLink::new(rep, req, Arc::new(FutexWaiter), policy, Arc::new(|| true));
                 if let Err(e) = serve_lane(backend, lane as usize, link, &region) {
                     tracing::error!(lane, "ending session: {e}");
+                    backend.end();
                     std::process::exit(3);
                 }
             })?;
@@ -420,6 +421,7 @@ pub fn run_guest(
                         let link = ShmLink::new(rep, req, waiter, policy, Arc::new(|| true));
                         if let Err(e) = serve_lane(backend, lane as usize, link, &region) {
                             tracing::error!(lane, "ending guest session: {e}");
+                            backend.end();
                             std::process::exit(3);
                         }
                     })?;
@@ -873,14 +875,28 @@ pub fn run_tcp<S: Duplex>(
             }
             Err(e) => {
                 tracing::error!("ending session: {e}");
+                backend.end();
                 std::process::exit(3);
             }
         };
+        if backend.unordered(h.opcode) && h.flags & FLAG_ASYNC != 0 {
+            // It depends on nothing queued, and something queued (or this reader, held back
+            // by a full lane) may be waiting for it: run it here, now.
+            let mut reply = Vec::new();
+            if let Err(e) = handle(backend, usize::from(h.lane), &h, &body, &mut reply) {
+                tracing::error!(lane = h.lane, "ending session: {e}");
+                backend.end();
+                std::process::exit(3);
+            }
+            bodies.give_back(body);
+            continue;
+        }
         let Some(slot) = queues.get_mut(usize::from(h.lane)) else {
             tracing::error!(
                 lane = h.lane,
                 "ending session: frame for a lane that does not exist"
             );
+            backend.end();
             std::process::exit(3);
         };
         let queue = match slot {
@@ -926,6 +942,7 @@ pub fn run_tcp<S: Duplex>(
                                 Ok(None) => {}
                                 Err(e) => {
                                     tracing::error!(lane = h.lane, "ending session: {e}");
+                                    backend.end();
                                     std::process::exit(3);
                                 }
                             }
@@ -939,6 +956,7 @@ pub fn run_tcp<S: Duplex>(
             .admit(QueuedBytes::cost(&body), || reader.get_ref().peer_closed())
         {
             tracing::info!("client gone while a lane's queue was full: ending the session");
+            backend.end();
             return Ok(());
         }
         received[usize::from(h.lane)].fetch_add(1, Ordering::Release);

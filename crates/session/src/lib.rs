@@ -212,6 +212,8 @@ static NEXT_LANE: AtomicUsize = AtomicUsize::new(0);
 
 thread_local! {
     static MY_LANE: Cell<Option<usize>> = const { Cell::new(None) };
+    /// Whether this is the session's callback thread, which has the last lane to itself.
+    static CALLBACK_THREAD: Cell<bool> = const { Cell::new(false) };
     /// Whether this thread sent requests without waiting (FLAG_ASYNC) on its lane since its
     /// last reply there: then its next call must follow them on that lane.
     static SENT_ASYNC: Cell<bool> = const { Cell::new(false) };
@@ -745,6 +747,7 @@ fn spawn_callback_thread(hooks: ApiHooks) -> Result<mpsc::Sender<Vec<u8>>, Conne
     std::thread::Builder::new()
         .name("wormhole-callbacks".into())
         .spawn(move || {
+            CALLBACK_THREAD.set(true);
             for body in rx {
                 (hooks.deliver_callback)(&body);
             }
@@ -983,7 +986,14 @@ impl Connection {
         MY_LANE.with(|l| match l.get() {
             Some(i) => i,
             None => {
-                let i = NEXT_LANE.fetch_add(1, Ordering::Relaxed) % self.lanes;
+                // The callback thread has the last lane to itself: what it sends (a CUDA host
+                // function's "done") must not queue behind a program thread's call that waits
+                // for it. Program threads share the others.
+                let i = match (CALLBACK_THREAD.get(), self.lanes) {
+                    (true, n) if n >= 2 => n - 1,
+                    (_, n) if n >= 2 => NEXT_LANE.fetch_add(1, Ordering::Relaxed) % (n - 1),
+                    _ => 0,
+                };
                 if let Some(r) = &self.used_lanes {
                     r.rendezvous().use_lane(i as u32);
                 }

@@ -20,8 +20,9 @@ use wormhole_cuda_proto::cu::*;
 use wormhole_cuda_proto::requests::{
     launch_attribute_forwarded, CuLaunchConfig, DeviceRange, FunctionOf, GetGlobal, LaunchArgs,
     LaunchAttribute, LaunchKernel, Message, ModuleGetFunction, ModuleLoad, ModuleLoaded,
-    ParamLayout, Reply, Value, IMAGE_INLINE, LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT,
-    LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT, MAX_LAUNCH_ATTRIBUTES,
+    ParamLayout, Reply, Value, IMAGE_INLINE, LAUNCH_ATTRIBUTE_COOPERATIVE,
+    LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT, LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT,
+    MAX_LAUNCH_ATTRIBUTES,
 };
 use wormhole_cuda_proto::{HandleKind, Op};
 use wormhole_session::host_memory;
@@ -557,21 +558,30 @@ unsafe fn launch(
         if !geometry_ok(grid, block) {
             return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
         }
+        let cooperative = attributes
+            .iter()
+            .any(|a| a.id == LAUNCH_ATTRIBUTE_COOPERATIVE);
+        let request = LaunchKernel {
+            function: func.id,
+            grid,
+            block,
+            shared_mem,
+            stream,
+            args,
+            attributes,
+        };
+        if cooperative {
+            // A grid too large to be resident at once is refused by the call itself (not
+            // sticky: programs probe with it and retry smaller), so this one is waited for.
+            return match wormhole_cuda_proto::Reader::new(&send(op, &request)?).i32()? {
+                CUDA_SUCCESS => Ok(CUDA_SUCCESS),
+                st => Err(ApiErr(st)),
+            };
+        }
         // Not waited for: what only the driver can refuse (shared memory beyond the
         // function's limit, too many registers for the block) comes at the next
         // synchronisation point.
-        send_async(
-            op,
-            &LaunchKernel {
-                function: func.id,
-                grid,
-                block,
-                shared_mem,
-                stream,
-                args,
-                attributes,
-            },
-        )
+        send_async(op, &request)
     })
 }
 
@@ -580,7 +590,10 @@ unsafe fn launch(
 fn cooperative() -> LaunchAttribute {
     let mut value = [0u8; 64];
     value[..4].copy_from_slice(&1i32.to_le_bytes());
-    LaunchAttribute { id: 2, value }
+    LaunchAttribute {
+        id: LAUNCH_ATTRIBUTE_COOPERATIVE,
+        value,
+    }
 }
 
 /// `cuLaunchCooperativeKernel`.

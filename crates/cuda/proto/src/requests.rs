@@ -196,6 +196,8 @@ pub const MAX_LAUNCH_ATTRIBUTES: usize = 64;
 /// `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT` and `CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT`:
 /// the two attributes whose value starts with a handle (a `CUevent`), which travels as its id.
 pub const LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT: u32 = 7;
+/// `CU_LAUNCH_ATTRIBUTE_COOPERATIVE`: what `cuLaunchCooperativeKernel` is.
+pub const LAUNCH_ATTRIBUTE_COOPERATIVE: u32 = 2;
 pub const LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT: u32 = 12;
 
 /// Whether launch attribute `id` is forwarded: those whose values are plain data (access

@@ -8,9 +8,7 @@
 
 use crate::generated::ffi;
 use crate::session::{Call, Handle};
-use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::Mutex;
 use wormhole_cuda_proto::cu::*;
 use wormhole_cuda_proto::requests::{
     CaptureInfo, CaptureInfoQuery, CaptureMode, GraphNodes, GraphNodesQuery, Message,
@@ -35,26 +33,6 @@ fn export_nodes(s: &Call<'_>, graph: u64, nodes: &[Handle]) -> Vec<u64> {
             id
         })
         .collect()
-}
-
-/// The graph each capturing stream's queries lent the program (by id), per stream (the NULL
-/// and per-thread streams per lane thread): at the capture's end it is the program's, or, if
-/// the capture failed, gone (the driver destroyed it) and forgotten.
-type StreamKey = (usize, Option<std::thread::ThreadId>);
-
-fn lent_graphs() -> std::sync::MutexGuard<'static, HashMap<StreamKey, u64>> {
-    static LENT: std::sync::OnceLock<Mutex<HashMap<StreamKey, u64>>> = std::sync::OnceLock::new();
-    LENT.get_or_init(Mutex::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-}
-
-fn stream_key(stream: Handle) -> StreamKey {
-    let special = stream as usize <= 2;
-    (
-        stream as usize,
-        special.then(|| std::thread::current().id()),
-    )
 }
 
 fn query(s: &Call<'_>, op: Op, q: &CaptureInfoQuery) -> Result<CaptureInfo, i32> {
@@ -120,14 +98,7 @@ fn query(s: &Call<'_>, op: Op, q: &CaptureInfoQuery) -> Result<CaptureInfo, i32>
         // SAFETY: the driver lends `count` entries at `p` until the stream's next call.
         false => unsafe { std::slice::from_raw_parts(p, count) }.to_vec(),
     };
-    let graph_id = match graph.is_null() {
-        true => 0,
-        false => {
-            let id = s.export(HandleKind::Graph, graph);
-            lent_graphs().insert(stream_key(stream), id);
-            id
-        }
-    };
+    let graph_id = s.export(HandleKind::Graph, graph);
     let nodes = lent(deps);
     let edge_data = match edges.is_null() || count == 0 {
         true => Vec::new(),
@@ -238,6 +209,28 @@ fn end_capture(s: &Call<'_>, stream_id: u64, present: bool, per_thread: bool, w:
         Ok(h) => h,
         Err(st) => return w.i32(st),
     };
+    // The graph this capture builds, as the driver says now (a query may have lent it).
+    let mut capturing: Handle = std::ptr::null_mut();
+    let mut status = 0u32;
+    let (st_ptr, graph_ptr) = (
+        &mut status as *mut u32 as *mut c_void,
+        &mut capturing as *mut Handle as *mut c_void,
+    );
+    let null = std::ptr::null_mut();
+    // SAFETY: a stream of the session's; outputs for the status and the graph, the rest NULL.
+    let asked = unsafe {
+        match per_thread {
+            true => ffi::cuStreamGetCaptureInfo_v3_ptsz(
+                stream, st_ptr, null, graph_ptr, null, null, null,
+            ),
+            false => {
+                ffi::cuStreamGetCaptureInfo_v3(stream, st_ptr, null, graph_ptr, null, null, null)
+            }
+        }
+    };
+    if asked != CUDA_SUCCESS {
+        capturing = std::ptr::null_mut();
+    }
     let mut graph: Handle = std::ptr::null_mut();
     let out = match present {
         true => &mut graph as *mut Handle,
@@ -250,10 +243,11 @@ fn end_capture(s: &Call<'_>, stream_id: u64, present: bool, per_thread: bool, w:
             false => ffi::cuStreamEndCapture(stream, out),
         }
     };
-    if let Some(lent) = lent_graphs().remove(&stream_key(stream)) {
-        if st != CUDA_SUCCESS || s.export(HandleKind::Graph, graph) != lent {
-            s.forget(lent);
-        }
+    // A capture that failed leaves no graph: the driver destroyed the one it was building,
+    // which a query may have lent the program; the session forgets it.
+    if !capturing.is_null() && (st != CUDA_SUCCESS || graph != capturing) {
+        let lent = s.export(HandleKind::Graph, capturing);
+        s.forget(lent);
     }
     w.i32(st);
     if st == CUDA_SUCCESS && present {

@@ -45,7 +45,8 @@ pub fn cuMemAllocAsync(
     a: args::cuMemAllocAsync,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    match s.resolve(a.hStream_id, HandleKind::Stream, true) {
+    let stream = s.resolve(a.hStream_id, HandleKind::Stream, true);
+    match stream.and_then(|h| refuse_if_capturing(h, false).map(|()| h)) {
         // SAFETY: a valid output pointer and a stream of the session's.
         Ok(stream) => allocate(s, a.bytesize, a.dptr_present, w, |d| unsafe {
             ffi::cuMemAllocAsync(d, a.bytesize, stream)
@@ -61,7 +62,8 @@ pub fn cuMemAllocAsync_ptsz(
     a: args::cuMemAllocAsync_ptsz,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    match s.resolve(a.hStream_id, HandleKind::Stream, true) {
+    let stream = s.resolve(a.hStream_id, HandleKind::Stream, true);
+    match stream.and_then(|h| refuse_if_capturing(h, true).map(|()| h)) {
         // SAFETY: as in `cuMemAllocAsync`.
         Ok(stream) => allocate(s, a.bytesize, a.dptr_present, w, |d| unsafe {
             ffi::cuMemAllocAsync_ptsz(d, a.bytesize, stream)
@@ -126,6 +128,11 @@ fn allocate(
     w: &mut Writer,
     alloc: impl FnOnce(&mut u64) -> i32,
 ) {
+    if !present {
+        // Nowhere to say where: the driver's answer, before anything is allocated.
+        w.i32(CUDA_ERROR_INVALID_VALUE);
+        return;
+    }
     let bytes = bytesize as u64;
     if !s.limits().reserve(bytes) {
         w.i32(CUDA_ERROR_OUT_OF_MEMORY);
@@ -140,9 +147,27 @@ fn allocate(
     }
     s.allocated(dptr, bytes);
     w.i32(CUDA_SUCCESS);
-    if present {
-        w.u64(dptr);
+    w.u64(dptr);
+}
+
+/// Stream-ordered allocation on a capturing stream becomes graph memory that every launch of
+/// the graph allocates anew, which no quota would see: refused, saying why.
+fn refuse_if_capturing(stream: Handle, per_thread: bool) -> Result<(), i32> {
+    let mut status = 0u32;
+    // SAFETY: a stream of the session's and a valid output.
+    let st = unsafe {
+        match per_thread {
+            true => ffi::cuStreamIsCapturing_ptsz(stream, &mut status),
+            false => ffi::cuStreamIsCapturing(stream, &mut status),
+        }
+    };
+    if st == CUDA_SUCCESS && status != 0 {
+        tracing::warn!(
+            "stream-ordered allocation on a capturing stream (graph memory, beyond the quota): answering CUDA_ERROR_NOT_SUPPORTED"
+        );
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
     }
+    Ok(())
 }
 
 /// `cuMemFree_v2`: only the start of an allocation of this session.
@@ -163,11 +188,14 @@ pub fn cuMemFreeAsync(
     a: args::cuMemFreeAsync,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    w.i32(match s.resolve(a.hStream_id, HandleKind::Stream, true) {
-        // SAFETY: an allocation of this session and a stream of its.
-        Ok(stream) => free(s, a.dptr, |d| unsafe { ffi::cuMemFreeAsync(d, stream) }),
-        Err(st) => st,
-    });
+    let stream = s.resolve(a.hStream_id, HandleKind::Stream, true);
+    w.i32(
+        match stream.and_then(|h| refuse_if_capturing(h, false).map(|()| h)) {
+            // SAFETY: an allocation of this session and a stream of its.
+            Ok(stream) => free(s, a.dptr, |d| unsafe { ffi::cuMemFreeAsync(d, stream) }),
+            Err(st) => st,
+        },
+    );
     Ok(())
 }
 
@@ -177,13 +205,16 @@ pub fn cuMemFreeAsync_ptsz(
     a: args::cuMemFreeAsync_ptsz,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    w.i32(match s.resolve(a.hStream_id, HandleKind::Stream, true) {
-        // SAFETY: as in `cuMemFreeAsync`.
-        Ok(stream) => free(s, a.dptr, |d| unsafe {
-            ffi::cuMemFreeAsync_ptsz(d, stream)
-        }),
-        Err(st) => st,
-    });
+    let stream = s.resolve(a.hStream_id, HandleKind::Stream, true);
+    w.i32(
+        match stream.and_then(|h| refuse_if_capturing(h, true).map(|()| h)) {
+            // SAFETY: as in `cuMemFreeAsync`.
+            Ok(stream) => free(s, a.dptr, |d| unsafe {
+                ffi::cuMemFreeAsync_ptsz(d, stream)
+            }),
+            Err(st) => st,
+        },
+    );
     Ok(())
 }
 

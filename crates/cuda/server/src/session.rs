@@ -1,7 +1,7 @@
 //! A CUDA session's state in its worker: the handle table, the device memory it allocated
 //! (what device addresses from the wire may name), and its limits.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -27,7 +27,7 @@ pub struct Session {
     /// unloaded, they are no longer valid handles (the driver freed them).
     parents: Mutex<HashMap<u64, Parent>>,
     /// The nodes the session was told of, per graph (by id): forgotten with their graph.
-    graph_nodes: Mutex<HashMap<u64, Vec<u64>>>,
+    graph_nodes: Mutex<HashMap<u64, HashSet<u64>>>,
     /// Bytes of device memory the session holds.
     pub mem_bytes: AtomicI64,
     limits: OnceLock<Arc<Limits>>,
@@ -230,7 +230,7 @@ impl Session {
             .unwrap_or_else(|p| p.into_inner())
             .entry(graph)
             .or_default()
-            .push(node);
+            .insert(node);
     }
 
     /// Function or kernel `child` came from `parent`.

@@ -403,6 +403,15 @@ int main(int argc, char **argv) {
         CHECK(cuMemAllocPitch(&pitched_alloc, &pitch, 1000, 10, 4));
         printf("pitched allocation: pitch %zu for rows of 1000 bytes\n", pitch);
         CHECK(cuMemsetD8(pitched_alloc, 7, pitch * 10));
+        /* 2D memsets: 250 words per row, then 100 halves of the last row, on a stream. */
+        CHECK(cuMemsetD2D32(pitched_alloc, pitch, 0x01020304u, 250, 10));
+        CHECK(cuMemsetD2D16Async(pitched_alloc + pitch * 9, pitch, 0xabcd, 100, 1, stream));
+        CHECK(cuStreamSynchronize(stream));
+        unsigned int first_row[250], last_row[250];
+        CHECK(cuMemcpyDtoH(first_row, pitched_alloc, sizeof first_row));
+        CHECK(cuMemcpyDtoH(last_row, pitched_alloc + pitch * 9, sizeof last_row));
+        printf("2D memsets: %s\n", first_row[249] == 0x01020304u && last_row[0] == 0xabcdabcdu &&
+                                        last_row[50] == 0x01020304u ? "right" : "wrong");
         CHECK(cuMemFree(pitched_alloc));
     }
 

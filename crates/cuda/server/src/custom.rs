@@ -239,6 +239,70 @@ fn free(s: &Call<'_>, dptr: u64, release_it: impl FnOnce(u64) -> i32) -> i32 {
     st
 }
 
+/// The device range a 2D memset touches (`height` rows of `width` elements of `elem` bytes,
+/// `pitch` bytes apart) must be the session's: checked here, since its length is no one
+/// parameter's.
+fn check_2d(
+    s: &Call<'_>,
+    dst: u64,
+    pitch: usize,
+    width: usize,
+    height: usize,
+    elem: usize,
+) -> Result<(), i32> {
+    if width == 0 || height == 0 {
+        return Ok(());
+    }
+    let span = width
+        .checked_mul(elem)
+        .and_then(|row| pitch.checked_mul(height - 1)?.checked_add(row))
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    crate::rt::check_device(s, dst, Some(span))
+}
+
+fn status(st: i32) -> Result<(), i32> {
+    match st {
+        CUDA_SUCCESS => Ok(()),
+        st => Err(st),
+    }
+}
+
+/// The 2D memsets (`cuMemsetD2D{8,16,32}`: `_v2`, `_v2_ptds`, `Async`, `Async_ptsz`), each a
+/// handler that checks the range and calls its own driver entry point.
+macro_rules! memset_2d {
+    ($($name:ident: $value:ident, $elem:expr, $($stream:ident)?;)*) => {$(
+        #[doc = concat!("`", stringify!($name), "`.")]
+        pub fn $name(s: &Call<'_>, a: args::$name, w: &mut Writer) -> Result<(), DecodeError> {
+            let run = || -> Result<(), i32> {
+                check_2d(s, a.dstDevice, a.dstPitch, a.Width, a.Height, $elem)?;
+                $(let $stream = s.resolve(a.hStream_id, HandleKind::Stream, true)?;)?
+                // SAFETY: a device range of the session's (checked above), values, and a
+                // stream of the session's.
+                status(unsafe {
+                    ffi::$name(a.dstDevice, a.dstPitch, a.$value, a.Width, a.Height $(, $stream)?)
+                })
+            };
+            w.i32(run().err().unwrap_or(CUDA_SUCCESS));
+            Ok(())
+        }
+    )*};
+}
+
+memset_2d! {
+    cuMemsetD2D8_v2: uc, 1, ;
+    cuMemsetD2D8_v2_ptds: uc, 1, ;
+    cuMemsetD2D8Async: uc, 1, stream;
+    cuMemsetD2D8Async_ptsz: uc, 1, stream;
+    cuMemsetD2D16_v2: us, 2, ;
+    cuMemsetD2D16_v2_ptds: us, 2, ;
+    cuMemsetD2D16Async: us, 2, stream;
+    cuMemsetD2D16Async_ptsz: us, 2, stream;
+    cuMemsetD2D32_v2: ui, 4, ;
+    cuMemsetD2D32_v2_ptds: ui, 4, ;
+    cuMemsetD2D32Async: ui, 4, stream;
+    cuMemsetD2D32Async_ptsz: ui, 4, stream;
+}
+
 /// The device memory a tenant may use: its quota, where that is less than the device's.
 fn quota_view(s: &Call<'_>, total: u64, free: u64) -> (u64, u64) {
     match s.limits().mem_quota {
@@ -1225,6 +1289,44 @@ mod tests {
             ..Default::default()
         }));
         s
+    }
+
+    /// A 2D memset may touch only the session's memory: the last row ends within it.
+    #[test]
+    fn memsets_2d_stay_in_the_sessions_memory() {
+        let s = session(1 << 30);
+        s.allocated(0x10_0000, 512 * 10);
+        let c = Call(&s);
+        assert_eq!(check_2d(&c, 0x10_0000, 512, 100, 10, 4), Ok(()));
+        assert_eq!(check_2d(&c, 0x10_0000, 512, 128, 10, 4), Ok(()));
+        assert_eq!(
+            check_2d(&c, 0x10_0000, 512, 129, 10, 4),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+        assert_eq!(
+            check_2d(&c, 0x10_0000, 512, 100, 11, 4),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+        assert_eq!(
+            check_2d(&c, 0x10_0000, usize::MAX, 1, 3, 1),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+        assert_eq!(
+            check_2d(&c, 0x20_0000, 512, 0, 10, 4),
+            Ok(()),
+            "nothing touched"
+        );
+        let mut w = Writer::new(0);
+        let a = args::cuMemsetD2D32Async {
+            dstDevice: 0x10_0000,
+            dstPitch: 512,
+            ui: 7,
+            Width: 100,
+            Height: 11,
+            hStream_id: 0,
+        };
+        cuMemsetD2D32Async(&c, a, &mut w).unwrap();
+        assert_eq!(w.status(), CUDA_ERROR_INVALID_VALUE);
     }
 
     /// Stream-ordered allocations are bounded by the quota like `cuMemAlloc`, and what the

@@ -260,6 +260,10 @@ int main(int argc, char **argv) {
     CHECK(cuMemcpyDtoH(hc, dc, bytes));
     for (int i = 0; i < n; i++) lib_ok &= hc[i] == ha[i] + hb[i];
     printf("library kernel, as itself, as a function and by cuLaunchKernelEx: %s\n", lib_ok ? "right" : "wrong");
+    const char *fname = NULL, *kname = NULL;
+    CHECK(cuFuncGetName(&fname, vadd));
+    CHECK(cuKernelGetName(&kname, kvadd));
+    printf("names: function %s, kernel %s\n", fname, kname);
     CUdeviceptr gcounter, mcounter;
     size_t gsize = 0, msize = 0;
     CHECK(cuLibraryGetGlobal(&gcounter, &gsize, lib, "counter"));

@@ -19,7 +19,7 @@ use std::ffi::{c_char, c_void, CStr};
 use wormhole_cuda_proto::cu::*;
 use wormhole_cuda_proto::requests::{
     launch_attribute_forwarded, CuLaunchConfig, DeviceRange, FunctionOf, GetGlobal, LaunchArgs,
-    LaunchAttribute, LaunchKernel, Message, ModuleGetFunction, ModuleLoad, ModuleLoaded,
+    LaunchAttribute, LaunchKernel, Message, ModuleGetFunction, ModuleLoad, ModuleLoaded, Name,
     ParamLayout, Reply, Value, IMAGE_INLINE, LAUNCH_ATTRIBUTE_COOPERATIVE,
     LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT, LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT,
     MAX_LAUNCH_ATTRIBUTES,
@@ -912,6 +912,59 @@ pub unsafe fn cuOccupancyMaxPotentialClusterSize(
             config,
         )
     }
+}
+
+/// A function's or kernel's name as the driver keeps it: asked of the server once per object,
+/// then kept here for the process (the driver's string lives as long as its module).
+///
+/// # Safety
+/// `name` NULL or a writable `const char *`.
+unsafe fn name_of(op: Op, kind: HandleKind, name: *mut c_void, f: *mut c_void) -> i32 {
+    use std::collections::HashMap;
+    use std::ffi::CString;
+    use std::sync::Mutex;
+    static NAMES: Mutex<Option<HashMap<u64, CString>>> = Mutex::new(None);
+    entry_status(|| {
+        rt::check_initialized()?;
+        if name.is_null() {
+            return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
+        }
+        // SAFETY: `id_of` dereferences only registered objects.
+        let id = unsafe { rt::id_of(f, kind, false) }?;
+        let mut names = NAMES.lock().unwrap_or_else(|p| p.into_inner());
+        let names = names.get_or_insert_with(HashMap::new);
+        let kept = match names.entry(id) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let mut w = rt::request(op);
+                w.u64(id);
+                let reply = rt::call(w)?;
+                let Name(bytes) = Reply::<Name>::decode_all(&reply)?.map_err(ApiErr)?;
+                e.insert(CString::new(bytes).map_err(|_| ApiErr(CUDA_ERROR_UNKNOWN))?)
+            }
+        };
+        // SAFETY: per the contract; the string lives in `NAMES` for the process.
+        unsafe { *(name as *mut *const c_char) = kept.as_ptr() };
+        Ok(CUDA_SUCCESS)
+    })
+}
+
+/// `cuFuncGetName`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuFuncGetName(name: *mut c_void, f: *mut c_void) -> i32 {
+    // SAFETY: per the contract.
+    unsafe { name_of(Op::cuFuncGetName, HandleKind::Function, name, f) }
+}
+
+/// `cuKernelGetName` (cudart asks it of kernels from `cudaLibraryGetKernel`).
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuKernelGetName(name: *mut c_void, f: *mut c_void) -> i32 {
+    // SAFETY: per the contract.
+    unsafe { name_of(Op::cuKernelGetName, HandleKind::Kernel, name, f) }
 }
 
 #[cfg(test)]

@@ -1019,6 +1019,20 @@ impl<'a> Message<'a> for Value {
     }
 }
 
+/// The name of a function or kernel (`cuFuncGetName`, `cuKernelGetName`; in a `Reply`): the
+/// bytes of the driver's string, without its NUL. Asked with the object's id (a `u64`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Name<'a>(pub &'a [u8]);
+
+impl<'a> Message<'a> for Name<'a> {
+    fn encode(&self, w: &mut Writer) {
+        w.bytes(self.0);
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        Ok(Name(r.bytes()?))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1113,6 +1127,8 @@ mod tests {
         });
         roundtrip(&nodes, &mut Vec::new());
         roundtrip(&CaptureMode(2), &mut Vec::new());
+        let name: Reply<Name> = Ok(Name(b"vadd"));
+        roundtrip(&name, &mut Vec::new());
         let value: Reply<Value> = Ok(Value(-7));
         roundtrip(&value, &mut Vec::new());
         let encode = |layout| TensorMapEncode {

@@ -17,8 +17,8 @@ use wormhole_cuda_proto::cu::*;
 use wormhole_cuda_proto::requests::{
     launch_attribute_forwarded, Copy2D, CuLaunchAttribute, CuLaunchConfig, CuMemcpy2D, DeviceRange,
     FunctionOf, GetGlobal, LaunchArgs, LaunchAttribute, LaunchKernel, Message, ModuleGetFunction,
-    ModuleLoad, ModuleLoaded, ParamLayout, PointerAttributes, PointerValues, Reply, Side2D, Value,
-    LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT, LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT,
+    ModuleLoad, ModuleLoaded, Name, ParamLayout, PointerAttributes, PointerValues, Reply, Side2D,
+    Value, LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT, LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT,
     MEMORYTYPE_DEVICE, MEMORYTYPE_HOST, POINTER_ATTRIBUTE_CONTEXT,
     POINTER_ATTRIBUTE_MEMPOOL_HANDLE, POINTER_VALUE_MAX,
 };
@@ -301,6 +301,52 @@ memset_2d! {
     cuMemsetD2D32_v2_ptds: ui, 4, ;
     cuMemsetD2D32Async: ui, 4, stream;
     cuMemsetD2D32Async_ptsz: ui, 4, stream;
+}
+
+/// `cuFuncGetName`: the driver's string, sent as bytes.
+pub fn cuFuncGetName(s: &Call<'_>, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
+    name_of(s, r, w, HandleKind::Function)
+}
+
+/// `cuKernelGetName`.
+pub fn cuKernelGetName(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    name_of(s, r, w, HandleKind::Kernel)
+}
+
+fn name_of(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+    kind: HandleKind,
+) -> Result<(), DecodeError> {
+    let id = r.u64()?;
+    r.finish()?;
+    let named = (|| -> Result<Vec<u8>, i32> {
+        let object = s.resolve(id, kind, false)?;
+        let mut name: *const std::ffi::c_char = std::ptr::null();
+        let out = (&mut name as *mut *const std::ffi::c_char).cast();
+        // SAFETY: a live object of the session's and an output for the driver's string.
+        status(unsafe {
+            match kind {
+                HandleKind::Kernel => ffi::cuKernelGetName(out, object),
+                _ => ffi::cuFuncGetName(out, object),
+            }
+        })?;
+        if name.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: the driver returned a NUL-terminated string it keeps.
+        Ok(unsafe { std::ffi::CStr::from_ptr(name) }
+            .to_bytes()
+            .to_vec())
+    })();
+    let reply: Reply<Name> = named.as_deref().map(Name).map_err(|&e| e);
+    reply.encode(w);
+    Ok(())
 }
 
 /// The device memory a tenant may use: its quota, where that is less than the device's.

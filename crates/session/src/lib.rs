@@ -856,8 +856,7 @@ impl Connection {
         let mut idx = self.my_lane();
         let res = match &self.transport {
             Transport::Shm { lanes, .. } => {
-                let (i, mut lane) =
-                    self.take_lane(lanes.len(), |i| &lanes[i], idx, !SENT_ASYNC.get());
+                let (i, mut lane) = self.take_lane(lanes.len(), |i| &lanes[i], idx);
                 idx = i;
                 let seq = self.ticket();
                 lane.link.set_policy(policy_for(&self.hooks, w.opcode()));
@@ -890,8 +889,7 @@ impl Connection {
                 })()
             }
             Transport::Tcp { writer, slots } => {
-                let (i, busy) =
-                    self.take_lane(slots.len(), |i| &slots[i].busy, idx, !SENT_ASYNC.get());
+                let (i, busy) = self.take_lane(slots.len(), |i| &slots[i].busy, idx);
                 self.call_tcp(writer, &slots[i], busy, i, w, payload)
                     .map(|r| (r, false))
             }
@@ -926,27 +924,6 @@ impl Connection {
         res.map_err(|e| self.broken(e))
     }
 
-    /// Sends a request with FLAG_ASYNC that depends on nothing this thread sent before, and
-    /// that the server runs without waiting for other lanes (see the server's
-    /// `Backend::unordered`): on any lane free now, so that a thread sharing this thread's lane
-    /// and waiting inside a call for what this request releases cannot hold it back.
-    pub fn send_async_unordered(&self, w: Writer) -> Result<(), CallError> {
-        let Transport::Shm { lanes, .. } = &self.transport else {
-            // One stream carries every lane's frames: nothing to wait for but the writer.
-            return self.send_async(w);
-        };
-        if self.dead.load(Ordering::Relaxed) || FORKED.load(Ordering::Relaxed) {
-            return Err(CallError::Unavailable);
-        }
-        call_counts::count(self.hooks.api, self.hooks.op_name, w.opcode(), false);
-        let own = self.my_lane();
-        let (_, mut lane) = self.take_lane(lanes.len(), |i| &lanes[i], own, true);
-        w.finish(FLAG_ASYNC, self.ticket())
-            .map_err(TransportError::from)
-            .and_then(|frame| lane.link.send(&frame))
-            .map_err(|e| self.broken(e))
-    }
-
     /// The lane for this thread's call: its own, or, while another thread that shares it holds
     /// it and this thread has nothing unanswered there, any free lane. Threads beyond the
     /// lanes share them; waiting for the lane could otherwise wait for a call that waits for
@@ -956,14 +933,13 @@ impl Connection {
         n: usize,
         lane: impl Fn(usize) -> &'a Mutex<L>,
         own: usize,
-        may_move: bool,
     ) -> (usize, std::sync::MutexGuard<'a, L>) {
         match lane(own).try_lock() {
             Ok(held) => return (own, held),
             Err(std::sync::TryLockError::Poisoned(p)) => return (own, p.into_inner()),
             Err(std::sync::TryLockError::WouldBlock) => {}
         }
-        if may_move {
+        if !SENT_ASYNC.get() {
             for i in (0..n).filter(|i| *i != own) {
                 if let Ok(held) = lane(i).try_lock() {
                     if let Some(r) = &self.used_lanes {

@@ -203,12 +203,9 @@ pub fn deliver(body: &[u8]) {
         callback: call.callback,
     }
     .encode(&mut w);
-    // On any free lane, run at once by the worker: a thread sharing this thread's lane may be
-    // waiting inside a call for the stream this releases.
-    let sent = crate::connection::get()
-        .map_err(|_| ())
-        .and_then(|c| c.send_async_unordered(w).map_err(|_| ()));
-    if sent.is_err() {
+    // On the callback thread's own lane, run at once by the worker (`Backend::unordered`):
+    // program threads may be waiting inside calls for the stream this releases.
+    if rt::call_async(w).is_err() {
         crate::connection::log(&format!(
             "could not tell the server that host function {} returned",
             call.callback

@@ -17,7 +17,7 @@ use crate::rt;
 use std::ffi::c_void;
 use wormhole_cuda_proto::cu::CUDA_SUCCESS;
 use wormhole_cuda_proto::requests::{Message, PinnedCopy};
-use wormhole_cuda_proto::{pinned, HandleKind, Reader, Writer};
+use wormhole_cuda_proto::{pinned, HandleKind, Writer};
 
 /// How a copy was called: its stream (None: the synchronous entry point) and whether the
 /// NULL stream is the calling thread's (`_ptds`, `_ptsz`).
@@ -68,10 +68,8 @@ fn through_arena(to_device: bool, device: u64, host: u64, n: usize, how: Call) -
             Some(_) => rt::call_async(w)?,
             None => rt::call(w)?,
         };
-        match Reader::new(&reply).i32()? {
-            CUDA_SUCCESS => Ok(CUDA_SUCCESS),
-            st => Err(rt::ApiErr(st)),
-        }
+        rt::status_of(&reply)?;
+        Ok(CUDA_SUCCESS)
     }))
 }
 

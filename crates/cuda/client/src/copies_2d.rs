@@ -165,7 +165,7 @@ unsafe fn copy_2d(op: Op, p: *const c_void, stream: Option<*mut c_void>) -> i32 
                         stream: stream_id,
                         rows: Some(&rows),
                     };
-                    status_of(&send(op, &m)?)?;
+                    rt::status_of(&send(op, &m)?)?;
                 }
                 Ok(CUDA_SUCCESS)
             }
@@ -181,7 +181,7 @@ unsafe fn copy_2d(op: Op, p: *const c_void, stream: Option<*mut c_void>) -> i32 
                     };
                     let reply = send(op, &m)?;
                     let mut r = Reader::new(&reply);
-                    status_of(&reply)?;
+                    rt::status_of(&reply)?;
                     r.i32()?;
                     let rows = r.bytes()?;
                     r.finish()?;
@@ -208,7 +208,7 @@ unsafe fn copy_2d(op: Op, p: *const c_void, stream: Option<*mut c_void>) -> i32 
                     stream: stream_id,
                     rows: None,
                 };
-                status_of(&send(op, &m)?)?;
+                rt::status_of(&send(op, &m)?)?;
                 Ok(CUDA_SUCCESS)
             }
         }
@@ -220,14 +220,6 @@ fn send(op: Op, m: &Copy2D<'_>) -> Result<Vec<u8>, ApiErr> {
     let mut w = rt::request(op);
     m.encode(&mut w);
     rt::call(w)
-}
-
-/// The status a reply begins with, as an error unless it is success.
-fn status_of(reply: &[u8]) -> Result<(), ApiErr> {
-    match Reader::new(reply).i32()? {
-        CUDA_SUCCESS => Ok(()),
-        st => Err(ApiErr(st)),
-    }
 }
 
 /// `cuMemcpy2D_v2`.

@@ -573,10 +573,8 @@ unsafe fn launch(
         if cooperative {
             // A grid too large to be resident at once is refused by the call itself (not
             // sticky: programs probe with it and retry smaller), so this one is waited for.
-            return match wormhole_cuda_proto::Reader::new(&send(op, &request)?).i32()? {
-                CUDA_SUCCESS => Ok(CUDA_SUCCESS),
-                st => Err(ApiErr(st)),
-            };
+            rt::status_of(&send(op, &request)?)?;
+            return Ok(CUDA_SUCCESS);
         }
         // Not waited for: what only the driver can refuse (shared memory beyond the
         // function's limit, too many registers for the block) comes at the next

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use wormhole_cuda_proto::cu::*;
 use wormhole_cuda_proto::requests::{Message, PinnedAlloc, PinnedAllocated, PinnedFree};
-use wormhole_cuda_proto::{pinned, Reader, Writer};
+use wormhole_cuda_proto::{pinned, Writer};
 use wormhole_transport::Arena;
 
 /// `CU_MEMHOSTALLOC_PORTABLE`, `_DEVICEMAP`, `_WRITECOMBINED`.
@@ -214,10 +214,8 @@ pub unsafe fn cuMemFreeHost(p: *mut c_void) -> i32 {
             Some(Pinned { arena: Some(a), .. }) => {
                 let mut w = Writer::new(pinned::FREE);
                 PinnedFree { offset: a.offset }.encode(&mut w);
-                match Reader::new(&rt::call(w)?).i32()? {
-                    CUDA_SUCCESS => Ok(CUDA_SUCCESS),
-                    st => Err(ApiErr(st)),
-                }
+                rt::status_of(&rt::call(w)?)?;
+                Ok(CUDA_SUCCESS)
             }
             Some(pinned) => {
                 // SAFETY: a mapping this module made, of this length, unmapped once (it is

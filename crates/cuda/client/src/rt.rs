@@ -85,6 +85,14 @@ pub fn call(w: Writer) -> Result<Vec<u8>, ApiErr> {
     session()?.call(w).map_err(call_failed)
 }
 
+/// The status a reply begins with, as an error unless it is success.
+pub fn status_of(reply: &[u8]) -> Result<(), ApiErr> {
+    match Reader::new(reply).i32()? {
+        CUDA_SUCCESS => Ok(()),
+        st => Err(ApiErr(st)),
+    }
+}
+
 /// Sends a request whose errors the client has ruled out, without waiting.
 pub fn call_async(w: Writer) -> Result<Vec<u8>, ApiErr> {
     check_initialized()?;

@@ -16,10 +16,6 @@ use wormhole_cuda_proto::requests::{
 };
 use wormhole_cuda_proto::{DecodeError, HandleKind, Op, Reader, Writer};
 
-fn answer<'a, T: Message<'a>>(w: &mut Writer, reply: Result<T, i32>) {
-    reply.encode(w);
-}
-
 /// Exports the nodes the driver returned (children of `graph`, by id) as ids; NULL as 0. They
 /// are forgotten with their graph.
 fn export_nodes(s: &Call<'_>, graph: u64, nodes: &[Handle]) -> Vec<u64> {
@@ -33,6 +29,20 @@ fn export_nodes(s: &Call<'_>, graph: u64, nodes: &[Handle]) -> Vec<u64> {
             id
         })
         .collect()
+}
+
+/// Whether `stream` (of the session's) is capturing now (`per_thread`: the NULL stream is the
+/// calling thread's). A query the driver refuses counts as not capturing.
+pub fn is_capturing(stream: Handle, per_thread: bool) -> bool {
+    let mut status = 0u32;
+    // SAFETY: a stream of the session's and a valid output.
+    let st = unsafe {
+        match per_thread {
+            true => ffi::cuStreamIsCapturing_ptsz(stream, &mut status),
+            false => ffi::cuStreamIsCapturing(stream, &mut status),
+        }
+    };
+    st == CUDA_SUCCESS && status != 0
 }
 
 fn query(s: &Call<'_>, op: Op, q: &CaptureInfoQuery) -> Result<CaptureInfo, i32> {
@@ -125,7 +135,7 @@ fn capture_info(
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
     let q = CaptureInfoQuery::decode_rest(r)?;
-    answer(w, query(s, op, &q));
+    query(s, op, &q).encode(w);
     Ok(())
 }
 
@@ -286,7 +296,7 @@ pub fn cuGraphGetNodes(
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
     let q = GraphNodesQuery::decode_rest(r)?;
-    answer(w, graph_nodes(s, &q));
+    graph_nodes(s, &q).encode(w);
     Ok(())
 }
 
@@ -300,13 +310,7 @@ pub fn cuThreadExchangeStreamCaptureMode(
     // SAFETY: a valid in-out pointer.
     let st =
         unsafe { ffi::cuThreadExchangeStreamCaptureMode(&mut mode as *mut u32 as *mut c_void) };
-    answer(
-        w,
-        match st {
-            CUDA_SUCCESS => Ok(CaptureMode(mode)),
-            st => Err(st),
-        },
-    );
+    crate::rt::status(st).map(|()| CaptureMode(mode)).encode(w);
     Ok(())
 }
 

@@ -45,8 +45,7 @@ pub fn cuMemAllocAsync(
     a: args::cuMemAllocAsync,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let stream = s.resolve(a.hStream_id, HandleKind::Stream, true);
-    match stream.and_then(|h| refuse_if_capturing(h, false).map(|()| h)) {
+    match ordered_stream(s, a.hStream_id, false) {
         // SAFETY: a valid output pointer and a stream of the session's.
         Ok(stream) => allocate(s, a.bytesize, a.dptr_present, w, |d| unsafe {
             ffi::cuMemAllocAsync(d, a.bytesize, stream)
@@ -62,8 +61,7 @@ pub fn cuMemAllocAsync_ptsz(
     a: args::cuMemAllocAsync_ptsz,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let stream = s.resolve(a.hStream_id, HandleKind::Stream, true);
-    match stream.and_then(|h| refuse_if_capturing(h, true).map(|()| h)) {
+    match ordered_stream(s, a.hStream_id, true) {
         // SAFETY: as in `cuMemAllocAsync`.
         Ok(stream) => allocate(s, a.bytesize, a.dptr_present, w, |d| unsafe {
             ffi::cuMemAllocAsync_ptsz(d, a.bytesize, stream)
@@ -110,12 +108,8 @@ pub fn cuMemAllocPitch_v2(
     }
     s.allocated(dptr, bytes);
     w.i32(CUDA_SUCCESS);
-    if a.dptr_present {
-        w.u64(dptr);
-    }
-    if a.pPitch_present {
-        w.u64(pitch as u64);
-    }
+    w.u64(dptr);
+    w.u64(pitch as u64);
     Ok(())
 }
 
@@ -150,24 +144,18 @@ fn allocate(
     w.u64(dptr);
 }
 
-/// Stream-ordered allocation on a capturing stream becomes graph memory that every launch of
-/// the graph allocates anew, which no quota would see: refused, saying why.
-fn refuse_if_capturing(stream: Handle, per_thread: bool) -> Result<(), i32> {
-    let mut status = 0u32;
-    // SAFETY: a stream of the session's and a valid output.
-    let st = unsafe {
-        match per_thread {
-            true => ffi::cuStreamIsCapturing_ptsz(stream, &mut status),
-            false => ffi::cuStreamIsCapturing(stream, &mut status),
-        }
-    };
-    if st == CUDA_SUCCESS && status != 0 {
+/// The stream of a stream-ordered allocation or free: one of the session's, and not
+/// capturing. Stream-ordered allocation on a capturing stream becomes graph memory that every
+/// launch of the graph allocates anew, which no quota would see: refused, saying why.
+fn ordered_stream(s: &Call<'_>, id: u64, per_thread: bool) -> Result<Handle, i32> {
+    let stream = s.resolve(id, HandleKind::Stream, true)?;
+    if crate::capture::is_capturing(stream, per_thread) {
         tracing::warn!(
             "stream-ordered allocation on a capturing stream (graph memory, beyond the quota): answering CUDA_ERROR_NOT_SUPPORTED"
         );
         return Err(CUDA_ERROR_NOT_SUPPORTED);
     }
-    Ok(())
+    Ok(stream)
 }
 
 /// `cuMemFree_v2`: only the start of an allocation of this session.
@@ -188,14 +176,11 @@ pub fn cuMemFreeAsync(
     a: args::cuMemFreeAsync,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let stream = s.resolve(a.hStream_id, HandleKind::Stream, true);
-    w.i32(
-        match stream.and_then(|h| refuse_if_capturing(h, false).map(|()| h)) {
-            // SAFETY: an allocation of this session and a stream of its.
-            Ok(stream) => free(s, a.dptr, |d| unsafe { ffi::cuMemFreeAsync(d, stream) }),
-            Err(st) => st,
-        },
-    );
+    w.i32(match ordered_stream(s, a.hStream_id, false) {
+        // SAFETY: an allocation of this session and a stream of its.
+        Ok(stream) => free(s, a.dptr, |d| unsafe { ffi::cuMemFreeAsync(d, stream) }),
+        Err(st) => st,
+    });
     Ok(())
 }
 
@@ -205,16 +190,13 @@ pub fn cuMemFreeAsync_ptsz(
     a: args::cuMemFreeAsync_ptsz,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let stream = s.resolve(a.hStream_id, HandleKind::Stream, true);
-    w.i32(
-        match stream.and_then(|h| refuse_if_capturing(h, true).map(|()| h)) {
-            // SAFETY: as in `cuMemFreeAsync`.
-            Ok(stream) => free(s, a.dptr, |d| unsafe {
-                ffi::cuMemFreeAsync_ptsz(d, stream)
-            }),
-            Err(st) => st,
-        },
-    );
+    w.i32(match ordered_stream(s, a.hStream_id, true) {
+        // SAFETY: as in `cuMemFreeAsync`.
+        Ok(stream) => free(s, a.dptr, |d| unsafe {
+            ffi::cuMemFreeAsync_ptsz(d, stream)
+        }),
+        Err(st) => st,
+    });
     Ok(())
 }
 
@@ -260,13 +242,6 @@ fn check_2d(
     crate::rt::check_device(s, dst, Some(span))
 }
 
-fn status(st: i32) -> Result<(), i32> {
-    match st {
-        CUDA_SUCCESS => Ok(()),
-        st => Err(st),
-    }
-}
-
 /// The 2D memsets (`cuMemsetD2D{8,16,32}`: `_v2`, `_v2_ptds`, `Async`, `Async_ptsz`), each a
 /// handler that checks the range and calls its own driver entry point.
 macro_rules! memset_2d {
@@ -278,7 +253,7 @@ macro_rules! memset_2d {
                 $(let $stream = s.resolve(a.hStream_id, HandleKind::Stream, true)?;)?
                 // SAFETY: a device range of the session's (checked above), values, and a
                 // stream of the session's.
-                status(unsafe {
+                crate::rt::status(unsafe {
                     ffi::$name(a.dstDevice, a.dstPitch, a.$value, a.Width, a.Height $(, $stream)?)
                 })
             };
@@ -330,7 +305,7 @@ fn name_of(
         let mut name: *const std::ffi::c_char = std::ptr::null();
         let out = (&mut name as *mut *const std::ffi::c_char).cast();
         // SAFETY: a live object of the session's and an output for the driver's string.
-        status(unsafe {
+        crate::rt::status(unsafe {
             match kind {
                 HandleKind::Kernel => ffi::cuKernelGetName(out, object),
                 _ => ffi::cuFuncGetName(out, object),
@@ -824,10 +799,7 @@ fn cluster_occupancy(
                 _ => ffi::cuOccupancyMaxPotentialClusterSize(out, func, config),
             }
         };
-        match st {
-            CUDA_SUCCESS => Ok(Value(value)),
-            st => Err(st),
-        }
+        crate::rt::status(st).map(|()| Value(value))
     })();
     reply.encode(w);
     Ok(())

@@ -62,8 +62,5 @@ fn primary_context(s: &Call<'_>, dev: i32) -> Result<Handle, i32> {
     let f: unsafe extern "C" fn(*mut Handle, i32) -> i32 = unsafe { std::mem::transmute(f) };
     let mut ctx: Handle = std::ptr::null_mut();
     // SAFETY: a valid output pointer and a device of the driver's.
-    match unsafe { f(&mut ctx, dev) } {
-        CUDA_SUCCESS => Ok(ctx),
-        st => Err(st),
-    }
+    crate::rt::status(unsafe { f(&mut ctx, dev) }).map(|()| ctx)
 }

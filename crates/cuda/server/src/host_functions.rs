@@ -98,16 +98,8 @@ unsafe extern "C" fn stream_callback(_stream: Handle, status: i32, data: *mut c_
 
 /// Whether `stream` is capturing (a host function enqueued now joins the graph).
 fn capturing(op: Op, stream: Handle) -> bool {
-    let mut status = 0u32;
     let per_thread = matches!(op, Op::cuLaunchHostFunc_ptsz | Op::cuStreamAddCallback_ptsz);
-    // SAFETY: a stream of the session's and a valid output.
-    let st = unsafe {
-        match per_thread {
-            true => ffi::cuStreamIsCapturing_ptsz(stream, &mut status),
-            false => ffi::cuStreamIsCapturing(stream, &mut status),
-        }
-    };
-    st == CUDA_SUCCESS && status != 0
+    crate::capture::is_capturing(stream, per_thread)
 }
 
 fn enqueue(s: &Call<'_>, op: Op, m: &HostFunction) -> Result<(), i32> {

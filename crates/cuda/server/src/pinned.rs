@@ -236,10 +236,7 @@ impl Pinned {
             // A synchronous copy is a synchronisation point: what kernels printed comes first.
             wormhole_server::output::drain();
         }
-        match st {
-            CUDA_SUCCESS => Ok(()),
-            st => Err(st),
-        }
+        crate::rt::status(st)
     }
 }
 

@@ -39,6 +39,14 @@ pub fn handle_buffer(count: u32) -> Result<Vec<Handle>, i32> {
     Ok(vec![std::ptr::null_mut(); count as usize])
 }
 
+/// A driver status as a result: success, or the status as the error.
+pub fn status(st: i32) -> Result<(), i32> {
+    match st {
+        CUDA_SUCCESS => Ok(()),
+        st => Err(st),
+    }
+}
+
 /// A device address from the wire: the call may touch `len` bytes there only if the session
 /// allocated them (another session's memory is another process's, but the worker's own host
 /// memory is addressable through unified addressing too).

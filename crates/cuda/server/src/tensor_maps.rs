@@ -120,10 +120,7 @@ fn encode(m: &TensorMapEncode) -> Result<TensorMap, i32> {
             ),
         }
     };
-    match st {
-        CUDA_SUCCESS => Ok(TensorMap(out.0)),
-        st => Err(st),
-    }
+    crate::rt::status(st).map(|()| TensorMap(out.0))
 }
 
 fn encode_request(r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
@@ -172,10 +169,7 @@ pub fn cuTensorMapReplaceAddress(
     let st = unsafe {
         ffi::cuTensorMapReplaceAddress(map.0.as_mut_ptr() as *mut c_void, m.address as *mut c_void)
     };
-    let reply: Reply<TensorMap> = match st {
-        CUDA_SUCCESS => Ok(TensorMap(map.0)),
-        st => Err(st),
-    };
+    let reply: Reply<TensorMap> = crate::rt::status(st).map(|()| TensorMap(map.0));
     reply.encode(w);
     Ok(())
 }

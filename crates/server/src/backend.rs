@@ -27,9 +27,16 @@ pub struct SessionSetup {
 }
 
 /// Bulk data a reply carries after its body, sent from where it lies (a mapping of the
-/// driver's buffer) instead of being copied into the reply first. Dropping it releases it.
+/// driver's buffer, pinned staging the device fills piece by piece) instead of being copied
+/// into the reply first. Dropping it releases it.
 pub trait Trailer {
-    fn bytes(&self) -> &[u8];
+    /// Hands the bytes to `out` in order, each piece as soon as it is ready. Always all the
+    /// bytes the reply's body announced, so that the frame stays whole: a piece the device
+    /// failed to deliver goes as zeros, and the failure is reported the API's own way.
+    fn send(
+        &mut self,
+        out: &mut dyn FnMut(&[u8]) -> Result<(), TransportError>,
+    ) -> Result<(), TransportError>;
 }
 
 /// The outcome of one request.

@@ -592,8 +592,10 @@ pub(crate) fn complete(
     };
     let mut frame = Vec::new();
     let out = frame_reply(c.out_of_memory, c.lane, &c.h, w, reply, &mut frame);
-    let sent = match &out.trailer {
-        Some(t) => c.sink.send_parts(&[&frame, t.bytes()], c.policy),
+    let sent = match out.trailer {
+        Some(mut t) => c
+            .sink
+            .send_pieces(&frame, &mut |sink| t.send(sink), c.policy),
         None => c.sink.send_parts(&[&frame], c.policy),
     };
     if let Err(e) = sent {
@@ -727,8 +729,8 @@ fn serve_request(
         }
     }
     if let Some(out) = handle(backend, lane, &h, &body[..h.len as usize], reply)? {
-        match &out.trailer {
-            Some(t) => link.send_parts(&[reply, t.bytes()])?,
+        match out.trailer {
+            Some(mut t) => link.send_pieces(reply, &mut |sink| t.send(sink))?,
             None => link.send(reply)?,
         }
     }
@@ -930,9 +932,13 @@ pub fn run_tcp<S: Duplex>(
                             match handled {
                                 Ok(Some(done)) => {
                                     let mut out = writer.lock().unwrap_or_else(|p| p.into_inner());
-                                    let sent =
-                                        out.write_all(&reply).and_then(|_| match &done.trailer {
-                                            Some(t) => out.write_all(t.bytes()),
+                                    let sent = out
+                                        .write_all(&reply)
+                                        .map_err(TransportError::from)
+                                        .and_then(|_| match done.trailer {
+                                            Some(mut t) => {
+                                                t.send(&mut |piece| Ok(out.write_all(piece)?))
+                                            }
                                             None => Ok(()),
                                         });
                                     if sent.is_err() {

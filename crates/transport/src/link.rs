@@ -54,6 +54,32 @@ impl ShmSender {
     }
 }
 
+/// Produces the rest of a frame piece by piece, each piece handed to the sink it is given as
+/// soon as it is ready (bulk data arriving from a device while earlier pieces already travel).
+pub type Pieces<'a> = dyn FnMut(&mut dyn FnMut(&[u8]) -> Result<(), TransportError>) -> Result<(), TransportError>
+    + 'a;
+
+impl ShmSender {
+    /// Sends one frame: `head`, then what `rest` produces. The frame stays whole in the ring
+    /// (no other frame of this lane interleaves) until `rest` returns.
+    pub fn send_pieces(
+        &self,
+        head: &[u8],
+        rest: &mut Pieces<'_>,
+        policy: SpinPolicy,
+    ) -> Result<(), TransportError> {
+        let ctx = WaitCtx {
+            waiter: &*self.waiter,
+            policy,
+            peer_alive: &*self.alive,
+        };
+        let _one_frame_at_a_time = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.tx.note_producer_cpu();
+        self.tx.write_all(head, &ctx)?;
+        rest(&mut |piece| self.tx.write_all(piece, &ctx))
+    }
+}
+
 impl ShmLink {
     pub fn new(
         tx: Ring,
@@ -103,6 +129,15 @@ impl ShmLink {
     /// Sends one frame made of several parts (a header-and-body head, then bulk data).
     pub fn send_parts(&mut self, parts: &[&[u8]]) -> Result<(), TransportError> {
         self.tx.send_parts(parts, self.policy)
+    }
+
+    /// Sends one frame: `head`, then what `rest` produces (see [`ShmSender::send_pieces`]).
+    pub fn send_pieces(
+        &mut self,
+        head: &[u8],
+        rest: &mut Pieces<'_>,
+    ) -> Result<(), TransportError> {
+        self.tx.send_pieces(head, rest, self.policy)
     }
 
     /// Where what this side has received ends (bytes since the lane began): what the peer's

@@ -73,6 +73,9 @@ impl Shared {
 
     /// Whether every device of `context` computes on host memory in place.
     fn in_place(&self, context: Handle) -> bool {
+        if crate::staging::every_device_discrete() {
+            return false;
+        }
         let Some(devices) = context_devices(context) else {
             return false;
         };

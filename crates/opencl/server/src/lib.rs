@@ -18,6 +18,7 @@ pub mod program_cache;
 mod props;
 mod rt;
 mod session;
+mod staging;
 pub mod vendors;
 
 /// The generated decoders and dispatch (see `crates/apigen`).
@@ -144,9 +145,7 @@ impl OpenCl {
         }
         Reply {
             status,
-            trailer: s
-                .take_trailer()
-                .map(|t| Box::new(t) as Box<dyn wormhole_server::backend::Trailer>),
+            trailer: s.take_trailer(),
         }
     }
 }
@@ -290,6 +289,10 @@ impl wormhole_server::Backend for OpenCl {
         put(
             "direct_transfers",
             arena::DIRECT_TRANSFERS.load(Ordering::Relaxed),
+        );
+        put(
+            "staged_transfers",
+            staging::STAGED_TRANSFERS.load(Ordering::Relaxed),
         );
         put(
             "program_cache_hits",

@@ -168,7 +168,7 @@ impl Session {
 /// that need only the session take `&Session` (a `&Call` derefs to it).
 pub struct Call<'a> {
     session: &'a Session,
-    trailer: std::cell::RefCell<Option<crate::custom::Trailer>>,
+    trailer: std::cell::RefCell<Option<Box<dyn wormhole_server::backend::Trailer>>>,
 }
 
 impl<'a> Call<'a> {
@@ -180,12 +180,12 @@ impl<'a> Call<'a> {
     }
 
     /// Bulk data to send after the reply's body (the body announced its length).
-    pub fn send_after(&self, t: crate::custom::Trailer) {
-        *self.trailer.borrow_mut() = Some(t);
+    pub fn send_after(&self, t: impl wormhole_server::backend::Trailer + 'static) {
+        *self.trailer.borrow_mut() = Some(Box::new(t));
     }
 
     /// The bulk data the handler left, if any.
-    pub fn take_trailer(&self) -> Option<crate::custom::Trailer> {
+    pub fn take_trailer(&self) -> Option<Box<dyn wormhole_server::backend::Trailer>> {
         self.trailer.borrow_mut().take()
     }
 }
@@ -300,7 +300,11 @@ impl Session {
 
     /// The client dropped its last reference to `id`.
     pub fn forget(&self, id: u64) {
-        if let Some((HandleKind::Program, p)) = self.handles.forget(id) {
+        let forgotten = self.handles.forget(id);
+        if let Some((HandleKind::Context, c)) = forgotten {
+            crate::staging::forget_context(c as Handle);
+        }
+        if let Some((HandleKind::Program, p)) = forgotten {
             let cached = self
                 .cached_programs
                 .lock()

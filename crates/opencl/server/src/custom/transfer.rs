@@ -13,6 +13,7 @@ use wormhole_opencl_proto::geometry::{image_span, rect_span};
 use wormhole_opencl_proto::requests::{self as req, Message, Reply};
 use wormhole_opencl_proto::{cl::*, Writer, TRANSFER_CHUNK};
 use wormhole_server::backend::{StreamError, Streamed};
+use wormhole_transport::TransportError;
 
 /// Largest read whose data travels in its reply (it must fit one frame); larger ones wait for
 /// COLLECT, which sends them in parts.
@@ -101,9 +102,12 @@ pub struct Trailer {
 }
 
 impl wormhole_server::backend::Trailer for Trailer {
-    fn bytes(&self) -> &[u8] {
+    fn send(
+        &mut self,
+        out: &mut dyn FnMut(&[u8]) -> Result<(), TransportError>,
+    ) -> Result<(), TransportError> {
         // SAFETY: the range maps `len` bytes and stays mapped until the trailer is released.
-        unsafe { std::slice::from_raw_parts(self.range.ptr as *const u8, self.len) }
+        out(unsafe { std::slice::from_raw_parts(self.range.ptr as *const u8, self.len) })
     }
 }
 
@@ -208,6 +212,44 @@ fn mapped_read(
     Reply::Ok(req::ReadReply::Inline { len: size as u64 }).encode(w);
     w.trailer(size);
     s.send_after(Trailer { range, len: size });
+    true
+}
+
+/// A blocking read through pinned staging (staging.rs): the device fills the slots in turn
+/// while the reply's bulk data goes out. False, having done nothing, where staging does not
+/// apply or the driver refuses the read (the ordinary path then answers as it does).
+fn staged_read(
+    s: &Call<'_>,
+    w: &mut Writer,
+    t: &Target,
+    queue_id: u64,
+    wl: &WaitList,
+    offset: usize,
+    size: usize,
+) -> bool {
+    let Some(held) = crate::staging::take(t.queue, t.mem, offset, size) else {
+        return false;
+    };
+    let Ok((_, list)) = wl.resolve(s) else {
+        return false;
+    };
+    // A piece that fails once the reply has gone is the queue's next synchronisation
+    // point's failure, as a pipelined call's would be.
+    let on_failure = Box::new(move |st: i32| crate::session().deferred.record(queue_id, st));
+    let Ok(read) = crate::staging::Read::start(
+        held,
+        t.queue,
+        t.mem,
+        offset,
+        size,
+        list.as_deref().unwrap_or(&[]),
+        on_failure,
+    ) else {
+        return false;
+    };
+    Reply::Ok(req::ReadReply::Inline { len: size as u64 }).encode(w);
+    w.trailer(size);
+    s.send_after(read);
     true
 }
 
@@ -332,7 +374,8 @@ pub fn clEnqueueReadBuffer(
         if blocking != 0
             && event_id == 0
             && (MAPPED_READ_MIN..=MAX_TRANSFER).contains(&size)
-            && mapped_read(s, w, &t, &wl, offset, size)
+            && (staged_read(s, w, &t, queue, &wl, offset, size)
+                || mapped_read(s, w, &t, &wl, offset, size))
         {
             return Ok(());
         }
@@ -1129,6 +1172,42 @@ fn recv_header<M: for<'a> Message<'a>>(
     }
 }
 
+/// A blocking write through pinned staging (staging.rs), its bytes taken from the ring as
+/// they arrive; None, having taken nothing, where staging does not apply.
+fn staged_write(
+    s: &Session,
+    link: &mut wormhole_transport::ShmLink,
+    t: Option<&Target>,
+    wl: &WaitList,
+    offset: usize,
+    size: usize,
+) -> Result<Option<i32>, StreamError> {
+    let Some(t) = t else { return Ok(None) };
+    let Some(held) = crate::staging::take(t.queue, t.mem, offset, size) else {
+        return Ok(None);
+    };
+    let Ok((_, list)) = wl.resolve(s) else {
+        return Ok(None);
+    };
+    let st = crate::staging::write(
+        &held,
+        t.queue,
+        t.mem,
+        offset,
+        size,
+        list.as_deref().unwrap_or(&[]),
+        &mut |dst, n| {
+            let mut at = 0;
+            link.recv_in_place(n as u64, &mut |src| {
+                // SAFETY: `dst` holds `n` bytes and the ring hands over `n` in all.
+                unsafe { src.copy_to(dst.add(at)) };
+                at += src.len();
+            })
+        },
+    )?;
+    Ok(Some(st))
+}
+
 /// Receives a `clEnqueueWriteBuffer` request whose frame header `h` was just read from `link`,
 /// streaming its data into the driver's buffer when it can (blocking, no event asked for, the
 /// driver maps the range); otherwise reads the rest of the body into `body`.
@@ -1156,6 +1235,13 @@ pub fn stream_write(
         && rest >= STREAMED_WRITE_MIN;
     let (offset, size) = (head.offset, head.size);
     let wl = WaitList(head.wait);
+    if streamable {
+        let t = target(s, head.queue, head.mem).ok();
+        if let Some(st) = staged_write(s, link, t.as_ref(), &wl, offset, size)? {
+            w.i32(st);
+            return Ok(Streamed::Done);
+        }
+    }
     let mapped = if streamable {
         target(s, head.queue, head.mem).ok().and_then(|t| {
             MappedRange::map(s, &t, &wl, CL_MAP_WRITE_INVALIDATE_REGION, offset, size)

@@ -1,9 +1,12 @@
 /* Blocking transfers as a discrete GPU's go through Wormhole (pinned staging, in pieces through
  * two slots): contents across many pieces at odd offsets and sizes, an out-of-order queue whose
- * wait list another thread opens, two threads transferring at once in one context, and what the
- * application can see of the worker's staging: nothing (the context's reference count, its
- * destructor callback after the last release). Prints "staged OK"; with "hold", then waits for
- * a line on stdin before releasing everything (the session's status can be read meanwhile). */
+ * wait list another thread opens after a call of its own, two threads transferring at once in
+ * one context, transfers after the application released its context, and what the application
+ * can see of the worker's staging: nothing (the context's reference count, even with another
+ * thread creating objects meanwhile; its destructor callback after the last release).
+ * With "hold", after the main thread's own transfers (5 blocking reads and 5 blocking writes of
+ * 64 KiB or more, in the first context) it prints "main OK" and waits for a line on stdin (the
+ * session's status can be read meanwhile). Prints "staged OK", then "context destroyed". */
 #include "common.h"
 #include <pthread.h>
 #include <string.h>
@@ -34,7 +37,24 @@ static cl_event gate;
 static void *open_gate(void *arg) {
     (void)arg;
     usleep(100 * 1000);
+    /* a call that needs its answer while the read waits for the gate */
+    cl_int status;
+    CHECK(clGetEventInfo(gate, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, NULL));
+    EXPECT(status == CL_SUBMITTED);
     clSetUserEventStatus(gate, CL_COMPLETE);
+    return NULL;
+}
+
+/* Creates and releases buffers of the first context while the main thread transfers. */
+static volatile int churning = 1;
+static void *churn(void *arg) {
+    (void)arg;
+    while (churning) {
+        cl_int err;
+        cl_mem m = clCreateBuffer(ctx, CL_MEM_READ_WRITE, 4096, NULL, &err);
+        CHECK(err);
+        CHECK(clReleaseMemObject(m));
+    }
     return NULL;
 }
 
@@ -87,8 +107,13 @@ int main(int argc, char **argv) {
     CHECK(err);
     cl_uint refs = settled_refs();
 
-    /* many pieces, odd sizes and offsets; small transfers stay in their frames */
+    /* many pieces, odd sizes and offsets; small transfers stay in their frames; the worker
+     * makes its staging during the first, while another thread creates and releases buffers */
+    pthread_t churner;
+    pthread_create(&churner, NULL, churn, NULL);
     round_trip(q, buf, 0, size, 1);
+    churning = 0;
+    pthread_join(churner, NULL);
     round_trip(q, buf, 12345, 20 * MIB + 7, 2);
     round_trip(q, buf, 3, 64 * 1024 + 1, 3);
     round_trip(q, buf, 0, 1000, 4);
@@ -127,6 +152,30 @@ int main(int argc, char **argv) {
         CHECK(clReleaseCommandQueue(q2));
     }
 
+    if (argc > 1 && strcmp(argv[1], "hold") == 0) {
+        printf("main OK\n");
+        fflush(stdout);
+        char line[16];
+        if (!fgets(line, sizeof line, stdin)) { /* the test closed stdin: go on */
+        }
+    }
+
+    /* a context the application released before its last transfers (its objects keep it) */
+    cl_context ctx2 = clCreateContext(NULL, 1, &dev, NULL, NULL, &err);
+    CHECK(err);
+    cl_command_queue q3 = clCreateCommandQueueWithProperties(ctx2, dev, NULL, &err);
+    CHECK(err);
+    cl_mem buf2 = clCreateBuffer(ctx2, CL_MEM_READ_WRITE, 4 * MIB, NULL, &err);
+    CHECK(err);
+    static volatile int destroyed2 = 0;
+    CHECK(clSetContextDestructorCallback(ctx2, on_destroyed, (void *)&destroyed2));
+    CHECK(clReleaseContext(ctx2));
+    round_trip(q3, buf2, 0, 4 * MIB, 8);
+    CHECK(clReleaseMemObject(buf2));
+    CHECK(clReleaseCommandQueue(q3));
+    for (int i = 0; i < 200 && !destroyed2; i++) usleep(10 * 1000);
+    EXPECT(destroyed2);
+
     /* two threads of one context at once (one may find the staging taken) */
     struct worker w1 = {clCreateBuffer(ctx, CL_MEM_READ_WRITE, 8 * MIB, NULL, &err), 100};
     CHECK(err);
@@ -146,11 +195,6 @@ int main(int argc, char **argv) {
 
     printf("staged OK\n");
     fflush(stdout);
-    if (argc > 1 && strcmp(argv[1], "hold") == 0) {
-        char line[16];
-        if (!fgets(line, sizeof line, stdin)) { /* the test closed stdin: go on */
-        }
-    }
     /* after the last release the context goes, and says so */
     CHECK(clSetContextDestructorCallback(ctx, on_destroyed, (void *)&destroyed));
     CHECK(clReleaseMemObject(buf));

@@ -26,6 +26,24 @@ pub struct SessionSetup {
     pub build_cache: Option<wormhole_blobcache::BlobCache>,
 }
 
+thread_local! {
+    static SHARED_STREAM: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the replies this thread sends share one stream with every other lane's replies
+/// and callbacks (TCP, TLS): a reply's trailer holds that stream until its last byte, so a
+/// trailer that waits for the device would hold them all (and the call that the device waits
+/// for, a user event another thread sets, could never be answered). On a ring transport each
+/// lane sends on its own.
+pub fn replies_share_a_stream() -> bool {
+    SHARED_STREAM.with(|s| s.get())
+}
+
+/// Says that this thread's replies go out on a stream every lane shares.
+pub(crate) fn set_replies_share_a_stream() {
+    SHARED_STREAM.with(|s| s.set(true));
+}
+
 /// Bulk data a reply carries after its body, sent from where it lies (a mapping of the
 /// driver's buffer, pinned staging the device fills piece by piece) instead of being copied
 /// into the reply first. Dropping it releases it.

@@ -836,6 +836,8 @@ pub fn run_tcp<S: Duplex>(
     if let Err(reason) = backend.load() {
         return refuse(stream, &reason);
     }
+    // This thread reads the stream and runs some requests itself (unordered ones).
+    crate::backend::set_replies_share_a_stream();
     let writer = Arc::new(Mutex::new(stream.duplicate()?));
     let welcome = Welcome {
         session: u64::from(std::process::id()),
@@ -914,6 +916,7 @@ pub fn run_tcp<S: Duplex>(
                     .name(format!("lane-{}", h.lane))
                     .spawn(move || {
                         crate::slices::lane();
+                        crate::backend::set_replies_share_a_stream();
                         let mut reply = Vec::new();
                         let mut taken = 0u64;
                         for (h, body) in rx {

@@ -6,6 +6,7 @@ pub const CL_DEVICE_NOT_FOUND: i32 = -1;
 pub const CL_OUT_OF_RESOURCES: i32 = -5;
 pub const CL_OUT_OF_HOST_MEMORY: i32 = -6;
 pub const CL_MEM_OBJECT_ALLOCATION_FAILURE: i32 = -4;
+pub const CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST: i32 = -14;
 pub const CL_INVALID_VALUE: i32 = -30;
 pub const CL_INVALID_PLATFORM: i32 = -32;
 pub const CL_INVALID_DEVICE: i32 = -33;

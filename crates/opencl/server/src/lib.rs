@@ -291,8 +291,12 @@ impl wormhole_server::Backend for OpenCl {
             arena::DIRECT_TRANSFERS.load(Ordering::Relaxed),
         );
         put(
-            "staged_transfers",
-            staging::STAGED_TRANSFERS.load(Ordering::Relaxed),
+            "staged_reads",
+            staging::STAGED_READS.load(Ordering::Relaxed),
+        );
+        put(
+            "staged_writes",
+            staging::STAGED_WRITES.load(Ordering::Relaxed),
         );
         put(
             "program_cache_hits",

@@ -157,6 +157,9 @@ pub fn bind_created(s: &Session, id: u64, kind: HandleKind, obj: Handle, errcode
         release(kind, obj);
         return code;
     }
+    if kind == HandleKind::Context {
+        crate::staging::context_created(obj);
+    }
     if kind == HandleKind::Mem {
         if let Err(code) = track_memory(s, obj) {
             s.forget(id);

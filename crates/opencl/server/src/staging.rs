@@ -19,6 +19,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use wormhole_opencl_proto::cl::*;
+use wormhole_opencl_proto::Op;
 use wormhole_transport::TransportError;
 
 /// The bytes of one slot: the largest piece.
@@ -30,8 +31,9 @@ const MIN_PIECE: usize = 256 << 10;
 /// Transfers from this size on are staged (smaller ones travel inside their frames).
 pub const MIN_STAGED: usize = 64 << 10;
 
-/// Blocking transfers that went through pinned staging (`wh status`).
-pub static STAGED_TRANSFERS: AtomicU64 = AtomicU64::new(0);
+/// Blocking reads and writes that went through pinned staging (`wh status`).
+pub static STAGED_READS: AtomicU64 = AtomicU64::new(0);
+pub static STAGED_WRITES: AtomicU64 = AtomicU64::new(0);
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Mode {
@@ -74,8 +76,8 @@ struct Staging {
     /// The worker's own queue of the context, which maps and unmaps the slots.
     queue: Handle,
     slots: Vec<(Handle, *mut u8)>,
-    /// The context's references the staging holds (its queue and buffers): what
-    /// `CL_CONTEXT_REFERENCE_COUNT` leaves out, as native would not count them.
+    /// The context's references the staging holds (its queue and mapped buffers, as the
+    /// driver counts them: `implicit_refs`): what `CL_CONTEXT_REFERENCE_COUNT` leaves out.
     own_refs: u32,
     /// One transfer at a time uses the slots; another one meanwhile takes the ordinary path.
     busy: AtomicBool,
@@ -114,10 +116,22 @@ impl Drop for Staging {
     }
 }
 
-/// Each context's staging (None: the driver would not make one; not asked again).
-fn stagings() -> &'static Mutex<HashMap<usize, Option<Arc<Staging>>>> {
-    static MAP: OnceLock<Mutex<HashMap<usize, Option<Arc<Staging>>>>> = OnceLock::new();
+/// What a context has of staging.
+enum Entry {
+    Made(Arc<Staging>),
+    /// The driver would not make it: not asked again for this context.
+    Refused,
+    /// The application released its last reference: a staging made now would keep the
+    /// context alive with no release to come. Until a context is created at that address.
+    Gone,
+}
+
+/// Each context's staging, by its address.
+fn stagings() -> std::sync::MutexGuard<'static, HashMap<usize, Entry>> {
+    static MAP: OnceLock<Mutex<HashMap<usize, Entry>>> = OnceLock::new();
     MAP.get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
 }
 
 /// Whether each device computes in host memory (asked once per device).
@@ -180,9 +194,61 @@ fn context_refs(context: Handle) -> Option<u32> {
     })
 }
 
+/// How many references to its context the driver counts for a queue and two mapped buffers
+/// (PoCL: one each; a driver may count none), found once per device on a context of the
+/// worker's own, where no other thread creates or releases anything meanwhile.
+fn implicit_refs(device: Handle) -> Option<u32> {
+    static KNOWN: OnceLock<Mutex<HashMap<usize, Option<u32>>>> = OnceLock::new();
+    let known = KNOWN.get_or_init(Default::default);
+    let mut known = known.lock().unwrap_or_else(|p| p.into_inner());
+    *known
+        .entry(device as usize)
+        .or_insert_with(|| probe_implicit_refs(device))
+}
+
+fn probe_implicit_refs(device: Handle) -> Option<u32> {
+    crate::rt::check_slot(device, Op::clCreateContext).ok()?;
+    let mut err = CL_SUCCESS;
+    // SAFETY: one live device; no properties, no callback.
+    let context = unsafe {
+        ffi::clCreateContext(
+            std::ptr::null(),
+            1,
+            &device,
+            std::ptr::null(),
+            std::ptr::null_mut(),
+            &mut err,
+        )
+    };
+    if context.is_null() || err != CL_SUCCESS {
+        return None;
+    }
+    let counted = (|| {
+        let alone = context_refs(context)?;
+        let staging = create_slots(context, device, PROBE_SLOT)?;
+        let with = context_refs(context)?;
+        drop(staging);
+        Some(with.saturating_sub(alone))
+    })();
+    // SAFETY: the context made above, released once (its objects went with `staging`).
+    unsafe { ffi::clReleaseContext(context) };
+    counted
+}
+
+/// The slots' size when only the driver's reference counting is probed.
+const PROBE_SLOT: usize = 4096;
+
 /// Makes a context's staging: a queue of its own on `device`, and the slots, mapped.
 fn create(context: Handle, device: Handle) -> Option<Staging> {
-    let before = context_refs(context)?;
+    let own_refs = implicit_refs(device)?;
+    let mut staging = create_slots(context, device, SLOT)?;
+    staging.own_refs = own_refs;
+    Some(staging)
+}
+
+/// A queue of its own on `device` and two mapped page-locked buffers of `slot` bytes.
+fn create_slots(context: Handle, device: Handle, slot: usize) -> Option<Staging> {
+    crate::rt::check_slot(context, Op::clCreateCommandQueueWithProperties).ok()?;
     let mut err = CL_SUCCESS;
     // SAFETY: a live context and device; no properties.
     let queue = unsafe {
@@ -207,7 +273,7 @@ fn create(context: Handle, device: Handle) -> Option<Staging> {
             ffi::clCreateBuffer(
                 context,
                 CL_MEM_READ_WRITE | CL_MEM_ALLOC_HOST_PTR,
-                SLOT,
+                slot,
                 std::ptr::null_mut(),
                 &mut err,
             )
@@ -228,7 +294,7 @@ fn create(context: Handle, device: Handle) -> Option<Staging> {
                 CL_TRUE,
                 CL_MAP_READ | CL_MAP_WRITE,
                 0,
-                SLOT,
+                slot,
                 0,
                 std::ptr::null_mut(),
                 std::ptr::null_mut(),
@@ -246,7 +312,6 @@ fn create(context: Handle, device: Handle) -> Option<Staging> {
         }
         staging.slots.push((mem, ptr as *mut u8));
     }
-    staging.own_refs = context_refs(context)?.saturating_sub(before);
     Some(staging)
 }
 
@@ -285,10 +350,14 @@ pub fn take(queue: Handle, mem: Handle, offset: usize, size: usize) -> Option<He
         return None;
     }
     let staging = {
-        let mut map = stagings().lock().unwrap_or_else(|p| p.into_inner());
-        map.entry(context as usize)
-            .or_insert_with(|| create(context, device).map(Arc::new))
-            .clone()?
+        let mut map = stagings();
+        let entry = map.entry(context as usize).or_insert_with(|| {
+            create(context, device).map_or(Entry::Refused, |s| Entry::Made(Arc::new(s)))
+        });
+        match entry {
+            Entry::Made(s) => s.clone(),
+            Entry::Refused | Entry::Gone => return None,
+        }
     };
     staging
         .busy
@@ -298,23 +367,27 @@ pub fn take(queue: Handle, mem: Handle, offset: usize, size: usize) -> Option<He
 }
 
 /// The application released its last reference to `context`: the staging's references are
-/// all that keep it, so it goes, and the context with it (its destructor callbacks run).
+/// all that keep it (with the application's objects), so it goes, and the context with it
+/// (its destructor callbacks run); none is made for it again.
 pub fn forget_context(context: Handle) {
-    let gone = stagings()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&(context as usize));
+    let gone = stagings().insert(context as usize, Entry::Gone);
     drop(gone);
+}
+
+/// The application created `context`: one at that address before it is gone for good.
+pub fn context_created(context: Handle) {
+    let mut map = stagings();
+    if matches!(map.get(&(context as usize)), Some(Entry::Gone)) {
+        map.remove(&(context as usize));
+    }
 }
 
 /// `CL_CONTEXT_REFERENCE_COUNT` as native would answer it: without the staging's references.
 pub fn visible_refs(context: Handle, driver_count: u32) -> u32 {
-    let own = stagings()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(&(context as usize))
-        .and_then(|s| s.as_ref().map(|s| s.own_refs))
-        .unwrap_or(0);
+    let own = match stagings().get(&(context as usize)) {
+        Some(Entry::Made(s)) => s.own_refs,
+        _ => 0,
+    };
     driver_count.saturating_sub(own)
 }
 
@@ -324,6 +397,70 @@ fn list(wait: &[Handle]) -> *mut c_void {
         std::ptr::null_mut()
     } else {
         wait.as_ptr() as *mut c_void
+    }
+}
+
+/// The objects a transfer names, retained for as long as its pieces are being asked for:
+/// another thread of the application may release its last reference meanwhile, as natively
+/// it may while one blocking call is in the driver (whose command keeps what it uses).
+struct Objects {
+    queue: Handle,
+    mem: Handle,
+    /// The transfer's wait list, which every piece waits for (the queue may be out of order).
+    wait: Vec<Handle>,
+}
+
+impl Objects {
+    fn retain(queue: Handle, mem: Handle, wait: &[Handle]) -> Objects {
+        // SAFETY: live handles of the session; each retain is paired with a release in drop.
+        unsafe {
+            ffi::clRetainCommandQueue(queue);
+            ffi::clRetainMemObject(mem);
+            for &ev in wait {
+                ffi::clRetainEvent(ev);
+            }
+        }
+        Objects {
+            queue,
+            mem,
+            wait: wait.to_vec(),
+        }
+    }
+
+    /// The status a blocking transfer answers for a piece that failed with `st`: as natively,
+    /// the wait list's failure where an event of it failed.
+    fn failure(&self, st: i32) -> i32 {
+        let dependency_failed = self.wait.iter().any(|&ev| {
+            // SAFETY: a retained event; the output is a cl_int.
+            let status: Option<i32> = scalar(|n, p| unsafe {
+                ffi::clGetEventInfo(
+                    ev,
+                    CL_EVENT_COMMAND_EXECUTION_STATUS,
+                    n,
+                    p,
+                    std::ptr::null_mut(),
+                )
+            });
+            status.is_some_and(|s| s < 0)
+        });
+        if dependency_failed {
+            CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST
+        } else {
+            st
+        }
+    }
+}
+
+impl Drop for Objects {
+    fn drop(&mut self) {
+        // SAFETY: the references `retain` took.
+        unsafe {
+            for &ev in &self.wait {
+                ffi::clReleaseEvent(ev);
+            }
+            ffi::clReleaseMemObject(self.mem);
+            ffi::clReleaseCommandQueue(self.queue);
+        }
     }
 }
 
@@ -340,7 +477,7 @@ impl InFlight {
         // SAFETY: a live event this transfer owns; waited for, then released once.
         unsafe {
             let st = ffi::clWaitForEvents(1, &ev);
-            let status: i32 = scalar(|n, p| {
+            let status: Option<i32> = scalar(|n, p| {
                 ffi::clGetEventInfo(
                     ev,
                     CL_EVENT_COMMAND_EXECUTION_STATUS,
@@ -348,11 +485,10 @@ impl InFlight {
                     p,
                     std::ptr::null_mut(),
                 )
-            })
-            .unwrap_or(st);
+            });
             ffi::clReleaseEvent(ev);
             match (st, status) {
-                (_, s) if s < 0 => Err(s),
+                (_, Some(s)) if s < 0 => Err(s),
                 (CL_SUCCESS, _) => Ok(()),
                 (e, _) => Err(e),
             }
@@ -386,8 +522,9 @@ pub fn write(
     wait: &[Handle],
     fill: &mut dyn FnMut(*mut u8, usize) -> Result<(), TransportError>,
 ) -> Result<i32, TransportError> {
-    STAGED_TRANSFERS.fetch_add(1, Ordering::Relaxed);
+    let objects = Objects::retain(queue, mem, wait);
     let piece = piece_len(size);
+    // Dropped (settled) before `objects`, which the pieces use.
     let mut flight = InFlight([std::ptr::null_mut(); 2]);
     let mut failed = None;
     let mut at = 0;
@@ -397,24 +534,24 @@ pub fn write(
         }
         let n = piece.min(size - at);
         if let Err(st) = flight.settle(slot) {
-            failed.get_or_insert(st);
+            failed.get_or_insert(objects.failure(st));
         }
         let dst = held.staging.slots[slot].1;
         fill(dst, n)?;
         if failed.is_none() {
             // SAFETY: `dst` holds `n` <= SLOT bytes the driver reads until the event
             // completes (settled before the slot is filled again); the range was checked in
-            // `take`; the wait list holds live events.
+            // `take`; the objects are retained.
             let st = unsafe {
                 ffi::clEnqueueWriteBuffer(
-                    queue,
-                    mem,
+                    objects.queue,
+                    objects.mem,
                     CL_FALSE,
                     offset + at,
                     n,
                     dst as *mut c_void,
-                    wait.len() as u32,
-                    list(wait),
+                    objects.wait.len() as u32,
+                    list(&objects.wait),
                     &mut flight.0[slot] as *mut Handle as *mut c_void,
                 )
             };
@@ -431,33 +568,36 @@ pub fn write(
         at += n;
     }
     if let Err(st) = flight.settle_all() {
-        failed.get_or_insert(st);
+        failed.get_or_insert(objects.failure(st));
     }
+    STAGED_WRITES.fetch_add(1, Ordering::Relaxed);
     Ok(failed.unwrap_or(CL_SUCCESS))
 }
 
 /// A blocking read sent as the bulk data after its reply: the device fills the slots in turn
-/// while the pieces already read travel. The first pieces are asked for before the reply goes,
-/// so that a read the driver refuses gets its answer instead.
+/// while the pieces already read travel. The first piece is read before the reply goes, so
+/// that a read that fails (the driver refuses it, its wait list failed) is answered the
+/// ordinary way instead, with the driver's own status.
 pub struct Read {
+    // Field order is drop order: the pieces in flight settle before the objects they use go
+    // and before the slots are free for another transfer.
+    flight: InFlight,
+    objects: Objects,
     held: Held,
-    queue: Handle,
-    mem: Handle,
     offset: usize,
     size: usize,
     piece: usize,
     /// Where the next piece not yet asked for begins.
     asked: usize,
-    flight: InFlight,
-    /// The read's wait list, which every piece waits for (the queue may be out of order);
-    /// each event retained.
-    wait: Vec<Handle>,
-    /// A failure after the reply went: reported at the queue's next synchronisation point.
+    /// A piece failed after the reply went: the rest go as zeros.
+    failed: bool,
+    /// Where such a failure goes: the queue's next synchronisation point.
     on_failure: Box<dyn Fn(i32)>,
 }
 
 impl Read {
-    /// Asks for the first pieces; the driver's refusal of the first is the read's answer.
+    /// Reads the first piece and asks for the second; None, having changed nothing the
+    /// application can see, if the first did not arrive.
     pub fn start(
         held: Held,
         queue: Handle,
@@ -466,40 +606,30 @@ impl Read {
         size: usize,
         wait: &[Handle],
         on_failure: Box<dyn Fn(i32)>,
-    ) -> Result<Read, i32> {
-        STAGED_TRANSFERS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: live handles; each retain is paired with a release in `drop`.
-        unsafe {
-            ffi::clRetainCommandQueue(queue);
-            ffi::clRetainMemObject(mem);
-            for &ev in wait {
-                ffi::clRetainEvent(ev);
-            }
-        }
+    ) -> Option<Read> {
         let mut read = Read {
+            flight: InFlight([std::ptr::null_mut(); 2]),
+            objects: Objects::retain(queue, mem, wait),
             held,
-            queue,
-            mem,
             offset,
             size,
             piece: piece_len(size),
             asked: 0,
-            flight: InFlight([std::ptr::null_mut(); 2]),
-            wait: wait.to_vec(),
+            failed: false,
             on_failure,
         };
-        for slot in 0..2 {
-            if read.asked >= size {
-                break;
-            }
-            if let Err(st) = read.ask(slot) {
-                if slot == 0 {
-                    return Err(st);
-                }
-                (read.on_failure)(st);
+        read.ask(0).ok()?;
+        if read.asked < size {
+            if let Err(st) = read.ask(1) {
+                read.fail(st);
             }
         }
-        Ok(read)
+        // The first piece is sent first anyway: waiting for it here costs nothing.
+        if read.flight.settle(0).is_err() {
+            return None;
+        }
+        STAGED_READS.fetch_add(1, Ordering::Relaxed);
+        Some(read)
     }
 
     /// Asks the device for the next piece into `slot`.
@@ -508,17 +638,17 @@ impl Read {
         let dst = self.held.staging.slots[slot].1;
         // SAFETY: `dst` holds `n` <= SLOT bytes, written by the driver until the event
         // completes (settled before they are read or the slot is reused); the range was
-        // checked in `take`; the wait list holds retained events.
+        // checked in `take`; the objects are retained.
         let st = unsafe {
             ffi::clEnqueueReadBuffer(
-                self.queue,
-                self.mem,
+                self.objects.queue,
+                self.objects.mem,
                 CL_FALSE,
                 self.offset + self.asked,
                 n,
                 dst as *mut c_void,
-                self.wait.len() as u32,
-                list(&self.wait),
+                self.objects.wait.len() as u32,
+                list(&self.objects.wait),
                 &mut self.flight.0[slot] as *mut Handle as *mut c_void,
             )
         };
@@ -529,19 +659,14 @@ impl Read {
             Err(st)
         }
     }
-}
 
-impl Drop for Read {
-    fn drop(&mut self) {
-        let _ = self.flight.settle_all();
-        // SAFETY: the references `start` took.
-        unsafe {
-            for &ev in &self.wait {
-                ffi::clReleaseEvent(ev);
-            }
-            ffi::clReleaseMemObject(self.mem);
-            ffi::clReleaseCommandQueue(self.queue);
+    /// A piece failed with `st` after the reply went.
+    fn fail(&mut self, st: i32) {
+        if !self.failed {
+            tracing::warn!(status = st, "pinned staging: a piece of a read failed");
+            (self.on_failure)(self.objects.failure(st));
         }
+        self.failed = true;
     }
 }
 
@@ -551,36 +676,25 @@ impl wormhole_server::backend::Trailer for Read {
         out: &mut dyn FnMut(&[u8]) -> Result<(), TransportError>,
     ) -> Result<(), TransportError> {
         let mut sent = 0;
-        let mut failed = false;
         for slot in (0..2).cycle() {
             if sent >= self.size {
                 break;
             }
             let n = self.piece.min(self.size - sent);
-            let ok = match self.flight.settle(slot) {
-                Ok(()) => !failed,
-                Err(st) => {
-                    if !failed {
-                        tracing::warn!(status = st, "pinned staging: a piece of a read failed");
-                        (self.on_failure)(st);
-                    }
-                    failed = true;
-                    false
-                }
-            };
-            if ok {
-                // SAFETY: the slot holds the `n` bytes the settled piece read.
-                out(unsafe { std::slice::from_raw_parts(self.held.staging.slots[slot].1, n) })?;
-            } else {
+            if let Err(st) = self.flight.settle(slot) {
+                self.fail(st);
+            }
+            if self.failed {
                 // The frame keeps its announced length; the bytes are not the device's.
                 out(&vec![0; n])?;
+            } else {
+                // SAFETY: the slot holds the `n` bytes the settled piece read.
+                out(unsafe { std::slice::from_raw_parts(self.held.staging.slots[slot].1, n) })?;
             }
             sent += n;
-            if self.asked < self.size && !failed {
+            if self.asked < self.size && !self.failed {
                 if let Err(st) = self.ask(slot) {
-                    tracing::warn!(status = st, "pinned staging: a piece of a read was refused");
-                    (self.on_failure)(st);
-                    failed = true;
+                    self.fail(st);
                 }
             }
         }

@@ -216,8 +216,9 @@ fn mapped_read(
 }
 
 /// A blocking read through pinned staging (staging.rs): the device fills the slots in turn
-/// while the reply's bulk data goes out. False, having done nothing, where staging does not
-/// apply or the driver refuses the read (the ordinary path then answers as it does).
+/// while the reply's bulk data goes out. False, having done nothing the application can see,
+/// where staging does not apply or the read's first piece fails (the ordinary path then
+/// answers as the driver does).
 fn staged_read(
     s: &Call<'_>,
     w: &mut Writer,
@@ -227,6 +228,10 @@ fn staged_read(
     offset: usize,
     size: usize,
 ) -> bool {
+    // Its trailer waits for the device: not where it would hold every lane's replies.
+    if wormhole_server::backend::replies_share_a_stream() {
+        return false;
+    }
     let Some(held) = crate::staging::take(t.queue, t.mem, offset, size) else {
         return false;
     };
@@ -236,7 +241,7 @@ fn staged_read(
     // A piece that fails once the reply has gone is the queue's next synchronisation
     // point's failure, as a pipelined call's would be.
     let on_failure = Box::new(move |st: i32| crate::session().deferred.record(queue_id, st));
-    let Ok(read) = crate::staging::Read::start(
+    let Some(read) = crate::staging::Read::start(
         held,
         t.queue,
         t.mem,

@@ -37,29 +37,25 @@ pub struct ShmSender {
     lock: Mutex<()>,
 }
 
-impl ShmSender {
-    /// Sends one frame made of several parts, waiting for room as `policy` says.
-    pub fn send_parts(&self, parts: &[&[u8]], policy: SpinPolicy) -> Result<(), TransportError> {
-        let ctx = WaitCtx {
-            waiter: &*self.waiter,
-            policy,
-            peer_alive: &*self.alive,
-        };
-        let _one_frame_at_a_time = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        self.tx.note_producer_cpu();
-        for p in parts {
-            self.tx.write_all(p, &ctx)?;
-        }
-        Ok(())
-    }
-}
-
 /// Produces the rest of a frame piece by piece, each piece handed to the sink it is given as
 /// soon as it is ready (bulk data arriving from a device while earlier pieces already travel).
 pub type Pieces<'a> = dyn FnMut(&mut dyn FnMut(&[u8]) -> Result<(), TransportError>) -> Result<(), TransportError>
     + 'a;
 
 impl ShmSender {
+    /// Sends one frame made of several parts, waiting for room as `policy` says.
+    pub fn send_parts(&self, parts: &[&[u8]], policy: SpinPolicy) -> Result<(), TransportError> {
+        let (head, rest): (&[u8], &[&[u8]]) = match parts.split_first() {
+            Some((head, rest)) => (head, rest),
+            None => (&[], &[]),
+        };
+        self.send_pieces(
+            head,
+            &mut |sink| rest.iter().try_for_each(|p| sink(p)),
+            policy,
+        )
+    }
+
     /// Sends one frame: `head`, then what `rest` produces. The frame stays whole in the ring
     /// (no other frame of this lane interleaves) until `rest` returns.
     pub fn send_pieces(

@@ -282,34 +282,17 @@ impl wormhole_server::Backend for OpenCl {
         let mut put = |k: &str, v: u64| {
             m.insert(k.into(), v.into());
         };
-        put(
-            "shared_mem_bytes",
-            arena::SHARED_BYTES.load(Ordering::Relaxed),
-        );
-        put(
-            "direct_transfers",
-            arena::DIRECT_TRANSFERS.load(Ordering::Relaxed),
-        );
-        put(
-            "staged_reads",
-            staging::STAGED_READS.load(Ordering::Relaxed),
-        );
-        put(
-            "staged_writes",
-            staging::STAGED_WRITES.load(Ordering::Relaxed),
-        );
-        put(
-            "program_cache_hits",
-            program_cache::HITS.load(Ordering::Relaxed),
-        );
-        put(
-            "program_cache_misses",
-            program_cache::MISSES.load(Ordering::Relaxed),
-        );
-        put(
-            "program_cache_uncacheable",
-            program_cache::UNCACHEABLE.load(Ordering::Relaxed),
-        );
+        for (k, counter) in [
+            ("shared_mem_bytes", &arena::SHARED_BYTES),
+            ("direct_transfers", &arena::DIRECT_TRANSFERS),
+            ("staged_reads", &staging::STAGED_READS),
+            ("staged_writes", &staging::STAGED_WRITES),
+            ("program_cache_hits", &program_cache::HITS),
+            ("program_cache_misses", &program_cache::MISSES),
+            ("program_cache_uncacheable", &program_cache::UNCACHEABLE),
+        ] {
+            put(k, counter.load(Ordering::Relaxed));
+        }
         let admission = &session().admission;
         put("max_queued", session().limits().max_queued());
         put("queued_peak", admission.peak.load(Ordering::Relaxed));

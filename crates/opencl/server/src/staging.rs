@@ -243,6 +243,7 @@ fn create(context: Handle, device: Handle) -> Option<Staging> {
     let own_refs = implicit_refs(device)?;
     let mut staging = create_slots(context, device, SLOT)?;
     staging.own_refs = own_refs;
+    tracing::debug!(own_refs, "pinned staging: slots made for a context");
     Some(staging)
 }
 

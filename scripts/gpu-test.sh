@@ -33,7 +33,11 @@ nvidia_cl=$(ls /usr/lib/libnvidia-opencl.so.1 /usr/lib/x86_64-linux-gnu/libnvidi
 if [ -n "$nvidia_cl" ] && [ -x target/release/wh-bench-client ]; then
     vendors=$(mktemp -d)
     echo "$nvidia_cl" > "$vendors/nvidia.icd"
+    echo "gpu-test: OpenCL calls table on NVIDIA's OpenCL, pinned staging on (auto)"
     OCL_ICD_VENDORS="$vendors" target/release/wh bench --part calls || rc=$?
+    # The same without staging (mapped transfers), to see what staging buys on this GPU.
+    echo "gpu-test: the same with WORMHOLE_PINNED_STAGING=never"
+    WORMHOLE_PINNED_STAGING=never OCL_ICD_VENDORS="$vendors" target/release/wh bench --part calls || rc=$?
 else
     echo "gpu-test: no NVIDIA OpenCL library or no target/release/wh-bench-client: no OpenCL table" >&2
 fi

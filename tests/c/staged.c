@@ -4,7 +4,7 @@
  * one context, transfers after the application released its context, and what the application
  * can see of the worker's staging: nothing (the context's reference count, even with another
  * thread creating objects meanwhile; its destructor callback after the last release).
- * With "hold", after the main thread's own transfers (5 blocking reads and 5 blocking writes of
+ * With "hold", after the main thread's own transfers (7 blocking reads and 6 blocking writes of
  * 64 KiB or more, in the first context) it prints "main OK" and waits for a line on stdin (the
  * session's status can be read meanwhile). Prints "staged OK", then "context destroyed". */
 #include "common.h"
@@ -126,6 +126,23 @@ int main(int argc, char **argv) {
     memcpy(all + 7 * MIB + 11, part, 3 * MIB);
     CHECK(clEnqueueReadBuffer(q, buf, CL_TRUE, 0, size, back, 0, NULL, NULL));
     EXPECT(memcmp(all, back, size) == 0);
+
+    /* a sub-buffer: its own offsets, its parent's bytes */
+    cl_uint align_bits = 0;
+    CHECK(clGetDeviceInfo(dev, CL_DEVICE_MEM_BASE_ADDR_ALIGN, sizeof align_bits, &align_bits, NULL));
+    size_t origin = ((3 * MIB) / (align_bits / 8) + 1) * (align_bits / 8);
+    cl_buffer_region region = {origin, 2 * MIB + 5};
+    cl_mem sub = clCreateSubBuffer(buf, CL_MEM_READ_WRITE, CL_BUFFER_CREATE_TYPE_REGION, &region, &err);
+    CHECK(err);
+    fill(part, 2 * MIB + 5, 9);
+    CHECK(clEnqueueWriteBuffer(q, sub, CL_TRUE, 0, 2 * MIB + 5, part, 0, NULL, NULL));
+    memcpy(all + origin, part, 2 * MIB + 5);
+    CHECK(clEnqueueReadBuffer(q, buf, CL_TRUE, 0, size, back, 0, NULL, NULL));
+    EXPECT(memcmp(all, back, size) == 0);
+    memset(back, 0, size);
+    CHECK(clEnqueueReadBuffer(q, sub, CL_TRUE, 1, 2 * MIB + 4, back, 0, NULL, NULL));
+    EXPECT(memcmp(all + origin + 1, back, 2 * MIB + 4) == 0);
+    CHECK(clReleaseMemObject(sub));
 
     /* the worker's staging is not the application's: the count before any transfer */
     EXPECT(settled_refs() == refs);

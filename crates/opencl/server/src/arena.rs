@@ -168,7 +168,7 @@ impl Shared {
     }
 }
 
-fn context_devices(context: Handle) -> Option<Vec<Handle>> {
+pub(crate) fn context_devices(context: Handle) -> Option<Vec<Handle>> {
     let mut size = 0usize;
     // SAFETY: size query, then a buffer of that size.
     unsafe {

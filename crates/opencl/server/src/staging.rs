@@ -376,10 +376,30 @@ pub fn forget_context(context: Handle) {
 }
 
 /// The application created `context`: one at that address before it is gone for good.
+/// Its discrete devices' probe (`implicit_refs`: a context of the worker's own, which on a GPU
+/// takes a while to make) starts now, beside the application's own set-up, rather than at its
+/// first large transfer.
 pub fn context_created(context: Handle) {
-    let mut map = stagings();
-    if matches!(map.get(&(context as usize)), Some(Entry::Gone)) {
-        map.remove(&(context as usize));
+    {
+        let mut map = stagings();
+        if matches!(map.get(&(context as usize)), Some(Entry::Gone)) {
+            map.remove(&(context as usize));
+        }
+    }
+    if mode() == Mode::Never {
+        return;
+    }
+    for device in crate::arena::context_devices(context).unwrap_or_default() {
+        if mode() == Mode::Always || !host_unified(device) {
+            // A device handle is the driver's, valid in any thread of the process.
+            let device = device as usize;
+            let probe = std::thread::Builder::new()
+                .name("staging-probe".into())
+                .spawn(move || implicit_refs(device as Handle));
+            if let Err(e) = probe {
+                tracing::debug!("pinned staging: no thread to probe the driver early ({e})");
+            }
+        }
     }
 }
 

@@ -29,7 +29,7 @@ const SLOT: usize = 8 << 20;
 const MIN_PIECE: usize = 256 << 10;
 
 /// Transfers from this size on are staged (smaller ones travel inside their frames).
-pub const MIN_STAGED: usize = 64 << 10;
+const MIN_STAGED: usize = 64 << 10;
 
 /// Blocking reads and writes that went through pinned staging (`wh status`).
 pub static STAGED_READS: AtomicU64 = AtomicU64::new(0);

@@ -1240,20 +1240,15 @@ pub fn stream_write(
         && rest >= STREAMED_WRITE_MIN;
     let (offset, size) = (head.offset, head.size);
     let wl = WaitList(head.wait);
-    if streamable {
-        let t = target(s, head.queue, head.mem).ok();
-        if let Some(st) = staged_write(s, link, t.as_ref(), &wl, offset, size)? {
-            w.i32(st);
-            return Ok(Streamed::Done);
-        }
+    let t = streamable
+        .then(|| target(s, head.queue, head.mem).ok())
+        .flatten();
+    if let Some(st) = staged_write(s, link, t.as_ref(), &wl, offset, size)? {
+        w.i32(st);
+        return Ok(Streamed::Done);
     }
-    let mapped = if streamable {
-        target(s, head.queue, head.mem).ok().and_then(|t| {
-            MappedRange::map(s, &t, &wl, CL_MAP_WRITE_INVALIDATE_REGION, offset, size)
-        })
-    } else {
-        None
-    };
+    let mapped =
+        t.and_then(|t| MappedRange::map(s, &t, &wl, CL_MAP_WRITE_INVALIDATE_REGION, offset, size));
     let head_len = filled;
     let Some(range) = mapped else {
         // The ordinary path decodes the whole request and answers as the driver does.

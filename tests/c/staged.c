@@ -3,7 +3,8 @@
  * wait list another thread opens after a call of its own, two threads transferring at once in
  * one context, transfers after the application released its context, and what the application
  * can see of the worker's staging: nothing (the context's reference count, even with another
- * thread creating objects meanwhile; its destructor callback after the last release).
+ * thread creating objects meanwhile and a third reading it while the staging is made; its
+ * destructor callback after the last release).
  * With "hold", after the main thread's own transfers (7 blocking reads and 6 blocking writes of
  * 64 KiB or more, in the first context) it prints "main OK" and waits for a line on stdin (the
  * session's status can be read meanwhile). Prints "staged OK", then "context destroyed". */
@@ -47,6 +48,19 @@ static void *open_gate(void *arg) {
 
 /* Creates and releases buffers of the first context while the main thread transfers. */
 static volatile int churning = 1;
+
+/* Reads the first context's reference count meanwhile: never below what the application
+ * holds, even while the worker makes its staging. */
+static cl_uint least_seen = ~0u;
+static cl_uint context_refs(void);
+static void *watch_refs(void *arg) {
+    (void)arg;
+    while (churning) {
+        cl_uint n = context_refs();
+        if (n < least_seen) least_seen = n;
+    }
+    return NULL;
+}
 static void *churn(void *arg) {
     (void)arg;
     while (churning) {
@@ -109,11 +123,14 @@ int main(int argc, char **argv) {
 
     /* many pieces, odd sizes and offsets; small transfers stay in their frames; the worker
      * makes its staging during the first, while another thread creates and releases buffers */
-    pthread_t churner;
+    pthread_t churner, watcher;
     pthread_create(&churner, NULL, churn, NULL);
+    pthread_create(&watcher, NULL, watch_refs, NULL);
     round_trip(q, buf, 0, size, 1);
     churning = 0;
     pthread_join(churner, NULL);
+    pthread_join(watcher, NULL);
+    EXPECT(least_seen >= refs);
     round_trip(q, buf, 12345, 20 * MIB + 7, 2);
     round_trip(q, buf, 3, 64 * 1024 + 1, 3);
     round_trip(q, buf, 0, 1000, 4);

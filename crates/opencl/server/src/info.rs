@@ -72,8 +72,9 @@ fn rewrite(s: &Session, op: Op, param: u32, obj: Handle, kind: InfoValue, buf: &
         }
         // The worker's pinned staging holds references the application never made.
         (Op::clGetContextInfo, CL_CONTEXT_REFERENCE_COUNT) if buf.len() == 4 => {
-            let v = u32::from_le_bytes(buf[..4].try_into().unwrap_or([0; 4]));
-            buf.copy_from_slice(&crate::staging::visible_refs(obj, v).to_le_bytes());
+            if let Some(v) = crate::staging::visible_refs(obj) {
+                buf.copy_from_slice(&v.to_le_bytes());
+            }
         }
         (Op::clGetMemObjectInfo, CL_MEM_FLAGS) if buf.len() == 8 => {
             let v = u64::from_le_bytes(buf[..8].try_into().unwrap_or([0; 8]));

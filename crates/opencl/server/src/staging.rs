@@ -197,13 +197,25 @@ fn context_refs(context: Handle) -> Option<u32> {
 /// How many references to its context the driver counts for a queue and two mapped buffers
 /// (PoCL: one each; a driver may count none), found once per device on a context of the
 /// worker's own, where no other thread creates or releases anything meanwhile.
+/// A probe that failed (no memory for a context, say) is tried again at the next transfer.
 fn implicit_refs(device: Handle) -> Option<u32> {
-    static KNOWN: OnceLock<Mutex<HashMap<usize, Option<u32>>>> = OnceLock::new();
-    let known = KNOWN.get_or_init(Default::default);
-    let mut known = known.lock().unwrap_or_else(|p| p.into_inner());
-    *known
-        .entry(device as usize)
-        .or_insert_with(|| probe_implicit_refs(device))
+    let mut known = refs_known();
+    if let Some(&n) = known.get(&(device as usize)) {
+        return Some(n);
+    }
+    let n = probe_implicit_refs(device)?;
+    known.insert(device as usize, n);
+    Some(n)
+}
+
+/// What `implicit_refs` found, per device; held while a probe runs, so that one runs at a time
+/// and a transfer that needs the answer waits for it.
+fn refs_known() -> std::sync::MutexGuard<'static, HashMap<usize, u32>> {
+    static KNOWN: OnceLock<Mutex<HashMap<usize, u32>>> = OnceLock::new();
+    KNOWN
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
 }
 
 fn probe_implicit_refs(device: Handle) -> Option<u32> {
@@ -239,8 +251,7 @@ fn probe_implicit_refs(device: Handle) -> Option<u32> {
 const PROBE_SLOT: usize = 4096;
 
 /// Makes a context's staging: a queue of its own on `device`, and the slots, mapped.
-fn create(context: Handle, device: Handle) -> Option<Staging> {
-    let own_refs = implicit_refs(device)?;
+fn create(context: Handle, device: Handle, own_refs: u32) -> Option<Staging> {
     let mut staging = create_slots(context, device, SLOT)?;
     staging.own_refs = own_refs;
     tracing::debug!(own_refs, "pinned staging: slots made for a context");
@@ -350,10 +361,12 @@ pub fn take(queue: Handle, mem: Handle, offset: usize, size: usize) -> Option<He
     {
         return None;
     }
+    // Asked before the map is locked: a probe still running holds up this transfer only.
+    let own_refs = implicit_refs(device)?;
     let staging = {
         let mut map = stagings();
         let entry = map.entry(context as usize).or_insert_with(|| {
-            create(context, device).map_or(Entry::Refused, |s| Entry::Made(Arc::new(s)))
+            create(context, device, own_refs).map_or(Entry::Refused, |s| Entry::Made(Arc::new(s)))
         });
         match entry {
             Entry::Made(s) => s.clone(),
@@ -371,8 +384,9 @@ pub fn take(queue: Handle, mem: Handle, offset: usize, size: usize) -> Option<He
 /// all that keep it (with the application's objects), so it goes, and the context with it
 /// (its destructor callbacks run); none is made for it again.
 pub fn forget_context(context: Handle) {
-    let gone = stagings().insert(context as usize, Entry::Gone);
-    drop(gone);
+    let mut map = stagings();
+    // Dropped under the lock, so that no reference count is read halfway through.
+    drop(map.insert(context as usize, Entry::Gone));
 }
 
 /// The application created `context`: one at that address before it is gone for good.
@@ -390,7 +404,9 @@ pub fn context_created(context: Handle) {
         return;
     }
     for device in crate::arena::context_devices(context).unwrap_or_default() {
-        if mode() == Mode::Always || !host_unified(device) {
+        if (mode() == Mode::Always || !host_unified(device))
+            && !refs_known().contains_key(&(device as usize))
+        {
             // A device handle is the driver's, valid in any thread of the process.
             let device = device as usize;
             let probe = std::thread::Builder::new()
@@ -404,12 +420,14 @@ pub fn context_created(context: Handle) {
 }
 
 /// `CL_CONTEXT_REFERENCE_COUNT` as native would answer it: without the staging's references.
-pub fn visible_refs(context: Handle, driver_count: u32) -> u32 {
-    let own = match stagings().get(&(context as usize)) {
+/// Read under the lock a staging is made and dropped under, so never halfway through.
+pub fn visible_refs(context: Handle) -> Option<u32> {
+    let map = stagings();
+    let own = match map.get(&(context as usize)) {
         Some(Entry::Made(s)) => s.own_refs,
         _ => 0,
     };
-    driver_count.saturating_sub(own)
+    Some(context_refs(context)?.saturating_sub(own))
 }
 
 /// A wait list as the driver takes it (NULL when empty, as the API requires).
@@ -641,9 +659,8 @@ impl Read {
         };
         read.ask(0).ok()?;
         if read.asked < size {
-            if let Err(st) = read.ask(1) {
-                read.fail(st);
-            }
+            // No reply has gone yet: the ordinary path answers as the driver does.
+            read.ask(1).ok()?;
         }
         // The first piece is sent first anyway: waiting for it here costs nothing.
         if read.flight.settle(0).is_err() {

@@ -211,11 +211,24 @@ fn implicit_refs(device: Handle) -> Option<u32> {
 /// What `implicit_refs` found, per device; held while a probe runs, so that one runs at a time
 /// and a transfer that needs the answer waits for it.
 fn refs_known() -> std::sync::MutexGuard<'static, HashMap<usize, u32>> {
+    known_refs_map().lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn known_refs_map() -> &'static Mutex<HashMap<usize, u32>> {
     static KNOWN: OnceLock<Mutex<HashMap<usize, u32>>> = OnceLock::new();
-    KNOWN
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+    KNOWN.get_or_init(Default::default)
+}
+
+/// Whether `device` still wants a probe: not answered yet, and none under way (a probe holds
+/// the map, and the context being created need not wait for it).
+fn probe_wanted(device: Handle) -> bool {
+    match known_refs_map().try_lock() {
+        Ok(known) => !known.contains_key(&(device as usize)),
+        Err(std::sync::TryLockError::Poisoned(p)) => {
+            !p.into_inner().contains_key(&(device as usize))
+        }
+        Err(std::sync::TryLockError::WouldBlock) => false,
+    }
 }
 
 fn probe_implicit_refs(device: Handle) -> Option<u32> {
@@ -404,9 +417,7 @@ pub fn context_created(context: Handle) {
         return;
     }
     for device in crate::arena::context_devices(context).unwrap_or_default() {
-        if (mode() == Mode::Always || !host_unified(device))
-            && !refs_known().contains_key(&(device as usize))
-        {
+        if (mode() == Mode::Always || !host_unified(device)) && probe_wanted(device) {
             // A device handle is the driver's, valid in any thread of the process.
             let device = device as usize;
             let probe = std::thread::Builder::new()

@@ -10,7 +10,7 @@ from conftest import Server
 PROGRAMS = [
     "vector_add", "multithread", "callbacks", "gated_callbacks", "errors", "svm", "svm_fine", "bulk", "windows",
     "host_ptr_maps", "empty_source_part", "long_kernel_name", "big_image", "bad_ranges",
-    "bad_rect_ranges", "bad_sizes", "finish_waits", "cross_thread_order",
+    "bad_rect_ranges", "bad_sizes", "finish_waits", "cross_thread_order", "gated_write",
 ]
 
 
@@ -66,7 +66,9 @@ def test_large_buffers_are_copied_by_the_client_itself(server, c_programs):
 
 
 def test_remote_sessions_keep_driver_storage(tmp_path, c_programs):
-    """Over TCP the client cannot reach the server's memory: every transfer is forwarded."""
+    """Over TCP the client cannot reach the server's memory: every transfer is forwarded. A
+    large blocking write goes into the driver's mapping of the buffer chunk by chunk, as its
+    data arrives (the worker's reader passes it on while the lane runs the write)."""
     tcp = Server(tmp_path, tcp=True).start()
     try:
         p = tcp.popen([c_programs["windows"], "hold"])
@@ -74,6 +76,7 @@ def test_remote_sessions_keep_driver_storage(tmp_path, c_programs):
             assert p.stdout.readline().strip() == "windows OK", p.stderr.read()
             detail = tcp.status()["sessions"][0]["detail"]
             assert detail["direct_transfers"] == 0 and detail["shared_mem_bytes"] == 0
+            assert detail["streamed_writes"] > 0, detail
             assert detail["mem_bytes"] == 3 * (16 << 20)
         finally:
             p.stdin.close()

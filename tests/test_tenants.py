@@ -100,6 +100,7 @@ def test_unknown_uid_and_bad_tokens_are_refused(tmp_path, c_programs):
 HEADER = wire.HEADER
 HELLO, WELCOME = wire.HELLO, wire.WELCOME
 OP_GET_MEM_OBJECT_INFO = wire.OP["clGetMemObjectInfo"]
+OP_ENQUEUE_WRITE_BUFFER = wire.OP["clEnqueueWriteBuffer"]
 CL_MEM_SIZE = wire.CL["CL_MEM_SIZE"]
 
 
@@ -144,7 +145,10 @@ def test_made_up_and_foreign_handles_get_the_native_error(quota_server):
         assert a.mem_size(guess) == CL_INVALID_MEM_OBJECT
 
 
-@pytest.mark.parametrize("garbage", ["bad magic", "huge length", "truncated body", "unknown opcode", "trailing bytes"])
+@pytest.mark.parametrize(
+    "garbage",
+    ["bad magic", "huge length", "truncated body", "unknown opcode", "trailing bytes", "streamed write"],
+)
 def test_malformed_messages_end_only_their_session(quota_server, c_programs, garbage):
     bad = Raw(quota_server.tcp, token=b"s3cret")
     if garbage == "bad magic":
@@ -158,6 +162,10 @@ def test_malformed_messages_end_only_their_session(quota_server, c_programs, gar
         bad.send(0x7777, b"")
     elif garbage == "trailing bytes":
         bad.send(OP_GET_MEM_OBJECT_INFO, struct.pack("<QI", 1, CL_MEM_SIZE) + b"extra")
+    elif garbage == "streamed write":
+        # Large enough that the worker takes it in chunks as it arrives (worker.rs, `streams`):
+        # its header is garbage (an option tag of 0xff).
+        bad.send(OP_ENQUEUE_WRITE_BUFFER, b"\xff" * (1 << 20))
     with pytest.raises((ConnectionError, OSError)):
         bad.recv()
     # The server and other sessions carry on.
@@ -166,6 +174,23 @@ def test_malformed_messages_end_only_their_session(quota_server, c_programs, gar
     assert "ending session" in quota_server.log.read_text() or "malformed" in quota_server.log.read_text()
 
 # }}}
+
+
+def test_a_client_gone_halfway_through_a_large_write_ends_only_its_session(quota_server, c_programs):
+    """Over TCP a large write's data reaches the worker in chunks while its lane already runs
+    it: a client that stops sending halfway (and closes) ends its session, nothing waits for
+    the rest, and the server serves the next session."""
+    bad = Raw(quota_server.tcp, token=b"s3cret")
+    bad.s.sendall(wire.header(OP_ENQUEUE_WRITE_BUFFER, 64 << 20) + bytes(3 << 20))
+    bad.s.shutdown(socket.SHUT_WR)
+    with pytest.raises((ConnectionError, OSError)):
+        bad.recv()
+    deadline = time.time() + 10
+    while time.time() < deadline and quota_server.status()["sessions"]:
+        time.sleep(0.1)
+    assert quota_server.status()["sessions"] == []
+    r = quota_server.run([c_programs["vector_add"]], WORMHOLE_SERVER="")
+    assert r.returncode == 0, r.stderr
 
 
 def test_many_clients_killed_at_random_leave_nothing_behind(server, c_programs):

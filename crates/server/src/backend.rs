@@ -7,7 +7,7 @@ use std::ffi::OsString;
 use std::io::Write;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use wormhole_transport::{Arena, ShmLink, ShmSender, SpinPolicy, TransportError};
+use wormhole_transport::{Arena, BulkIn, ShmSender, SpinPolicy, TransportError};
 use wormhole_wire::{DecodeError, FrameHeader, Reader, Writer};
 
 /// Where a session's callback frames go: the session's control socket, its one TCP stream
@@ -234,17 +234,25 @@ pub trait Backend: Sync {
         Ok(Some(c))
     }
 
-    /// Worker, shared-memory lanes: a request whose bulk data the backend may take from the
-    /// ring as it arrives (straight into the driver's memory) instead of after the whole body.
-    /// Only the header has been read. Default: never.
+    /// Worker: a synchronous request whose bulk data the backend may take as it arrives
+    /// (straight into the driver's memory) instead of after the whole body: from a lane's ring,
+    /// or from the chunks a TCP session's reader passes on (only for opcodes [`Self::streams`]
+    /// names). Only the header has been read. Default: never.
     fn stream(
         &self,
         _h: &FrameHeader,
-        _link: &mut ShmLink,
+        _link: &mut dyn BulkIn,
         _body: &mut Vec<u8>,
         _w: &mut Writer,
     ) -> Result<Streamed, StreamError> {
         Ok(Streamed::Declined)
+    }
+
+    /// Worker, streams (TCP, TLS): whether a large synchronous request of `opcode` goes to
+    /// [`Self::stream`] as its bytes arrive. One stream carries every lane, so its reader
+    /// passes such a request's body on in chunks instead of holding it whole first.
+    fn streams(&self, _opcode: u16) -> bool {
+        false
     }
 
     /// Worker: the session's live objects, by kind (for `wh status`).

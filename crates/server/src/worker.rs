@@ -622,8 +622,51 @@ fn status_reply(h: &FrameHeader, status: i32) -> Vec<u8> {
 /// Buffers a lane keeps between requests stay allocated up to this size.
 const KEEP_BUFFER: usize = 64 << 20;
 
-/// Requests at least this large are offered to the backend to stream from the ring.
+/// Requests at least this large are offered to the backend to stream as they arrive.
 const STREAM_MIN: u64 = 64 * 1024;
+
+/// Whether request `h` (its header read, its body not) is offered to [`Backend::stream`].
+fn streamable(h: &FrameHeader) -> bool {
+    h.flags & FLAG_ASYNC == 0 && u64::from(h.len) >= STREAM_MIN
+}
+
+/// Offers request `h` to the backend to take its bulk data from `src` as it arrives. True: it
+/// did, and `reply` holds the reply frame. False: the whole body is in `body` now (its first
+/// `h.len` bytes), for the ordinary path.
+fn offer_stream(
+    backend: &dyn Backend,
+    lane: usize,
+    h: &FrameHeader,
+    src: &mut dyn wormhole_transport::BulkIn,
+    body: &mut Vec<u8>,
+    reply: &mut Vec<u8>,
+) -> Result<bool, LaneError> {
+    let mut w = Writer::with_buffer(h.opcode, std::mem::take(reply));
+    let streamed = match backend.stream(h, src, body, &mut w) {
+        Ok(s) => s,
+        Err(StreamError::Transport(e)) => return Err(e.into()),
+        Err(StreamError::Malformed(source)) => {
+            return Err(LaneError::Malformed {
+                op: h.opcode,
+                source,
+            })
+        }
+    };
+    if let Streamed::Done = streamed {
+        count_call();
+        *reply = w.finish_on(h.lane, FLAG_REPLY | output_flag(lane, h), h.seq)?;
+        return Ok(true);
+    }
+    *reply = w.finish_on(h.lane, 0, 0).unwrap_or_default();
+    if let Streamed::Declined = streamed {
+        let n = h.len as usize;
+        if body.len() < n {
+            body.resize(n, 0);
+        }
+        src.recv_exact(&mut body[..n])?;
+    }
+    Ok(false)
+}
 
 /// Serves one lane of a shared region (`region`: where the other lanes' senders say how far
 /// they have sent, for the order across lanes).
@@ -673,58 +716,43 @@ fn serve_request(
     body: &mut Vec<u8>,
     reply: &mut Vec<u8>,
 ) -> Result<(), LaneError> {
-    let mut streamed = Streamed::Declined;
-    if h.flags & FLAG_ASYNC == 0 && u64::from(h.len) >= STREAM_MIN {
+    if streamable(&h) {
         // Bulk data may go from the ring straight into the driver's memory.
-        let mut w = Writer::with_buffer(h.opcode, std::mem::take(reply));
-        streamed = match backend.stream(&h, link, body, &mut w) {
-            Ok(s) => s,
-            Err(StreamError::Transport(e)) => return Err(e.into()),
-            Err(StreamError::Malformed(source)) => {
-                return Err(LaneError::Malformed {
-                    op: h.opcode,
-                    source,
-                })
-            }
-        };
-        if let Streamed::Done = streamed {
-            count_call();
-            *reply = w.finish_on(h.lane, FLAG_REPLY | output_flag(lane, &h), h.seq)?;
+        if offer_stream(backend, lane, &h, link, body, reply)? {
             link.send(reply)?;
             return Ok(());
         }
-        *reply = w.finish_on(h.lane, 0, 0).unwrap_or_default();
-    }
-    if let Streamed::Declined = streamed {
+    } else {
         let n = h.len as usize;
         if body.len() < n {
             body.resize(n, 0);
         }
         link.recv_exact(&mut body[..n])?;
-        if h.flags & FLAG_ASYNC == 0 && backend.answers_later(h.opcode) {
-            let later = Completion {
-                h,
-                lane,
-                sink: link.sender(),
-                policy: link.policy(),
-                out_of_memory: backend.out_of_memory(),
-                answered: false,
-            };
-            match backend.handle_later(&h, &body[..n], later) {
-                Ok(None) => {
-                    // Taken: its client sends nothing on this lane before the reply, and its
-                    // next request follows the reply closely, so the lane waits for it now
-                    // (spinning briefly, as it always does).
-                    count_call();
-                    return Ok(());
-                }
-                Ok(Some(mut c)) => c.answered = true,
-                Err(source) => {
-                    return Err(LaneError::Malformed {
-                        op: h.opcode,
-                        source,
-                    })
-                }
+    }
+    let n = h.len as usize;
+    if h.flags & FLAG_ASYNC == 0 && backend.answers_later(h.opcode) {
+        let later = Completion {
+            h,
+            lane,
+            sink: link.sender(),
+            policy: link.policy(),
+            out_of_memory: backend.out_of_memory(),
+            answered: false,
+        };
+        match backend.handle_later(&h, &body[..n], later) {
+            Ok(None) => {
+                // Taken: its client sends nothing on this lane before the reply, and its
+                // next request follows the reply closely, so the lane waits for it now
+                // (spinning briefly, as it always does).
+                count_call();
+                return Ok(());
+            }
+            Ok(Some(mut c)) => c.answered = true,
+            Err(source) => {
+                return Err(LaneError::Malformed {
+                    op: h.opcode,
+                    source,
+                })
             }
         }
     }
@@ -772,8 +800,91 @@ impl Duplex for UnixStream {
 
 /// Requests waiting for a lane's thread, and the bytes they hold.
 struct LaneQueue {
-    tx: mpsc::Sender<(FrameHeader, Vec<u8>)>,
+    tx: mpsc::Sender<(FrameHeader, Incoming)>,
     held: Arc<QueuedBytes>,
+}
+
+/// A request's body as a stream's reader passes it to the lane: whole, or (a large request the
+/// backend streams) in chunks that follow while the lane already runs it.
+enum Incoming {
+    Whole(Vec<u8>),
+    Chunks(Chunks),
+}
+
+/// The body of a request the reader is still receiving: its chunks, in order, as they come.
+/// Each chunk counts against the lane's queued bytes until the lane has taken it.
+struct Chunks {
+    rx: mpsc::Receiver<Vec<u8>>,
+    chunk: Vec<u8>,
+    at: usize,
+    held: Arc<QueuedBytes>,
+    pool: BodyPool,
+}
+
+impl Chunks {
+    /// The chunk with unread bytes (the next one once this is used up); PeerGone if the reader
+    /// stopped before the body's end (the session is ending).
+    fn current(&mut self) -> Result<&[u8], TransportError> {
+        while self.at == self.chunk.len() {
+            let next = self.rx.recv().map_err(|_| TransportError::PeerGone)?;
+            let used = std::mem::replace(&mut self.chunk, next);
+            self.at = 0;
+            self.give_back(used);
+        }
+        Ok(&self.chunk[self.at..])
+    }
+
+    fn give_back(&self, chunk: Vec<u8>) {
+        self.held.release(chunk.len());
+        self.pool.give_back(chunk);
+    }
+}
+
+impl Drop for Chunks {
+    fn drop(&mut self) {
+        // What the lane did not take (a request that failed halfway) is counted off too, and
+        // the request itself (`QueuedBytes::cost` of an empty body) once it has run.
+        let last = std::mem::take(&mut self.chunk);
+        self.give_back(last);
+        while let Ok(c) = self.rx.recv() {
+            self.give_back(c);
+        }
+        self.held.release(QueuedBytes::cost(&[]));
+    }
+}
+
+impl wormhole_transport::BulkIn for Chunks {
+    fn recv_exact(&mut self, mut buf: &mut [u8]) -> Result<(), TransportError> {
+        while !buf.is_empty() {
+            let src = self.current()?;
+            let n = src.len().min(buf.len());
+            buf[..n].copy_from_slice(&src[..n]);
+            self.at += n;
+            buf = &mut buf[n..];
+        }
+        Ok(())
+    }
+
+    fn recv_in_place(
+        &mut self,
+        mut n: u64,
+        f: &mut dyn FnMut(wormhole_transport::copy::SharedBytes<'_>),
+    ) -> Result<(), TransportError> {
+        while n > 0 {
+            let src = self.current()?;
+            let k = src.len().min(usize::try_from(n).unwrap_or(usize::MAX));
+            f(wormhole_transport::copy::SharedBytes::private(&src[..k]));
+            self.at += k;
+            n -= k as u64;
+        }
+        Ok(())
+    }
+}
+
+/// How a streamed request's body is cut: small enough that the lane starts on it early, large
+/// enough that each chunk is worth a hand-over.
+fn chunk_len(total: usize) -> usize {
+    (total / 8).clamp(256 << 10, 4 << 20)
 }
 
 /// The bytes of requests a TCP lane has queued and not yet run. The shared-memory rings bound
@@ -814,6 +925,13 @@ impl QueuedBytes {
         }
         *held += n;
         true
+    }
+
+    /// Reader: counts `n` more bytes without waiting (the chunks of a request its lane may be
+    /// running already: waiting for that lane to take them could wait for a request behind
+    /// them on the stream, a user event's status that the running write waits for).
+    fn count(&self, n: usize) {
+        *self.bytes.lock().unwrap_or_else(|p| p.into_inner()) += n;
     }
 
     /// Lane: `n` bytes have been run.
@@ -869,9 +987,9 @@ pub fn run_tcp<S: Duplex>(
     let _ = ORDER.set(crate::order::LaneOrder::new(lanes as usize));
     let mut reader = std::io::BufReader::with_capacity(1 << 16, stream);
     let bodies = BodyPool::default();
+    let chunk_pool = BodyPool::new(64, 64 << 20);
     loop {
-        let mut body = bodies.take();
-        let h = match read_frame(&mut reader, &mut body) {
+        let h = match read_header(&mut reader) {
             Ok(h) => h,
             Err(TransportError::PeerGone) => {
                 backend.end();
@@ -883,6 +1001,20 @@ pub fn run_tcp<S: Duplex>(
                 std::process::exit(3);
             }
         };
+        let chunked = streamable(&h) && backend.streams(h.opcode);
+        let mut body = Vec::new();
+        if !chunked {
+            body = bodies.take();
+            body.resize(h.len as usize, 0);
+            if let Err(e) = reader.read_exact(&mut body) {
+                let e = wormhole_transport::link::eof_is_gone(e);
+                if !matches!(e, TransportError::PeerGone) {
+                    tracing::error!("ending session: {e}");
+                }
+                backend.end();
+                return Ok(());
+            }
+        }
         if backend.unordered(h.opcode) && h.flags & FLAG_ASYNC != 0 {
             // It depends on nothing queued, and something queued (or this reader, held back
             // by a full lane) may be waiting for it: run it here, now.
@@ -906,7 +1038,7 @@ pub fn run_tcp<S: Duplex>(
         let queue = match slot {
             Some(queue) => queue,
             None => {
-                let (tx, rx) = mpsc::channel::<(FrameHeader, Vec<u8>)>();
+                let (tx, rx) = mpsc::channel::<(FrameHeader, Incoming)>();
                 let held = Arc::new(QueuedBytes::default());
                 let lane_held = held.clone();
                 let writer = writer.clone();
@@ -919,7 +1051,7 @@ pub fn run_tcp<S: Duplex>(
                         crate::backend::set_replies_share_a_stream();
                         let mut reply = Vec::new();
                         let mut taken = 0u64;
-                        for (h, body) in rx {
+                        for (h, incoming) in rx {
                             let lane = usize::from(h.lane);
                             order().took(lane, h.seq, h.flags & FLAG_ASYNC == 0);
                             if !backend.unordered(h.opcode) {
@@ -927,11 +1059,41 @@ pub fn run_tcp<S: Duplex>(
                                     received[j].load(Ordering::Acquire)
                                 });
                             }
-                            let handled = handle(backend, lane, &h, &body, &mut reply);
+                            let handled = match incoming {
+                                Incoming::Whole(body) => {
+                                    let handled = handle(backend, lane, &h, &body, &mut reply);
+                                    lane_held.release(QueuedBytes::cost(&body));
+                                    bodies.give_back(body);
+                                    handled
+                                }
+                                Incoming::Chunks(mut chunks) => {
+                                    let mut body = bodies.take();
+                                    let handled = match offer_stream(
+                                        backend,
+                                        lane,
+                                        &h,
+                                        &mut chunks,
+                                        &mut body,
+                                        &mut reply,
+                                    ) {
+                                        Ok(true) => Ok(Some(Outgoing { trailer: None })),
+                                        Ok(false) => handle(
+                                            backend,
+                                            lane,
+                                            &h,
+                                            &body[..h.len as usize],
+                                            &mut reply,
+                                        ),
+                                        // The reader stopped mid-body: it ends the session.
+                                        Err(LaneError::Transport(_)) => return,
+                                        Err(e) => Err(e),
+                                    };
+                                    bodies.give_back(body);
+                                    handled
+                                }
+                            };
                             taken += 1;
                             order().handled(lane, taken);
-                            lane_held.release(QueuedBytes::cost(&body));
-                            bodies.give_back(body);
                             match handled {
                                 Ok(Some(done)) => {
                                     let mut out = writer.lock().unwrap_or_else(|p| p.into_inner());
@@ -960,6 +1122,50 @@ pub fn run_tcp<S: Duplex>(
                 slot.insert(LaneQueue { tx, held })
             }
         };
+        if chunked {
+            // The lane may start on the request while the rest of it arrives. Admitted as a
+            // request is (its lane's queue has room); its chunks are then counted as they come,
+            // one body at most, as a whole body was before it was queued.
+            if !queue
+                .held
+                .admit(QueuedBytes::cost(&[]), || reader.get_ref().peer_closed())
+            {
+                tracing::info!("client gone while a lane's queue was full: ending the session");
+                backend.end();
+                return Ok(());
+            }
+            let (tx, rx) = mpsc::channel();
+            received[usize::from(h.lane)].fetch_add(1, Ordering::Release);
+            let chunks = Chunks {
+                rx,
+                chunk: Vec::new(),
+                at: 0,
+                held: queue.held.clone(),
+                pool: chunk_pool.clone(),
+            };
+            let _ = queue.tx.send((h, Incoming::Chunks(chunks)));
+            let total = h.len as usize;
+            let piece = chunk_len(total);
+            let mut left = total;
+            while left > 0 {
+                let n = piece.min(left);
+                queue.held.count(n);
+                let mut chunk = chunk_pool.take();
+                chunk.resize(n, 0);
+                if let Err(e) = reader.read_exact(&mut chunk) {
+                    let e = wormhole_transport::link::eof_is_gone(e);
+                    if !matches!(e, TransportError::PeerGone) {
+                        tracing::error!("ending session: {e}");
+                    }
+                    backend.end();
+                    return Ok(());
+                }
+                left -= n;
+                // A lane that stopped (its session is ending) takes no more.
+                let _ = tx.send(chunk);
+            }
+            continue;
+        }
         if !queue
             .held
             .admit(QueuedBytes::cost(&body), || reader.get_ref().peer_closed())
@@ -969,33 +1175,56 @@ pub fn run_tcp<S: Duplex>(
             return Ok(());
         }
         received[usize::from(h.lane)].fetch_add(1, Ordering::Release);
-        let _ = queue.tx.send((h, body));
+        let _ = queue.tx.send((h, Incoming::Whole(body)));
     }
+}
+
+/// Reads one frame's header from a stream (its body follows).
+fn read_header(s: &mut impl Read) -> Result<FrameHeader, TransportError> {
+    let mut h = [0u8; wormhole_wire::HEADER_LEN];
+    s.read_exact(&mut h)
+        .map_err(wormhole_transport::link::eof_is_gone)?;
+    Ok(FrameHeader::decode(&h)?)
 }
 
 /// Request bodies read from a stream, kept for the next frames: a bulk transfer's body is
 /// hundreds of MiB, and a fresh one each time costs the allocator a map, the kernel a fault per
 /// page and the allocator an unmap, several times the copy itself.
-#[derive(Clone, Default)]
-struct BodyPool(Arc<Mutex<Vec<Vec<u8>>>>);
-
-impl BodyPool {
+#[derive(Clone)]
+struct BodyPool {
+    kept: Arc<Mutex<Vec<Vec<u8>>>>,
     /// Bodies kept at most, and the bytes they may hold together (more goes back to the
     /// system: an idle session keeps at most this much host memory).
-    const KEPT: usize = 4;
-    const BYTES: usize = 512 << 20;
+    most: usize,
+    bytes: usize,
+}
+
+impl Default for BodyPool {
+    fn default() -> Self {
+        BodyPool::new(4, 512 << 20)
+    }
+}
+
+impl BodyPool {
+    fn new(most: usize, bytes: usize) -> BodyPool {
+        BodyPool {
+            kept: Arc::default(),
+            most,
+            bytes,
+        }
+    }
 
     fn take(&self) -> Vec<u8> {
-        let mut pool = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pool = self.kept.lock().unwrap_or_else(|p| p.into_inner());
         // The largest: the next big transfer finds its memory mapped already.
         let i = (0..pool.len()).max_by_key(|&i| pool[i].capacity());
         i.map(|i| pool.swap_remove(i)).unwrap_or_default()
     }
 
     fn give_back(&self, body: Vec<u8>) {
-        let mut pool = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pool = self.kept.lock().unwrap_or_else(|p| p.into_inner());
         let held: usize = pool.iter().map(Vec::capacity).sum();
-        if body.capacity() > 0 && pool.len() < Self::KEPT && held + body.capacity() <= Self::BYTES {
+        if body.capacity() > 0 && pool.len() < self.most && held + body.capacity() <= self.bytes {
             pool.push(body);
         }
     }

@@ -20,7 +20,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
-use wormhole_transport::link::read_frame;
+use wormhole_transport::link::{eof_is_gone, read_frame};
 use wormhole_transport::unix::recv_frame_with_fds;
 use wormhole_transport::{
     Arena, FrameLink, FutexWaiter, Region, ShmLink, SpinPolicy, TransportError,
@@ -71,6 +71,60 @@ struct TcpSlot {
     busy: Mutex<()>,
     reply: Mutex<Option<(FrameHeader, Vec<u8>)>>,
     ready: Condvar,
+    /// Where the waiting call wants its reply's bulk data: the reader thread reads it from
+    /// the stream straight there (no buffer to fault in, no second copy). Held by the reader
+    /// while it writes there, so that a call giving up (the session died) takes it back only
+    /// once nothing writes to its memory any more.
+    sink: Mutex<Option<Sink>>,
+}
+
+/// The caller's memory a reply's tail goes to: a reply of exactly `prefix + len` bytes to
+/// request `seq` has its last `len` bytes read into `dst`.
+struct Sink {
+    seq: u32,
+    prefix: usize,
+    dst: *mut u8,
+    len: usize,
+    filled: bool,
+}
+
+// SAFETY: `dst` is the waiting caller's memory, written only by the reader thread while it
+// holds the slot's `sink` lock, and the caller takes the sink back under that lock before it
+// returns (so before that memory can go).
+unsafe impl Send for Sink {}
+
+/// Reads one frame from the TCP stream; a reply the lane's waiting call gave a sink for has
+/// its tail read straight into it (the body then holds the head only).
+fn read_tcp_frame(
+    s: &mut impl Read,
+    slots: &[TcpSlot],
+    body: &mut Vec<u8>,
+) -> Result<FrameHeader, TransportError> {
+    let mut h = [0u8; wormhole_wire::HEADER_LEN];
+    s.read_exact(&mut h).map_err(eof_is_gone)?;
+    let header = FrameHeader::decode(&h)?;
+    let len = header.len as usize;
+    if header.flags & FLAG_REPLY != 0 {
+        if let Some(slot) = slots.get(usize::from(header.lane)) {
+            let mut sink = slot.sink.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(k) = sink
+                .as_mut()
+                .filter(|k| k.seq == header.seq && k.prefix + k.len == len)
+            {
+                body.resize(k.prefix, 0);
+                s.read_exact(body).map_err(eof_is_gone)?;
+                // SAFETY: the caller gave `len` writable bytes at `dst` and waits, its sink
+                // registered, until it takes the sink back under this lock.
+                let dst = unsafe { std::slice::from_raw_parts_mut(k.dst, k.len) };
+                s.read_exact(dst).map_err(eof_is_gone)?;
+                k.filled = true;
+                return Ok(header);
+            }
+        }
+    }
+    body.resize(len, 0);
+    s.read_exact(body).map_err(eof_is_gone)?;
+    Ok(header)
 }
 
 enum Transport {
@@ -698,7 +752,7 @@ fn connect_tcp(hooks: ApiHooks, addr: &str, tls: bool) -> Result<Connection, Con
                 let mut gone = TransportError::PeerGone;
                 loop {
                     let mut body = Vec::new();
-                    match read_frame(&mut reader, &mut body) {
+                    match read_tcp_frame(&mut reader, &slots, &mut body) {
                         Ok(h) if h.flags & FLAG_REPLY == 0 => event(&h, body, &marks, &callbacks),
                         Ok(h) => match slots.get(usize::from(h.lane)) {
                             Some(slot) => {
@@ -890,8 +944,7 @@ impl Connection {
             }
             Transport::Tcp { writer, slots } => {
                 let (i, busy) = self.take_lane(slots.len(), |i| &slots[i].busy, idx);
-                self.call_tcp(writer, &slots[i], busy, i, w, payload)
-                    .map(|r| (r, false))
+                self.call_tcp(writer, &slots[i], busy, i, w, payload, sink)
             }
         };
         res.map_err(|e: TransportError| self.broken(e))
@@ -994,6 +1047,7 @@ impl Connection {
         CallError::Broken
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn call_tcp(
         &self,
         writer: &Mutex<Box<dyn Write + Send>>,
@@ -1002,12 +1056,37 @@ impl Connection {
         idx: usize,
         w: Writer,
         payload: &[u8],
-    ) -> Result<Vec<u8>, TransportError> {
+        sink: Option<(usize, &mut [u8])>,
+    ) -> Result<(Vec<u8>, bool), TransportError> {
+        // The sink goes back before this returns, whatever happens: the reader may write to
+        // it only while this call waits.
+        struct Registered<'a>(&'a TcpSlot);
+        impl Registered<'_> {
+            fn take(&self) -> bool {
+                let k = self.0.sink.lock().unwrap_or_else(|p| p.into_inner()).take();
+                k.is_some_and(|k| k.filled)
+            }
+        }
+        impl Drop for Registered<'_> {
+            fn drop(&mut self) {
+                self.take();
+            }
+        }
+        let registered = Registered(slot);
         let seq = {
             // The ticket is taken where the frame's place in the stream is.
             let mut out = writer.lock().unwrap_or_else(|p| p.into_inner());
             let seq = self.ticket();
             let frame = w.finish_on(idx as u16, 0, seq)?;
+            if let Some((prefix, dst)) = sink {
+                *slot.sink.lock().unwrap_or_else(|p| p.into_inner()) = Some(Sink {
+                    seq,
+                    prefix,
+                    dst: dst.as_mut_ptr(),
+                    len: dst.len(),
+                    filled: false,
+                });
+            }
             out.write_all(&frame)
                 .and_then(|_| out.write_all(payload))
                 .map_err(|_| TransportError::PeerGone)?;
@@ -1016,16 +1095,17 @@ impl Connection {
         let mut reply = slot.reply.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             if let Some((h, body)) = reply.take() {
+                drop(reply);
+                let filled = registered.take();
                 check_reply(&h, seq)?;
                 if h.flags & FLAG_OUTPUT != 0 {
-                    drop(reply);
                     // The reader handles the MARK before the reply behind it, so this
                     // hardly ever waits.
                     self.marks.wait(idx, seq, &self.dead);
                 }
                 // The reply follows everything this thread sent on the lane before.
                 SENT_ASYNC.set(false);
-                return Ok(body);
+                return Ok((body, filled));
             }
             if self.dead.load(Ordering::SeqCst) {
                 return Err(TransportError::PeerGone);

@@ -56,13 +56,23 @@ pub struct SharedBytes<'a> {
     _lent: PhantomData<&'a ()>,
 }
 
-impl SharedBytes<'_> {
+impl<'a> SharedBytes<'a> {
     /// # Safety
     /// `ptr` must be readable for `len` bytes for as long as the value lives.
     pub(crate) unsafe fn new(ptr: *const u8, len: usize) -> Self {
         SharedBytes {
             ptr,
             len,
+            _lent: PhantomData,
+        }
+    }
+
+    /// Private bytes lent the same way (a request's data a stream delivered in chunks), so
+    /// that one consumer serves both.
+    pub fn private(bytes: &'a [u8]) -> SharedBytes<'a> {
+        SharedBytes {
+            ptr: bytes.as_ptr(),
+            len: bytes.len(),
             _lent: PhantomData,
         }
     }

@@ -18,7 +18,7 @@ pub mod wait;
 
 pub use arena::{Arena, ArenaSpace};
 pub use error::TransportError;
-pub use link::{FrameLink, Pieces, ShmLink, ShmSender, StreamLink};
+pub use link::{BulkIn, FrameLink, Pieces, ShmLink, ShmSender, StreamLink};
 pub use region::{Layout, Region};
 pub use rendezvous::Rendezvous;
 pub use wait::{FutexWaiter, PollWaiter, SpinPolicy, Waiter};

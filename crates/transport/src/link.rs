@@ -199,6 +199,34 @@ impl FrameLink for ShmLink {
     }
 }
 
+/// Where the rest of a request being received comes from, for a backend that takes its bulk
+/// data as it arrives: a lane's shared-memory ring, or the chunks a stream's reader passes on.
+pub trait BulkIn {
+    /// Reads the next `buf.len()` bytes of the request.
+    fn recv_exact(&mut self, buf: &mut [u8]) -> Result<(), TransportError>;
+
+    /// Hands the next `n` bytes of the request to `f`, a piece at a time, where they lie.
+    fn recv_in_place(
+        &mut self,
+        n: u64,
+        f: &mut dyn FnMut(SharedBytes<'_>),
+    ) -> Result<(), TransportError>;
+}
+
+impl BulkIn for ShmLink {
+    fn recv_exact(&mut self, buf: &mut [u8]) -> Result<(), TransportError> {
+        ShmLink::recv_exact(self, buf)
+    }
+
+    fn recv_in_place(
+        &mut self,
+        n: u64,
+        f: &mut dyn FnMut(SharedBytes<'_>),
+    ) -> Result<(), TransportError> {
+        ShmLink::recv_in_place(self, n, f)
+    }
+}
+
 /// Frames over a byte stream (TCP, Unix socket).
 pub struct StreamLink<S> {
     pub stream: S,
@@ -232,7 +260,7 @@ pub fn read_frame(s: &mut impl Read, body: &mut Vec<u8>) -> Result<FrameHeader, 
     Ok(header)
 }
 
-pub(crate) fn eof_is_gone(e: std::io::Error) -> TransportError {
+pub fn eof_is_gone(e: std::io::Error) -> TransportError {
     use std::io::ErrorKind::*;
     match e.kind() {
         UnexpectedEof | BrokenPipe | ConnectionReset | ConnectionAborted => {

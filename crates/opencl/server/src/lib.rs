@@ -250,11 +250,11 @@ impl wormhole_server::Backend for OpenCl {
     fn stream(
         &self,
         h: &FrameHeader,
-        link: &mut wormhole_transport::ShmLink,
+        link: &mut dyn wormhole_transport::BulkIn,
         body: &mut Vec<u8>,
         w: &mut Writer,
     ) -> Result<Streamed, StreamError> {
-        if h.opcode != Op::clEnqueueWriteBuffer as u16 {
+        if !self.streams(h.opcode) {
             return Ok(Streamed::Declined);
         }
         let streamed = custom::stream_write(session(), link, h, body, w)?;
@@ -263,6 +263,10 @@ impl wormhole_server::Backend for OpenCl {
             wormhole_server::output::drain();
         }
         Ok(streamed)
+    }
+
+    fn streams(&self, opcode: u16) -> bool {
+        opcode == Op::clEnqueueWriteBuffer as u16
     }
 
     fn objects(&self) -> std::collections::BTreeMap<String, usize> {
@@ -285,6 +289,7 @@ impl wormhole_server::Backend for OpenCl {
         for (k, counter) in [
             ("shared_mem_bytes", &arena::SHARED_BYTES),
             ("direct_transfers", &arena::DIRECT_TRANSFERS),
+            ("streamed_writes", &custom::STREAMED_WRITES),
             ("staged_reads", &staging::STAGED_READS),
             ("staged_writes", &staging::STAGED_WRITES),
             ("program_cache_hits", &program_cache::HITS),

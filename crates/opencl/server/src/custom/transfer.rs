@@ -1181,7 +1181,7 @@ fn recv_header<M: for<'a> Message<'a>>(
 /// they arrive; None, having taken nothing, where staging does not apply.
 fn staged_write(
     s: &Session,
-    link: &mut wormhole_transport::ShmLink,
+    link: &mut dyn wormhole_transport::BulkIn,
     t: Option<&Target>,
     wl: &WaitList,
     offset: usize,
@@ -1218,7 +1218,7 @@ fn staged_write(
 /// driver maps the range); otherwise reads the rest of the body into `body`.
 pub fn stream_write(
     s: &Session,
-    link: &mut wormhole_transport::ShmLink,
+    link: &mut dyn wormhole_transport::BulkIn,
     h: &wormhole_opencl_proto::FrameHeader,
     body: &mut Vec<u8>,
     w: &mut Writer,
@@ -1275,9 +1275,13 @@ pub fn stream_write(
             ffi::clReleaseEvent(ev);
         }
     }
+    STREAMED_WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     w.i32(st);
     Ok(Streamed::Done)
 }
+
+/// Blocking writes whose data went into the driver's mapping as it arrived (`wh status`).
+pub static STREAMED_WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 #[cfg(test)]
 mod tests {

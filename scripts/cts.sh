@@ -12,8 +12,9 @@
 # CTS_TIMEOUT (or -t) the limit per run of a suite's binary for suites without their own
 # below (default 900 s); POCL_ICD the vendor file of the native driver (default
 # /etc/OpenCL/vendors/pocl.icd); CTS_FULL=1 also runs the tests the table below leaves out as
-# too slow. SUITE:T1,T2 runs only those tests of SUITE; "images" stands for every images_*
-# suite.
+# too slow; CTS_TRANSPORT=tcp reaches the server over TCP on loopback (127.0.0.1, port
+# CTS_TCP_PORT, default 7787) instead of shared memory. SUITE:T1,T2 runs only those tests of
+# SUITE; "images" stands for every images_* suite.
 # Exit status: 0 when no test's outcome differs, 1 when one does, 2 on a usage or setup error.
 set -uo pipefail
 
@@ -23,6 +24,8 @@ OUT="${CTS_OUT:-/tmp/cts-out}"
 DEFAULT_TIMEOUT="${CTS_TIMEOUT:-900}"
 POCL_ICD="${POCL_ICD:-/etc/OpenCL/vendors/pocl.icd}"
 CTS="${CTS_DIR:-}"
+TRANSPORT="${CTS_TRANSPORT:-shm}"
+TCP_ADDR="127.0.0.1:${CTS_TCP_PORT:-7787}"
 
 # name | binary, relative to the build directory | extra arguments | timeout (s, empty: the
 # default) | tests left out (an extended regular expression matching whole names), with the
@@ -81,6 +84,14 @@ CTS="$(cd "$CTS" && pwd)"
 [ -x "$WH" ] || { echo "error: $WH missing: cargo build --release --workspace" >&2; exit 2; }
 [ -f "$POCL_ICD" ] || { echo "error: no native vendor file $POCL_ICD (set POCL_ICD)" >&2; exit 2; }
 case "$DEFAULT_TIMEOUT" in '' | *[!0-9]*) echo "error: timeout must be seconds" >&2; exit 2 ;; esac
+# How the Wormhole side reaches its server: the local socket (shared memory), or TCP.
+SERVE_ARGS=()
+CLIENT_ENV=()
+case "$TRANSPORT" in
+    shm) ;;
+    tcp) SERVE_ARGS=(--tcp "$TCP_ADDR") CLIENT_ENV=(WORMHOLE_SERVER="tcp://$TCP_ADDR") ;;
+    *) echo "error: CTS_TRANSPORT must be shm or tcp" >&2; exit 2 ;;
+esac
 
 declare -A BIN ARGS TMO EXCL SLOW
 ALL=()
@@ -124,7 +135,7 @@ start_server() {
     # A fresh program cache per run: an earlier run's binaries must not answer for this one.
     rm -rf "$OUT/program-cache"
     POCL_CACHE_DIR="$OUT/pocl-cache/wormhole" \
-        "$WH" serve --program-cache "$OUT/program-cache" >>"$SERVER_LOG" 2>&1 &
+        "$WH" serve --program-cache "$OUT/program-cache" "${SERVE_ARGS[@]}" >>"$SERVER_LOG" 2>&1 &
     SERVER_PID=$!
     for _ in $(seq 1 300); do
         [ -S "$WORMHOLE_SOCKET" ] && return 0
@@ -234,7 +245,7 @@ for spec in "${REQ[@]}"; do
         start_server
     fi
     offset=$(stat -c %s "$SERVER_LOG")
-    run_side wormhole "$sd" "${TMO[$name]}" "$WH" run -- "$BINARY" "${extra[@]}"
+    run_side wormhole "$sd" "${TMO[$name]}" env "${CLIENT_ENV[@]}" "$WH" run -- "$BINARY" "${extra[@]}"
     echo "   wormhole: rc $(cat "$sd"/wormhole.p*.rc | paste -sd+), $(cat "$sd/wormhole.secs") s"
     sleep 0.5 # the worker's last lines
     tail -c +"$((offset + 1))" "$SERVER_LOG" >"$sd/server.log"

@@ -12,6 +12,7 @@
 pub mod call_counts;
 pub mod host_memory;
 pub mod marshal;
+mod outbox;
 
 use std::cell::Cell;
 use std::io::{Read, Write};
@@ -133,7 +134,7 @@ enum Transport {
         _region: Arc<Region>,
     },
     Tcp {
-        writer: Mutex<Box<dyn Write + Send>>,
+        outbox: Arc<outbox::Outbox>,
         slots: Arc<Vec<TcpSlot>>,
     },
 }
@@ -740,6 +741,8 @@ fn connect_tcp(hooks: ApiHooks, addr: &str, tls: bool) -> Result<Connection, Con
     let n = welcome(&h, &body)? as usize;
     let slots: Arc<Vec<TcpSlot>> = Arc::new((0..n).map(|_| TcpSlot::default()).collect());
     let dead = Arc::new(AtomicBool::new(false));
+    let outbox = outbox::Outbox::start(writer, dead.clone())
+        .map_err(|e| ConnectError(format!("cannot start the TCP sender: {e}")))?;
     // Callbacks run on their own thread: they may call the API, whose replies the reader delivers.
     let callbacks = spawn_callback_thread(hooks)?;
     let marks = Marks::new(n);
@@ -780,10 +783,7 @@ fn connect_tcp(hooks: ApiHooks, addr: &str, tls: bool) -> Result<Connection, Con
     }
     Ok(Connection {
         hooks,
-        transport: Transport::Tcp {
-            writer: Mutex::new(writer),
-            slots,
-        },
+        transport: Transport::Tcp { outbox, slots },
         lanes: n,
         dead,
         marks,
@@ -942,9 +942,9 @@ impl Connection {
                     Ok(got)
                 })()
             }
-            Transport::Tcp { writer, slots } => {
+            Transport::Tcp { outbox, slots } => {
                 let (i, busy) = self.take_lane(slots.len(), |i| &slots[i].busy, idx);
-                self.call_tcp(writer, &slots[i], busy, i, w, payload, sink)
+                self.call_tcp(outbox, &slots[i], busy, i, w, payload, sink)
             }
         };
         res.map_err(|e: TransportError| self.broken(e))
@@ -965,13 +965,13 @@ impl Connection {
                     .map_err(TransportError::from)
                     .and_then(|frame| lane.link.send(&frame))
             }
-            Transport::Tcp { writer, .. } => {
+            Transport::Tcp { outbox, .. } => {
                 SENT_ASYNC.set(true);
                 // The ticket is taken where the frame's place in the stream is.
-                let mut out = writer.lock().unwrap_or_else(|p| p.into_inner());
+                let out = outbox.hold();
                 w.finish_on(idx as u16, FLAG_ASYNC, self.ticket())
                     .map_err(TransportError::from)
-                    .and_then(|frame| out.write_all(&frame).map_err(|_| TransportError::PeerGone))
+                    .and_then(|frame| out.gather(&frame))
             }
         };
         res.map_err(|e| self.broken(e))
@@ -1050,7 +1050,7 @@ impl Connection {
     #[allow(clippy::too_many_arguments)]
     fn call_tcp(
         &self,
-        writer: &Mutex<Box<dyn Write + Send>>,
+        outbox: &outbox::Outbox,
         slot: &TcpSlot,
         _held: std::sync::MutexGuard<'_, ()>,
         idx: usize,
@@ -1075,7 +1075,7 @@ impl Connection {
         let registered = Registered(slot);
         let seq = {
             // The ticket is taken where the frame's place in the stream is.
-            let mut out = writer.lock().unwrap_or_else(|p| p.into_inner());
+            let out = outbox.hold();
             let seq = self.ticket();
             let frame = w.finish_on(idx as u16, 0, seq)?;
             if let Some((prefix, dst)) = sink {
@@ -1087,9 +1087,8 @@ impl Connection {
                     filled: false,
                 });
             }
-            out.write_all(&frame)
-                .and_then(|_| out.write_all(payload))
-                .map_err(|_| TransportError::PeerGone)?;
+            // Behind the frames gathered before it, in one write.
+            out.send(&[&frame, payload])?;
             seq
         };
         let mut reply = slot.reply.lock().unwrap_or_else(|p| p.into_inner());
@@ -1200,7 +1199,7 @@ mod tests {
         let tcp = Connection {
             hooks: HOOKS,
             transport: Transport::Tcp {
-                writer: Mutex::new(Box::new(sent.clone())),
+                outbox: outbox::Outbox::start(Box::new(sent.clone()), Arc::default()).unwrap(),
                 slots: Arc::new(vec![TcpSlot::default()]),
             },
             lanes: 1,

@@ -1014,12 +1014,7 @@ pub fn run_tcp<S: Duplex>(
             body = bodies.take();
             body.resize(h.len as usize, 0);
             if let Err(e) = reader.read_exact(&mut body) {
-                let e = wormhole_transport::link::eof_is_gone(e);
-                if !matches!(e, TransportError::PeerGone) {
-                    tracing::error!("ending session: {e}");
-                }
-                backend.end();
-                return Ok(());
+                return stream_ended(backend, e);
             }
         }
         if backend.unordered(h.opcode) && h.flags & FLAG_ASYNC != 0 {
@@ -1160,12 +1155,7 @@ pub fn run_tcp<S: Duplex>(
                 let mut chunk = chunk_pool.take();
                 chunk.resize(n, 0);
                 if let Err(e) = reader.read_exact(&mut chunk) {
-                    let e = wormhole_transport::link::eof_is_gone(e);
-                    if !matches!(e, TransportError::PeerGone) {
-                        tracing::error!("ending session: {e}");
-                    }
-                    backend.end();
-                    return Ok(());
+                    return stream_ended(backend, e);
                 }
                 left -= n;
                 // A lane that stopped (its session is ending) takes no more.
@@ -1184,6 +1174,17 @@ pub fn run_tcp<S: Duplex>(
         received[usize::from(h.lane)].fetch_add(1, Ordering::Release);
         let _ = queue.tx.send((h, Incoming::Whole(body)));
     }
+}
+
+/// The session's stream broke (or its client closed it) in the middle of a request's body:
+/// the session ends.
+fn stream_ended(backend: &dyn Backend, e: std::io::Error) -> Result<(), WorkerError> {
+    let e = wormhole_transport::link::eof_is_gone(e);
+    if !matches!(e, TransportError::PeerGone) {
+        tracing::error!("ending session: {e}");
+    }
+    backend.end();
+    Ok(())
 }
 
 /// Reads one frame's header from a stream (its body follows).

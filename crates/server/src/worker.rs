@@ -12,7 +12,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::Duration;
-use wormhole_transport::link::read_frame;
+use wormhole_transport::link::{read_body, read_frame, read_header};
 use wormhole_transport::rendezvous::{self, BeatWatch};
 use wormhole_transport::unix::{recv_frame_with_fds, send_frame_with_fds};
 use wormhole_transport::{
@@ -1012,8 +1012,7 @@ pub fn run_tcp<S: Duplex>(
         let mut body = Vec::new();
         if !chunked {
             body = bodies.take();
-            body.resize(h.len as usize, 0);
-            if let Err(e) = reader.read_exact(&mut body) {
+            if let Err(e) = read_body(&mut reader, &mut body, h.len as usize) {
                 return stream_ended(backend, e);
             }
         }
@@ -1153,8 +1152,7 @@ pub fn run_tcp<S: Duplex>(
                 let n = piece.min(left);
                 queue.held.count(n);
                 let mut chunk = chunk_pool.take();
-                chunk.resize(n, 0);
-                if let Err(e) = reader.read_exact(&mut chunk) {
+                if let Err(e) = read_body(&mut reader, &mut chunk, n) {
                     return stream_ended(backend, e);
                 }
                 left -= n;
@@ -1178,21 +1176,12 @@ pub fn run_tcp<S: Duplex>(
 
 /// The session's stream broke (or its client closed it) in the middle of a request's body:
 /// the session ends.
-fn stream_ended(backend: &dyn Backend, e: std::io::Error) -> Result<(), WorkerError> {
-    let e = wormhole_transport::link::eof_is_gone(e);
+fn stream_ended(backend: &dyn Backend, e: TransportError) -> Result<(), WorkerError> {
     if !matches!(e, TransportError::PeerGone) {
         tracing::error!("ending session: {e}");
     }
     backend.end();
     Ok(())
-}
-
-/// Reads one frame's header from a stream (its body follows).
-fn read_header(s: &mut impl Read) -> Result<FrameHeader, TransportError> {
-    let mut h = [0u8; wormhole_wire::HEADER_LEN];
-    s.read_exact(&mut h)
-        .map_err(wormhole_transport::link::eof_is_gone)?;
-    Ok(FrameHeader::decode(&h)?)
 }
 
 /// Request bodies read from a stream, kept for the next frames: a bulk transfer's body is

@@ -21,7 +21,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
-use wormhole_transport::link::{eof_is_gone, read_frame};
+use wormhole_transport::link::{eof_is_gone, read_body, read_frame, read_header};
 use wormhole_transport::unix::recv_frame_with_fds;
 use wormhole_transport::{
     Arena, FrameLink, FutexWaiter, Region, ShmLink, SpinPolicy, TransportError,
@@ -101,9 +101,7 @@ fn read_tcp_frame(
     slots: &[TcpSlot],
     body: &mut Vec<u8>,
 ) -> Result<FrameHeader, TransportError> {
-    let mut h = [0u8; wormhole_wire::HEADER_LEN];
-    s.read_exact(&mut h).map_err(eof_is_gone)?;
-    let header = FrameHeader::decode(&h)?;
+    let header = read_header(s)?;
     let len = header.len as usize;
     if header.flags & FLAG_REPLY != 0 {
         if let Some(slot) = slots.get(usize::from(header.lane)) {
@@ -112,8 +110,7 @@ fn read_tcp_frame(
                 .as_mut()
                 .filter(|k| k.seq == header.seq && k.prefix + k.len == len)
             {
-                body.resize(k.prefix, 0);
-                s.read_exact(body).map_err(eof_is_gone)?;
+                read_body(s, body, k.prefix)?;
                 // SAFETY: the caller gave `len` writable bytes at `dst` and waits, its sink
                 // registered, until it takes the sink back under this lock.
                 let dst = unsafe { std::slice::from_raw_parts_mut(k.dst, k.len) };
@@ -123,8 +120,7 @@ fn read_tcp_frame(
             }
         }
     }
-    body.resize(len, 0);
-    s.read_exact(body).map_err(eof_is_gone)?;
+    read_body(s, body, len)?;
     Ok(header)
 }
 

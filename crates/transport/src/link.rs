@@ -245,19 +245,28 @@ impl<S: Read + Write + Send> FrameLink for StreamLink<S> {
 
 /// Reads one frame from a stream.
 pub fn read_frame(s: &mut impl Read, body: &mut Vec<u8>) -> Result<FrameHeader, TransportError> {
+    let header = read_header(s)?;
+    read_body(s, body, header.len as usize)?;
+    Ok(header)
+}
+
+/// Reads a frame's header from a stream (its body follows: [`read_body`]).
+pub fn read_header(s: &mut impl Read) -> Result<FrameHeader, TransportError> {
     let mut h = [0u8; HEADER_LEN];
     s.read_exact(&mut h).map_err(eof_is_gone)?;
-    let header = FrameHeader::decode(&h)?;
+    Ok(FrameHeader::decode(&h)?)
+}
+
+/// Reads the next `len` bytes of a stream into `body` (its length becomes `len`).
+pub fn read_body(s: &mut impl Read, body: &mut Vec<u8>, len: usize) -> Result<(), TransportError> {
     // A body reused from an earlier frame is only zeroed where it grows (read_exact overwrites
     // every byte kept); a new one comes zeroed from the allocator (fresh pages, no memset).
-    let len = header.len as usize;
     if body.capacity() < len {
         *body = vec![0; len];
     } else {
         body.resize(len, 0);
     }
-    s.read_exact(body).map_err(eof_is_gone)?;
-    Ok(header)
+    s.read_exact(body).map_err(eof_is_gone)
 }
 
 pub fn eof_is_gone(e: std::io::Error) -> TransportError {

@@ -136,9 +136,14 @@ impl Held<'_> {
     }
 
     /// A frame (in parts: a request and its bulk data) that goes out now, behind every frame
-    /// gathered before it.
-    pub(crate) fn send(self, parts: &[&[u8]]) -> Result<(), TransportError> {
-        self.outbox.write_gathered(self.gathered, parts)
+    /// gathered before it. Its first part (the request, small) joins them, so that they go in
+    /// one write; bulk data is written from where it lies.
+    pub(crate) fn send(mut self, parts: &[&[u8]]) -> Result<(), TransportError> {
+        let Some((head, rest)) = parts.split_first() else {
+            return self.outbox.write_gathered(self.gathered, &[]);
+        };
+        self.gathered.frames.extend_from_slice(head);
+        self.outbox.write_gathered(self.gathered, rest)
     }
 }
 

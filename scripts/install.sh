@@ -53,14 +53,17 @@ else
 fi
 
 # nvcc for the CUDA test programs (tests/cuda), built here without a GPU: CUDA 13.0 from PyPI,
-# matching driver 580 (what the GPU machine runs).
-CUDA_PIP="nvidia-cuda-nvcc==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-crt==13.0.88 nvidia-nvvm==13.0.88"
-if ! .venv/bin/python -m pip show nvidia-cuda-nvcc 2>/dev/null | grep -q "^Version: 13.0.88$"; then
-    echo "install: nvcc 13.0 from PyPI (for the CUDA test programs)"
+# matching driver 580 (what the GPU machine runs); with it cuda.h and cudaTypedefs.h, and
+# nvml.h and cudaProfiler.h (nvidia-nvml-dev, nvidia-cuda-profiler-api), which the descriptions' ABI tests compile against.
+CUDA_PIP="nvidia-cuda-nvcc==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-crt==13.0.88 nvidia-nvvm==13.0.88 nvidia-nvml-dev==13.0.87 nvidia-cuda-profiler-api==13.0.85"
+if ! .venv/bin/python -m pip show nvidia-cuda-nvcc 2>/dev/null | grep -q "^Version: 13.0.88$" \
+    || ! .venv/bin/python -m pip show nvidia-nvml-dev 2>/dev/null | grep -q "^Version: 13.0.87$" \
+    || ! .venv/bin/python -m pip show nvidia-cuda-profiler-api 2>/dev/null | grep -q "^Version: 13.0.85$"; then
+    echo "install: nvcc 13.0 and the CUDA and NVML headers from PyPI (for the CUDA test programs and ABI tests)"
     # shellcheck disable=SC2086
     .venv/bin/python -m pip install -q $CUDA_PIP
 else
-    echo "install: skipped nvcc: nvidia-cuda-nvcc 13.0.88 is installed"
+    echo "install: skipped nvcc and the CUDA headers: the pinned versions are installed"
 fi
 
 .venv/bin/python scripts/fetch_pyopencl_tests.py "$PYOPENCL_VERSION" target/pyopencl-src

@@ -202,6 +202,9 @@ fn emit_stub(s: &mut String, api: &Api, f: &Func) {
             Kind::Scalar(Scalar::U32) => {
                 let _ = writeln!(s, "        w.u32({n});");
             }
+            Kind::Scalar(Scalar::U8 | Scalar::U16) => {
+                let _ = writeln!(s, "        w.u32(u32::from({n}));");
+            }
             Kind::Scalar(Scalar::I32) | Kind::DeviceNumber => {
                 let _ = writeln!(s, "        w.i32({n});");
             }

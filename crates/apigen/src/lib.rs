@@ -6,10 +6,12 @@
 //! handles and calls; anything with semantics of its own lives in hand-written modules that the
 //! generated code calls by name (`custom`, `local`, `info`, `props`, `callbacks`).
 
+mod abi_check;
 mod client;
 mod model;
 mod server;
 
+pub use abi_check::{abi_classes, emit_abi_check, nvidia_headers, run_abi_check};
 pub use client::emit_client;
 pub use model::*;
 pub use server::emit_server;
@@ -19,6 +21,8 @@ use std::fmt::Write;
 /// The Rust type a C parameter of this kind has in `extern "C"` signatures.
 pub(crate) fn c_type(k: &Kind) -> &'static str {
     match k {
+        Kind::Scalar(Scalar::U8) => "u8",
+        Kind::Scalar(Scalar::U16) => "u16",
         Kind::Scalar(Scalar::U32) => "u32",
         Kind::Scalar(Scalar::I32) | Kind::DeviceNumber => "i32",
         Kind::Scalar(Scalar::U64) | Kind::Device { .. } => "u64",

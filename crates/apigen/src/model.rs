@@ -115,6 +115,9 @@ pub enum Len {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scalar {
+    /// `unsigned char` and `unsigned short` (CUDA's memset values): carried as a u32.
+    U8,
+    U16,
     U32,
     I32,
     U64,
@@ -488,6 +491,8 @@ fn parse_len(s: &str) -> Result<Len, String> {
 
 fn parse_kind(k: &str) -> Result<Kind, String> {
     Ok(match k {
+        "u8" => Kind::Scalar(Scalar::U8),
+        "u16" => Kind::Scalar(Scalar::U16),
         "u32" => Kind::Scalar(Scalar::U32),
         "i32" => Kind::Scalar(Scalar::I32),
         "devno" => Kind::DeviceNumber,

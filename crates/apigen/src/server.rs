@@ -133,6 +133,9 @@ fn request_fields(f: &Func) -> Vec<(String, &'static str, String)> {
         }
         let (name, ty, expr) = match &p.kind {
             Kind::Scalar(Scalar::U32) => (n.clone(), "u32", "r.u32()?".to_string()),
+            // Only the low bits reach the driver, as when the C caller passes a wider value.
+            Kind::Scalar(Scalar::U8) => (n.clone(), "u8", "r.u32()? as u8".to_string()),
+            Kind::Scalar(Scalar::U16) => (n.clone(), "u16", "r.u32()? as u16".to_string()),
             Kind::Scalar(Scalar::I32) | Kind::DeviceNumber => {
                 (n.clone(), "i32", "r.i32()?".to_string())
             }

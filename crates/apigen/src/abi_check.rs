@@ -205,7 +205,7 @@ pub fn run_abi_check(source: &str, include: &Path, dir: &Path) -> Result<(), Str
         Ok(())
     } else {
         Err(format!(
-            "the signatures differ:\n{}",
+            "it reports differences:\n{}",
             String::from_utf8_lossy(&ran.stdout)
         ))
     }

@@ -67,3 +67,80 @@ fn the_typedef_names_follow_cudas_scheme() {
         "PFN_cuGraphInstantiateWithFlags_v11040"
     );
 }
+
+/// The structs both sides read from programs and hand the driver (`requests.rs`): each field
+/// at cuda.h's offset, each struct of cuda.h's size.
+#[test]
+fn the_structs_read_from_programs_have_the_layout_of_cuda_h() {
+    use std::mem::{offset_of, size_of};
+    use wormhole_cuda_proto::requests::{CuLaunchAttribute, CuLaunchConfig, CuMemcpy2D};
+    // (C type, its size here, (C field, its offset here)...)
+    type Layout = (&'static str, usize, Vec<(&'static str, usize)>);
+    let structs: [Layout; 3] = [
+        (
+            "CUDA_MEMCPY2D",
+            size_of::<CuMemcpy2D>(),
+            vec![
+                ("srcXInBytes", offset_of!(CuMemcpy2D, src_x)),
+                ("srcY", offset_of!(CuMemcpy2D, src_y)),
+                ("srcMemoryType", offset_of!(CuMemcpy2D, src_type)),
+                ("srcHost", offset_of!(CuMemcpy2D, src_host)),
+                ("srcDevice", offset_of!(CuMemcpy2D, src_device)),
+                ("srcArray", offset_of!(CuMemcpy2D, src_array)),
+                ("srcPitch", offset_of!(CuMemcpy2D, src_pitch)),
+                ("dstXInBytes", offset_of!(CuMemcpy2D, dst_x)),
+                ("dstY", offset_of!(CuMemcpy2D, dst_y)),
+                ("dstMemoryType", offset_of!(CuMemcpy2D, dst_type)),
+                ("dstHost", offset_of!(CuMemcpy2D, dst_host)),
+                ("dstDevice", offset_of!(CuMemcpy2D, dst_device)),
+                ("dstArray", offset_of!(CuMemcpy2D, dst_array)),
+                ("dstPitch", offset_of!(CuMemcpy2D, dst_pitch)),
+                ("WidthInBytes", offset_of!(CuMemcpy2D, width)),
+                ("Height", offset_of!(CuMemcpy2D, height)),
+            ],
+        ),
+        (
+            "CUlaunchConfig",
+            size_of::<CuLaunchConfig>(),
+            vec![
+                ("gridDimX", offset_of!(CuLaunchConfig, grid)),
+                ("gridDimY", offset_of!(CuLaunchConfig, grid) + 4),
+                ("gridDimZ", offset_of!(CuLaunchConfig, grid) + 8),
+                ("blockDimX", offset_of!(CuLaunchConfig, block)),
+                ("blockDimY", offset_of!(CuLaunchConfig, block) + 4),
+                ("blockDimZ", offset_of!(CuLaunchConfig, block) + 8),
+                ("sharedMemBytes", offset_of!(CuLaunchConfig, shared_mem)),
+                ("hStream", offset_of!(CuLaunchConfig, stream)),
+                ("attrs", offset_of!(CuLaunchConfig, attrs)),
+                ("numAttrs", offset_of!(CuLaunchConfig, num_attrs)),
+            ],
+        ),
+        (
+            "CUlaunchAttribute",
+            size_of::<CuLaunchAttribute>(),
+            vec![
+                ("id", offset_of!(CuLaunchAttribute, id)),
+                ("value", offset_of!(CuLaunchAttribute, value)),
+            ],
+        ),
+    ];
+    let mut source = String::from("#include <cuda.h>\n#include <cstddef>\n#include <cstdio>\n\nint main() {\n    int mismatches = 0;\n");
+    for (ty, size, fields) in &structs {
+        source += &format!(
+            "    if (sizeof({ty}) != {size}) {{ std::printf(\"{ty}: %zu bytes in cuda.h, {size} here\\n\", sizeof({ty})); mismatches++; }}\n"
+        );
+        for (field, offset) in fields {
+            source += &format!(
+                "    if (offsetof({ty}, {field}) != {offset}) {{ std::printf(\"{ty}.{field}: at %zu in cuda.h, {offset} here\\n\", offsetof({ty}, {field})); mismatches++; }}\n"
+            );
+        }
+    }
+    source += "    return mismatches == 0 ? 0 : 1;\n}\n";
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let include = wormhole_apigen::nvidia_headers(&here.join("../../.."), "cuda.h")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("layouts_of_cuda_h");
+    if let Err(e) = wormhole_apigen::run_abi_check(&source, &include, &dir) {
+        panic!("requests.rs's structs against cuda.h: {e}");
+    }
+}

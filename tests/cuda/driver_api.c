@@ -216,6 +216,21 @@ int main(int argc, char **argv) {
     CHECK(cuEventSynchronize(stop));
     printf("stream: capturing %d, flags %u, priority %d, its context the current one: %s; vadd: %d blocks of 256 per SM\n",
            (int)capturing, sflags, spriority, sctx == ctx ? "yes" : "no", blocks);
+    /* CUDA 13's headers name cuStreamGetCtx_v2 (with a green context) and cuCtxCreate_v4 (with
+       creation parameters, here none: a plain context, pushed on the thread's stack). */
+    CUcontext sctx2 = NULL, created = NULL, popped = NULL;
+    CUgreenCtx green = (CUgreenCtx)&sctx2;
+    CHECK(cuStreamGetCtx_v2(stream, &sctx2, &green));
+    CHECK(cuCtxCreate(&created, NULL, 0, dev));
+    CHECK(cuCtxGetCurrent(&current));
+    int created_current = current == created && created != ctx;
+    CHECK(cuCtxPopCurrent(&popped));
+    CHECK(cuCtxDestroy(created));
+    CHECK(cuCtxGetCurrent(&current));
+    printf("stream's context (v2): the current one %s, no green context %s; a created context "
+           "current %s, popped %s, the primary current again %s\n",
+           sctx2 == ctx ? "yes" : "no", green == NULL ? "yes" : "no", created_current ? "yes" : "no",
+           popped == created ? "yes" : "no", current == ctx ? "yes" : "no");
 
     /* Libraries, as cudart loads its kernels: a kernel launched as itself and as its
      * function, its parameters, a variable found through the library and through its

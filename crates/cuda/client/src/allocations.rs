@@ -20,9 +20,23 @@ pub fn allocated(start: u64, len: u64) {
     }
 }
 
-/// The allocation at `start` was freed.
+/// The allocation at `start` was freed (the frees themselves go through `free_with`).
+#[cfg(test)]
 pub fn freed(start: u64) {
     table().remove(&start);
+}
+
+/// Frees the allocation at `start` with `free` (the driver's status): it is forgotten before
+/// the free is sent, since the driver may give its address to another thread's allocation as
+/// soon as it is freed, and a late forget would then drop that one; a refused free (not an
+/// allocation, a bad stream) puts it back unless the address was given out again meanwhile.
+pub fn free_with(start: u64, free: impl FnOnce() -> i32) -> i32 {
+    let len = table().remove(&start);
+    let status = free();
+    if let (Some(len), true) = (len, status != wormhole_cuda_proto::cu::CUDA_SUCCESS) {
+        table().entry(start).or_insert(len);
+    }
+    status
 }
 
 /// The allocation `addr` lies in: its start and length.
@@ -37,6 +51,36 @@ pub fn range_of(addr: u64) -> Option<(u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_free_forgets_before_it_is_sent_and_a_refused_one_remembers() {
+        use wormhole_cuda_proto::cu::{CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
+        allocated(0x7000_0000, 64);
+        let st = free_with(0x7000_0000, || {
+            assert_eq!(
+                range_of(0x7000_0000),
+                None,
+                "forgotten while the free is out"
+            );
+            // Another thread gets the address as soon as the driver freed it.
+            allocated(0x7000_0000, 32);
+            CUDA_SUCCESS
+        });
+        assert_eq!(st, CUDA_SUCCESS);
+        assert_eq!(
+            range_of(0x7000_0010),
+            Some((0x7000_0000, 32)),
+            "the new one stays"
+        );
+        let st = free_with(0x7000_0000, || CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(st, CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(
+            range_of(0x7000_0010),
+            Some((0x7000_0000, 32)),
+            "a refused free"
+        );
+        freed(0x7000_0000);
+    }
 
     #[test]
     fn addresses_are_found_in_their_allocation_only() {

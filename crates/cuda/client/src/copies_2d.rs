@@ -69,6 +69,13 @@ fn side(
     })
 }
 
+/// Whether a row of `width` bytes from `x` lies within one `pitch` (cuda.h: "srcPitch must be
+/// greater than or equal to WidthInBytes + srcXInBytes"); a wider one would run into the next
+/// row, which the driver refuses.
+fn row_fits(x: usize, width: usize, pitch: usize) -> bool {
+    x.checked_add(width).is_some_and(|end| end <= pitch)
+}
+
 /// Row `i` of the program's host side, read (a row it does not have is refused).
 fn read_row(start: usize, pitch: usize, i: usize, width: usize) -> Result<Vec<u8>, ApiErr> {
     // SAFETY: copy_in reads only memory the program has.
@@ -110,7 +117,9 @@ unsafe fn copy_2d(op: Op, p: *const c_void, stream: Option<*mut c_void>) -> i32 
         if width == 0 || height == 0 {
             return Ok(CUDA_SUCCESS);
         }
-        if height > 1 && (width > src_pitch || width > dst_pitch) {
+        if height > 1
+            && !(row_fits(c.src_x, width, src_pitch) && row_fits(c.dst_x, width, dst_pitch))
+        {
             return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
         }
         let stream_id = match stream {
@@ -313,5 +322,13 @@ mod tests {
             Some(ApiErr(CUDA_ERROR_INVALID_VALUE))
         );
         allocations::freed(0x9_0000_0000);
+    }
+
+    #[test]
+    fn a_row_from_its_x_must_fit_in_the_pitch() {
+        assert!(row_fits(0, 64, 64));
+        assert!(row_fits(16, 48, 64));
+        assert!(!row_fits(16, 64, 64), "x + width beyond the pitch");
+        assert!(!row_fits(usize::MAX, 2, usize::MAX));
     }
 }

@@ -780,6 +780,10 @@ unsafe fn launch_ex(
     kernel_params: *mut c_void,
     extra: *mut c_void,
 ) -> i32 {
+    // Before cuInit every call answers that, whatever its arguments.
+    if let Err(ApiErr(st)) = rt::check_initialized() {
+        return st;
+    }
     if config.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }

@@ -78,9 +78,10 @@ fn elf_len(addr: usize, read: &dyn Fn(usize, usize) -> Option<Vec<u8>>) -> Resul
     let (phoff, shoff) = (u64_at(0x20), u64_at(0x28));
     let (phentsize, phnum) = (u16_at(0x36), u16_at(0x38));
     let (shentsize, shnum) = (u16_at(0x3a), u16_at(0x3c));
+    // An offset near the top saturates: the image is then too large, and refused as such.
     let mut end = 64u64
-        .max(phoff + phentsize * phnum)
-        .max(shoff + shentsize * shnum);
+        .max(phoff.saturating_add(phentsize * phnum))
+        .max(shoff.saturating_add(shentsize * shnum));
     if shnum > 0 && shentsize >= 64 {
         let table = read(
             addr.checked_add(shoff as usize)
@@ -177,6 +178,14 @@ mod tests {
         img[s1 + 0x18..s1 + 0x20].copy_from_slice(&0x300u64.to_le_bytes());
         img[s1 + 0x20..s1 + 0x28].copy_from_slice(&132u64.to_le_bytes());
         assert_eq!(locate(0x10000, &memory(&img)), Ok((0x10000, 900)));
+        // Program headers said to lie at the top of the address space: refused, not wrapped.
+        img[0x20..0x28].copy_from_slice(&(u64::MAX - 8).to_le_bytes());
+        img[0x36..0x38].copy_from_slice(&56u16.to_le_bytes());
+        img[0x38..0x3a].copy_from_slice(&1u16.to_le_bytes());
+        assert!(matches!(
+            locate(0x10000, &memory(&img)),
+            Err(ImageError::Invalid(_))
+        ));
     }
 
     #[test]

@@ -366,6 +366,76 @@ pub unsafe fn cuCtxCreate_v2(pctx: *mut *mut c_void, flags: u32, dev: i32) -> i3
     status
 }
 
+/// `cuCtxCreate_v4`, which CUDA 13's headers call `cuCtxCreate`: it takes creation parameters.
+/// Without any (NULL, or no execution affinity and no CIG
+/// parameters) it makes the context `cuCtxCreate_v2` makes; execution affinity (SM limits)
+/// and CUDA-in-graphics contexts are not forwarded.
+///
+/// # Safety
+/// `pctx` NULL or a writable `CUcontext`; `params` NULL or a `CUctxCreateParams`.
+pub unsafe fn cuCtxCreate_v4(pctx: *mut c_void, params: *mut c_void, flags: u32, dev: i32) -> i32 {
+    /// `CUctxCreateParams` as cuda.h lays it out.
+    #[repr(C)]
+    struct CreateParams {
+        exec_affinity: *mut c_void,
+        num_exec_affinity: i32,
+        cig: *mut c_void,
+    }
+    // SAFETY: per the contract, `params` is NULL or points to the struct.
+    if let Some(p) = unsafe { (params as *const CreateParams).as_ref() } {
+        if p.num_exec_affinity != 0 || !p.cig.is_null() {
+            rt::log_unsupported("cuCtxCreate_v4 with execution affinity or CIG parameters");
+            return CUDA_ERROR_NOT_SUPPORTED;
+        }
+    }
+    // SAFETY: per the contract.
+    unsafe { cuCtxCreate_v2(pctx.cast(), flags, dev) }
+}
+
+/// `cuStreamGetCtx_v2`: the stream's context, and NULL for its green context (Wormhole makes
+/// none: `cuGreenCtxCreate` is not forwarded).
+///
+/// # Safety
+/// `pctx` and `pgreen` NULL or writable handles.
+pub unsafe fn cuStreamGetCtx_v2(
+    stream: generated::Handle,
+    pctx: *mut c_void,
+    pgreen: *mut c_void,
+) -> i32 {
+    // SAFETY: per the contract.
+    unsafe { stream_ctx(generated::wire_cuStreamGetCtx(stream, pctx.cast()), pgreen) }
+}
+
+/// `cuStreamGetCtx_v2_ptsz`.
+///
+/// # Safety
+/// As `cuStreamGetCtx_v2`.
+pub unsafe fn cuStreamGetCtx_v2_ptsz(
+    stream: generated::Handle,
+    pctx: *mut c_void,
+    pgreen: *mut c_void,
+) -> i32 {
+    // SAFETY: per the contract.
+    unsafe {
+        stream_ctx(
+            generated::wire_cuStreamGetCtx_ptsz(stream, pctx.cast()),
+            pgreen,
+        )
+    }
+}
+
+/// Completes a `cuStreamGetCtx_v2` whose context query answered `status`.
+///
+/// # Safety
+/// `pgreen` NULL or a writable `CUgreenCtx`.
+unsafe fn stream_ctx(status: i32, pgreen: *mut c_void) -> i32 {
+    if status == CUDA_SUCCESS && !pgreen.is_null() {
+        // SAFETY: per the contract.
+        unsafe { *(pgreen as *mut *mut c_void) = std::ptr::null_mut() };
+    }
+    status
+}
+
 /// `cuInit`: opens the session (the first call) and initialises the server's driver. Without
 /// a server, or with a server that has no CUDA device, the answer is CUDA_ERROR_NO_DEVICE, as
 /// the real driver answers on a machine without one, and the reason is logged.

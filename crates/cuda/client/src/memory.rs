@@ -64,12 +64,10 @@ pub unsafe fn cuMemAllocPitch_v2(
 /// # Safety
 /// As the C function.
 pub unsafe fn cuMemFree_v2(dptr: u64) -> i32 {
-    // SAFETY: a value parameter.
-    let status = unsafe { generated::wire_cuMemFree_v2(dptr) };
-    if status == CUDA_SUCCESS {
-        allocations::freed(dptr);
-    }
-    status
+    allocations::free_with(dptr, || {
+        // SAFETY: a value parameter.
+        unsafe { generated::wire_cuMemFree_v2(dptr) }
+    })
 }
 
 /// `cuMemAllocAsync`: noted as `cuMemAlloc_v2` (usable in stream order; the address is
@@ -106,12 +104,10 @@ pub unsafe fn cuMemAllocAsync_ptsz(dptr: *mut u64, bytesize: usize, stream: Hand
 /// # Safety
 /// As the C function.
 pub unsafe fn cuMemFreeAsync(dptr: u64, stream: Handle) -> i32 {
-    // SAFETY: value parameters.
-    let status = unsafe { generated::wire_cuMemFreeAsync(dptr, stream) };
-    if status == CUDA_SUCCESS {
-        allocations::freed(dptr);
-    }
-    status
+    allocations::free_with(dptr, || {
+        // SAFETY: value parameters.
+        unsafe { generated::wire_cuMemFreeAsync(dptr, stream) }
+    })
 }
 
 /// `cuMemFreeAsync_ptsz`.
@@ -119,12 +115,10 @@ pub unsafe fn cuMemFreeAsync(dptr: u64, stream: Handle) -> i32 {
 /// # Safety
 /// As the C function.
 pub unsafe fn cuMemFreeAsync_ptsz(dptr: u64, stream: Handle) -> i32 {
-    // SAFETY: value parameters.
-    let status = unsafe { generated::wire_cuMemFreeAsync_ptsz(dptr, stream) };
-    if status == CUDA_SUCCESS {
-        allocations::freed(dptr);
-    }
-    status
+    allocations::free_with(dptr, || {
+        // SAFETY: value parameters.
+        unsafe { generated::wire_cuMemFreeAsync_ptsz(dptr, stream) }
+    })
 }
 
 /// `cuMemGetAddressRange_v2`: the allocation `dptr` lies in.

@@ -85,22 +85,38 @@ pub fn new_function(kind: HandleKind, id: u64, layout: ParamLayout) -> *mut c_vo
 /// The program's function object for `id` (one the server returned), made with `layout` if
 /// the program has none yet.
 pub fn function_for_id(id: u64, layout: ParamLayout) -> *mut c_void {
-    if let Some(&p) = lock().by_id.get(&id) {
-        // SAFETY: registered, so live.
-        if unsafe { &*(p as *const CuObject) }.kind == HandleKind::Function {
-            return p as *mut c_void;
-        }
-    }
-    new_function(HandleKind::Function, id, layout)
+    find_or_make(HandleKind::Function, id, || CuObject {
+        magic: MAGIC,
+        kind: HandleKind::Function,
+        id,
+        layout: Some(layout),
+    })
 }
 
 fn register(o: CuObject) -> *mut c_void {
+    register_in(&mut lock(), o)
+}
+
+fn register_in(reg: &mut Registry, o: CuObject) -> *mut c_void {
     let id = o.id;
     let p = Box::into_raw(Box::new(o)) as usize;
-    let mut reg = lock();
     reg.live.insert(p);
     reg.by_id.insert(id, p);
     p as *mut c_void
+}
+
+/// The registered object of `kind` for `id`, or the one `make` makes, registered: looked up
+/// and made under one lock, so two threads that learn of the same object at once (cudart
+/// starting up in two libraries) get the same handle.
+fn find_or_make(kind: HandleKind, id: u64, make: impl FnOnce() -> CuObject) -> *mut c_void {
+    let mut reg = lock();
+    if let Some(&p) = reg.by_id.get(&id) {
+        // SAFETY: registered, so live.
+        if unsafe { &*(p as *const CuObject) }.kind == kind {
+            return p as *mut c_void;
+        }
+    }
+    register_in(&mut reg, make())
 }
 
 /// The program's object for `id` (one the server returned: a context it made or found), made
@@ -109,13 +125,12 @@ pub fn object_for_id(kind: HandleKind, id: u64) -> *mut c_void {
     if id == 0 {
         return std::ptr::null_mut();
     }
-    if let Some(&p) = lock().by_id.get(&id) {
-        // SAFETY: registered, so live.
-        if unsafe { &*(p as *const CuObject) }.kind == kind {
-            return p as *mut c_void;
-        }
-    }
-    new_object(kind, id)
+    find_or_make(kind, id, || CuObject {
+        magic: MAGIC,
+        kind,
+        id,
+        layout: None,
+    })
 }
 
 /// The object is gone on the server: the handle is no longer valid.
@@ -127,6 +142,38 @@ pub fn destroy(h: *mut c_void) {
         let o = unsafe { Box::from_raw(h as *mut CuObject) };
         if reg.by_id.get(&o.id) == Some(&(h as usize)) {
             reg.by_id.remove(&o.id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Threads that learn of the same objects at once get one handle for each.
+    #[test]
+    fn one_object_is_one_handle_whatever_thread_learns_of_it() {
+        let first = alloc_id();
+        let ids: Vec<u64> = (0..200).map(|i| first + 1_000_000 + i).collect();
+        let seen: Vec<Vec<usize>> = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..8)
+                .map(|_| {
+                    s.spawn(|| {
+                        ids.iter()
+                            .map(|&id| object_for_id(HandleKind::Context, id) as usize)
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).collect()
+        });
+        for other in &seen[1..] {
+            assert_eq!(other, &seen[0]);
+        }
+        for &h in &seen[0] {
+            // SAFETY: a registered object.
+            assert!(unsafe { get(h as *mut c_void, HandleKind::Context) }.is_some());
+            destroy(h as *mut c_void);
         }
     }
 }

@@ -45,6 +45,13 @@ struct Common {
     global_strides: Vec<u64>,
 }
 
+/// Where an encoder may write a tensor map: cuda.h, "tensorMap address must be aligned to 64
+/// bytes" (the driver refuses others; the worker encodes into its own aligned map, so the
+/// client checks).
+fn encodable_at(map: *mut c_void) -> bool {
+    !map.is_null() && (map as usize).is_multiple_of(64)
+}
+
 /// # Safety
 /// As the C functions: the arrays hold the lengths the rank gives.
 unsafe fn common(
@@ -54,7 +61,7 @@ unsafe fn common(
     global_strides: *mut c_void,
 ) -> Result<Common, ApiErr> {
     rt::check_initialized()?;
-    if map.is_null() || rank == 0 || rank > TENSOR_MAP_MAX_RANK {
+    if !encodable_at(map) || rank == 0 || rank > TENSOR_MAP_MAX_RANK {
         return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
     }
     // SAFETY: per the contract.
@@ -279,6 +286,14 @@ pub unsafe fn cuTensorMapReplaceAddress(map: *mut c_void, address: *mut c_void) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn maps_are_encoded_only_at_64_byte_aligned_addresses() {
+        assert!(encodable_at(0x1000 as *mut c_void));
+        assert!(encodable_at(0x1040 as *mut c_void));
+        assert!(!encodable_at(0x1020 as *mut c_void));
+        assert!(!encodable_at(std::ptr::null_mut()));
+    }
 
     #[test]
     fn arrays_are_read_at_their_length_and_missing_ones_refused() {

@@ -203,10 +203,11 @@ pub const LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT: u32 = 12;
 /// Whether launch attribute `id` is forwarded: those whose values are plain data (access
 /// policy window, cooperative, synchronisation policy, cluster dimension and scheduling,
 /// programmatic serialisation, priority, memory synchronisation domain (map), preferred
-/// cluster dimension, shared memory carveout) and the two that name an event. Not: a graph
-/// node's (13), and later ones, whose values are not known.
+/// cluster dimension, shared memory carveout, the NVLink-centric scheduling hint) and the two
+/// that name an event. Not: a graph node's (13), whose value the driver writes back, and
+/// later ones, whose values are not known.
 pub fn launch_attribute_forwarded(id: u32) -> bool {
-    matches!(id, 0..=12 | 14)
+    matches!(id, 0..=12 | 14 | 16)
 }
 
 /// A launch attribute (`CUlaunchAttribute`): its id and its 64-byte value, an event's handle
@@ -1036,6 +1037,17 @@ impl<'a> Message<'a> for Name<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn plain_launch_attributes_are_forwarded_and_unknown_ones_are_not() {
+        for id in [0, 1, 2, 7, 12, 14, 16] {
+            assert!(launch_attribute_forwarded(id), "{id}");
+        }
+        // 13: the driver writes a graph node's handle back; 15 is not in cuda.h 13.0.
+        for id in [13, 15, 17, 1000] {
+            assert!(!launch_attribute_forwarded(id), "{id}");
+        }
+    }
 
     fn roundtrip<'a, M: Message<'a> + PartialEq + std::fmt::Debug>(m: &M, buf: &'a mut Vec<u8>) {
         let mut w = Writer::new(0);

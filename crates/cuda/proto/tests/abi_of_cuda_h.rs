@@ -144,3 +144,82 @@ fn the_structs_read_from_programs_have_the_layout_of_cuda_h() {
         panic!("requests.rs's structs against cuda.h: {e}");
     }
 }
+
+/// The name a symbol has without its ABI version and per-thread suffix.
+fn unversioned(name: &str) -> &str {
+    let stem = name
+        .strip_suffix("_ptds")
+        .or(name.strip_suffix("_ptsz"))
+        .unwrap_or(name);
+    match stem.rsplit_once("_v") {
+        Some((base, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => base,
+        _ => stem,
+    }
+}
+
+/// A program built with CUDA 13's cuda.h calls what its `#define`s name (`cuCtxCreate` is
+/// `cuCtxCreate_v4`, `cuStreamGetCtx` with per-thread default streams `cuStreamGetCtx_ptsz`):
+/// where any ABI of an entry point is forwarded, the one cuda.h names must be too, or such
+/// programs get CUDA_ERROR_NOT_SUPPORTED where older ones work.
+#[test]
+fn the_symbols_cuda_h_names_are_forwarded_where_older_ones_are() {
+    use wormhole_apigen::Mode;
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let api = wormhole_apigen::Api::load(&here.join("api/cuda.api")).unwrap();
+    let include = wormhole_apigen::nvidia_headers(&here.join("../../.."), "cuda.h")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let header = std::fs::read_to_string(include.join("cuda.h")).unwrap();
+    let forwarded =
+        |f: &&wormhole_apigen::Func| matches!(f.mode, Mode::Gen | Mode::Custom | Mode::Local);
+    let mut named = Vec::new();
+    for line in header.lines() {
+        let mut words = line.split_whitespace();
+        let (Some("#define"), Some(name), Some(target)) =
+            (words.next(), words.next(), words.next())
+        else {
+            continue;
+        };
+        if !name.starts_with("cu") {
+            continue;
+        }
+        if let Some(inner) = target
+            .strip_prefix("__CUDA_API_PTDS(")
+            .or(target.strip_prefix("__CUDA_API_PTSZ("))
+        {
+            let inner = inner.trim_end_matches(')');
+            let suffix = if target.contains("PTDS") {
+                "_ptds"
+            } else {
+                "_ptsz"
+            };
+            named.push(inner.to_string());
+            named.push(format!("{inner}{suffix}"));
+        } else if target.starts_with("cu") {
+            named.push(target.to_string());
+        }
+    }
+    assert!(named.len() > 100, "cuda.h's #defines were not found");
+    let mut refused = Vec::new();
+    for symbol in &named {
+        // Only symbols the real driver exports (`__CUDA_API_PTSZ` makes a few names it lacks).
+        let Some(f) = api.funcs.iter().find(|f| &f.name == symbol) else {
+            continue;
+        };
+        let older = api
+            .funcs
+            .iter()
+            .filter(forwarded)
+            .find(|g| unversioned(&g.name) == unversioned(symbol));
+        if !forwarded(&f) {
+            if let Some(g) = older {
+                refused.push(format!("{symbol} (while {} is forwarded)", g.name));
+            }
+        }
+    }
+    refused.sort();
+    refused.dedup();
+    assert!(
+        refused.is_empty(),
+        "refused, though cuda.h names them: {refused:#?}"
+    );
+}

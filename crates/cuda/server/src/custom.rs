@@ -503,8 +503,9 @@ fn module_load(
     Ok(())
 }
 
-/// Most parameters asked of the driver for one function.
-const MAX_PARAMS: usize = 4096;
+/// Most parameters asked of the driver for one function: what a layout on the wire may hold
+/// (CUDA's 32,764 bytes of parameters could be more, of one byte each).
+const MAX_PARAMS: usize = wormhole_cuda_proto::requests::MAX_KERNEL_PARAMS;
 
 /// `cuModuleGetFunction`: the function, bound with its parameters' layout (the client copies a
 /// launch's arguments by it; a launch is checked against it).
@@ -577,12 +578,19 @@ fn get_entry(
 }
 
 /// A function's (or kernel's) parameters, asked of the driver one by one (`info(index,
-/// &offset, &size)`) until it says there are no more.
+/// &offset, &size)`) until it says there are no more. A function with more than a layout
+/// holds is refused, never launched with a layout cut short.
 fn param_layout(info: impl Fn(usize, &mut usize, &mut usize) -> i32) -> Result<ParamLayout, i32> {
     let mut layout = ParamLayout::default();
-    for i in 0..MAX_PARAMS {
+    for i in 0..=MAX_PARAMS {
         let (mut offset, mut size) = (0usize, 0usize);
         match info(i, &mut offset, &mut size) {
+            CUDA_SUCCESS if i == MAX_PARAMS => {
+                tracing::warn!(
+                    "a function with more than {MAX_PARAMS} parameters: its launches are not forwarded"
+                );
+                return Err(CUDA_ERROR_NOT_SUPPORTED);
+            }
             CUDA_SUCCESS => layout.params.push((offset as u32, size as u32)),
             // Past the last parameter.
             CUDA_ERROR_INVALID_VALUE => break,
@@ -1307,6 +1315,34 @@ mod tests {
             ..Default::default()
         }));
         s
+    }
+
+    /// Layouts are asked of the driver until it says there are no more; one too long for a
+    /// layout is refused rather than cut short.
+    #[test]
+    fn parameter_layouts_end_where_the_driver_says_or_are_refused() {
+        let three = param_layout(|i, offset, size| {
+            if i < 3 {
+                (*offset, *size) = (i * 8, 8);
+                CUDA_SUCCESS
+            } else {
+                CUDA_ERROR_INVALID_VALUE
+            }
+        });
+        assert_eq!(three.map(|l| l.params), Ok(vec![(0, 8), (8, 8), (16, 8)]));
+        let endless = param_layout(|i, offset, size| {
+            (*offset, *size) = (i, 1);
+            CUDA_SUCCESS
+        });
+        assert_eq!(
+            endless.map(|l| l.params.len()),
+            Err(CUDA_ERROR_NOT_SUPPORTED)
+        );
+        let old_driver = param_layout(|_, _, _| CUDA_ERROR_NOT_FOUND);
+        assert_eq!(
+            old_driver.map(|l| l.params.len()),
+            Err(CUDA_ERROR_NOT_FOUND)
+        );
     }
 
     /// A 2D memset may touch only the session's memory: the last row ends within it.

@@ -35,6 +35,14 @@ impl DeferredErrors {
             .is_empty()
     }
 
+    /// Forgets every failure `which` picks (it was reported another way).
+    pub fn forget(&self, which: impl Fn(i32) -> bool) {
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|_, st| !which(*st));
+    }
+
     /// The failure to report at a synchronisation point on `keys` (and the session's own), if
     /// any; every key it covers is cleared, so each failure is reported once.
     pub fn take(&self, keys: &[u64]) -> Option<i32> {
@@ -78,5 +86,15 @@ mod tests {
             "session-wide failures go to any sync point"
         );
         assert_eq!(d.take(&[8]), None);
+    }
+
+    #[test]
+    fn failures_reported_another_way_are_forgotten() {
+        let d = DeferredErrors::default();
+        d.record(1, 901);
+        d.record(2, 700);
+        d.forget(|st| (900..=908).contains(&st));
+        assert_eq!(d.take(&[1]), None);
+        assert_eq!(d.take(&[2]), Some(700));
     }
 }

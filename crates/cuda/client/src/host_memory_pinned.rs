@@ -211,11 +211,17 @@ pub unsafe fn cuMemFreeHost(p: *mut c_void) -> i32 {
             }
         };
         match pinned {
-            Some(Pinned { arena: Some(a), .. }) => {
+            Some(pinned) if pinned.arena.is_some() => {
+                let offset = pinned.arena.as_ref().map_or(0, |a| a.offset);
                 let mut w = Writer::new(pinned::FREE);
-                PinnedFree { offset: a.offset }.encode(&mut w);
-                rt::status_of(&rt::call(w)?)?;
-                Ok(CUDA_SUCCESS)
+                PinnedFree { offset }.encode(&mut w);
+                let freed = rt::call(w).and_then(|reply| rt::status_of(&reply));
+                if freed.is_err() {
+                    // The worker keeps a range its driver would not unregister: so does the
+                    // program, which may free it again.
+                    table().insert(p as u64, pinned);
+                }
+                freed.map(|_| CUDA_SUCCESS)
             }
             Some(pinned) => {
                 // SAFETY: a mapping this module made, of this length, unmapped once (it is

@@ -214,6 +214,13 @@ pub fn cuStreamEndCapture_ptsz(
     Ok(())
 }
 
+/// The statuses of stream capture (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED to
+/// CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, and CUDA_ERROR_CAPTURED_EVENT).
+fn is_capture_error(status: i32) -> bool {
+    (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED..=CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD)
+        .contains(&status)
+}
+
 fn end_capture(s: &Call<'_>, stream_id: u64, present: bool, per_thread: bool, w: &mut Writer) {
     let stream = match s.resolve(stream_id, HandleKind::Stream, true) {
         Ok(h) => h,
@@ -259,6 +266,34 @@ fn end_capture(s: &Call<'_>, stream_id: u64, present: bool, per_thread: bool, w:
         let lent = s.export(HandleKind::Graph, capturing);
         s.forget(lent);
     }
+    let st = match st {
+        // A request the client did not wait for failed (refused here, or by the driver), so
+        // the graph lacks what the program captured: natively that call would have failed
+        // and the capture with it. The failure is the answer, and the graph goes.
+        CUDA_SUCCESS => match s.deferred.take(&[]) {
+            Some(failed) => {
+                tracing::warn!(
+                    status = failed,
+                    "a request of the capture failed after the client went on: ending the capture with its failure"
+                );
+                if present && !graph.is_null() {
+                    // A query may have lent it to the program: the session forgets it.
+                    let lent = s.export(HandleKind::Graph, graph);
+                    s.forget(lent);
+                    // SAFETY: the graph the driver just made, forgotten by the session.
+                    unsafe { ffi::cuGraphDestroy(graph) };
+                }
+                failed
+            }
+            None => CUDA_SUCCESS,
+        },
+        // The driver ended the capture as failed: the errors of capture it had given pipelined
+        // requests are what this answer reports, not to be answered again later.
+        failed => {
+            s.deferred.forget(is_capture_error);
+            failed
+        }
+    };
     w.i32(st);
     if st == CUDA_SUCCESS && present {
         s.export_list(w, HandleKind::Graph, &[graph]);

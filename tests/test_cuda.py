@@ -261,6 +261,26 @@ def test_a_tenant_with_a_quota_sees_its_quota_as_the_gpus_memory(tmp_path, cuda_
 
 
 @gpu
+def test_a_reset_gives_the_contexts_memory_back_to_the_quota(tmp_path, cuda_programs):
+    """600 MiB allocated, the device reset, 600 MiB again: within a 1 GiB quota as natively
+    (the reset frees the first); likewise for a context the program made and destroyed."""
+    if not has_gpu():
+        pytest.skip("no NVIDIA GPU here (scripts/gpu-test.sh runs these on the GPU machine)")
+    import os
+    cfg = tmp_path / "wormhole.toml"
+    cfg.write_text(f'[[tenant]]\nname = "local"\nuids = [{os.getuid()}]\nmem_quota_mib = 1024\n')
+    s = Server(tmp_path, config=cfg).start()
+    try:
+        prog = cuda_programs["reset_within_quota"]
+        native = subprocess.run([prog], capture_output=True, text=True, timeout=120)
+        assert native.returncode == 0, native.stdout + native.stderr
+        r = s.run([prog], timeout=120)
+        assert r.returncode == 0 and r.stdout == native.stdout, r.stdout + r.stderr + s.log.read_text()[-4000:]
+    finally:
+        s.stop()
+
+
+@gpu
 def test_a_tenant_sees_only_the_devices_it_may_use(tmp_path, cuda_programs):
     """A tenant whose `devices` filter matches no GPU has none (cuDeviceGet of 0 is an invalid
     device, as under an empty CUDA_VISIBLE_DEVICES; NVML counts none); one whose filter

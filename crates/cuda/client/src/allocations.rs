@@ -13,11 +13,25 @@ fn table() -> MutexGuard<'static, BTreeMap<u64, u64>> {
     TABLE.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The driver allocated `[start, start + len)`.
+/// The driver allocated `[start, start + len)`. Entries it overlaps are stale (memory a
+/// context's end freed, which the client does not see range by range): they go, or an older
+/// one starting inside the new range would hide it from lookups.
 pub fn allocated(start: u64, len: u64) {
-    if len > 0 {
-        table().insert(start, len);
+    if len == 0 {
+        return;
     }
+    let end = start.saturating_add(len);
+    let mut t = table();
+    let stale: Vec<u64> = t
+        .range(..end)
+        .rev()
+        .take_while(|(s, l)| s.saturating_add(**l) > start)
+        .map(|(s, _)| *s)
+        .collect();
+    for s in stale {
+        t.remove(&s);
+    }
+    t.insert(start, len);
 }
 
 /// The allocation at `start` was freed (the frees themselves go through `free_with`).
@@ -51,6 +65,20 @@ pub fn range_of(addr: u64) -> Option<(u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_new_allocation_replaces_the_stale_ones_it_overlaps() {
+        allocated(0x7100_0000, 0x100);
+        allocated(0x7100_0200, 0x100);
+        allocated(0x7100_0400, 0x100);
+        // The driver hands out [0x7100_0080, 0x7100_0280) again after a reset.
+        allocated(0x7100_0080, 0x200);
+        assert_eq!(range_of(0x7100_0000), None);
+        assert_eq!(range_of(0x7100_0250), Some((0x7100_0080, 0x200)));
+        assert_eq!(range_of(0x7100_0400), Some((0x7100_0400, 0x100)));
+        freed(0x7100_0080);
+        freed(0x7100_0400);
+    }
 
     #[test]
     fn a_free_forgets_before_it_is_sent_and_a_refused_one_remembers() {

@@ -6,6 +6,7 @@
 #![allow(non_snake_case)]
 
 pub use crate::capture::*;
+pub use crate::contexts::*;
 use crate::generated::{args, ffi};
 pub use crate::host_functions::{
     cuLaunchHostFunc, cuLaunchHostFunc_ptsz, cuStreamAddCallback, cuStreamAddCallback_ptsz,
@@ -106,7 +107,7 @@ pub fn cuMemAllocPitch_v2(
         w.i32(CUDA_ERROR_OUT_OF_MEMORY);
         return Ok(());
     }
-    s.allocated(dptr, bytes);
+    s.allocated(dptr, bytes, crate::rt::current_context());
     w.i32(CUDA_SUCCESS);
     w.u64(dptr);
     w.u64(pitch as u64);
@@ -139,7 +140,7 @@ fn allocate(
         w.i32(st);
         return;
     }
-    s.allocated(dptr, bytes);
+    s.allocated(dptr, bytes, crate::rt::current_context());
     w.i32(CUDA_SUCCESS);
     w.u64(dptr);
 }
@@ -202,7 +203,7 @@ pub fn cuMemFreeAsync_ptsz(
 
 /// Frees `dptr` by `release_it` if it starts an allocation of this session; its status.
 fn free(s: &Call<'_>, dptr: u64, release_it: impl FnOnce(u64) -> i32) -> i32 {
-    let Some(len) = s.freed(dptr) else {
+    let Some((len, ctx)) = s.freed(dptr) else {
         if dptr != 0 {
             tracing::warn!(
                 dptr = format_args!("{dptr:#x}"),
@@ -216,7 +217,7 @@ fn free(s: &Call<'_>, dptr: u64, release_it: impl FnOnce(u64) -> i32) -> i32 {
         s.limits().release(len);
     } else {
         // Still allocated as far as the driver is concerned.
-        s.allocated(dptr, len);
+        s.allocated(dptr, len, ctx);
     }
     st
 }
@@ -1349,7 +1350,7 @@ mod tests {
     #[test]
     fn memsets_2d_stay_in_the_sessions_memory() {
         let s = session(1 << 30);
-        s.allocated(0x10_0000, 512 * 10);
+        s.allocated(0x10_0000, 512 * 10, std::ptr::null_mut());
         let c = Call(&s);
         assert_eq!(check_2d(&c, 0x10_0000, 512, 100, 10, 4), Ok(()));
         assert_eq!(check_2d(&c, 0x10_0000, 512, 128, 10, 4), Ok(()));

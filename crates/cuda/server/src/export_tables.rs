@@ -53,7 +53,11 @@ fn real_slot(id: &[u8; 16], slot: usize) -> Option<usize> {
 /// (retaining would make a context on every device), and the same handle that
 /// `cuDevicePrimaryCtxRetain` and `cuCtxGetCurrent` give later.
 fn primary_context(s: &Call<'_>, dev: i32) -> Result<Handle, i32> {
-    let dev = crate::rt::driver_device(s, dev)?;
+    driver_primary_context(crate::rt::driver_device(s, dev)?)
+}
+
+/// The primary context of the driver's device `dev` (its handle whether active or not).
+pub fn driver_primary_context(dev: i32) -> Result<Handle, i32> {
     let Some(f) = real_slot(&CUDART_INTERFACE, 2) else {
         tracing::warn!("the driver has no CUDART_INTERFACE table (slot 2): cudart cannot start");
         return Err(CUDA_ERROR_NOT_SUPPORTED);

@@ -6,6 +6,7 @@
 //! server core (`wormhole-server`) does everything that is not CUDA's own.
 
 mod capture;
+mod contexts;
 mod custom;
 mod driver;
 mod export_tables;

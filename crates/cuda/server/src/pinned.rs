@@ -279,7 +279,7 @@ mod tests {
         assert!(p.host_range(u64::MAX - 1, 4).is_none());
         let session = Session::default();
         let s = Call(&session);
-        session.allocated(0x7000_0000, 0x1000);
+        session.allocated(0x7000_0000, 0x1000, std::ptr::null_mut());
         assert_eq!(
             p.copy(&s, &copy(true, 0x7000_0000, 3 * PAGE, 16)),
             Err(CUDA_ERROR_INVALID_VALUE)

@@ -83,6 +83,17 @@ pub fn check_slot(obj: Handle, op: Op) -> Result<(), i32> {
     Ok(())
 }
 
+/// The calling (lane) thread's current context in the driver: the one its allocations belong
+/// to (NULL if none, or if the driver cannot say).
+pub fn current_context() -> Handle {
+    let mut ctx: Handle = std::ptr::null_mut();
+    // SAFETY: a valid output pointer.
+    if unsafe { ffi::cuCtxGetCurrent(&mut ctx) } != CUDA_SUCCESS {
+        return std::ptr::null_mut();
+    }
+    ctx
+}
+
 /// An object the driver made but the session could not bind (its id was taken meanwhile):
 /// destroyed again, so nothing leaks.
 pub fn release(kind: HandleKind, obj: Handle) {

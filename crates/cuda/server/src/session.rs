@@ -17,8 +17,9 @@ pub type Handle = *mut c_void;
 #[derive(Default)]
 pub struct Session {
     handles: HandleTable<HandleKind>,
-    /// Device memory the session allocated: start → length.
-    allocations: Mutex<BTreeMap<u64, u64>>,
+    /// Device memory the session allocated: start → length and the driver's context it was
+    /// allocated in (its address; 0 if unknown), whose end frees it.
+    allocations: Mutex<BTreeMap<u64, (u64, usize)>>,
     /// Module and library variables the session found (start → length and the module or
     /// library they belong to): it may name them while that is loaded, never free them, and
     /// they count against no quota.
@@ -203,24 +204,49 @@ impl Session {
         self.handles.counts().into_iter().collect()
     }
 
-    /// Device memory the session allocated, now owned at `[start, start + len)`.
-    pub fn allocated(&self, start: u64, len: u64) {
-        self.allocations
+    /// Device memory the session allocated in context `ctx`, now owned at
+    /// `[start, start + len)`. An entry still recorded at `start` (memory its context's end
+    /// freed without the session hearing of it) is replaced, its bytes no longer counted.
+    pub fn allocated(&self, start: u64, len: u64, ctx: Handle) {
+        let old = self
+            .allocations
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(start, len);
-        self.mem_bytes.fetch_add(len as i64, Ordering::Relaxed);
+            .insert(start, (len, ctx as usize));
+        let old = old.map_or(0, |(l, _)| l as i64);
+        self.mem_bytes
+            .fetch_add(len as i64 - old, Ordering::Relaxed);
     }
 
-    /// The allocation that starts at `start`, removed; its length.
-    pub fn freed(&self, start: u64) -> Option<u64> {
-        let len = self
+    /// The allocation that starts at `start`, removed; its length and context.
+    pub fn freed(&self, start: u64) -> Option<(u64, Handle)> {
+        let (len, ctx) = self
             .allocations
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&start)?;
         self.mem_bytes.fetch_sub(len as i64, Ordering::Relaxed);
-        Some(len)
+        Some((len, ctx as Handle))
+    }
+
+    /// Context `ctx` ended (destroyed, or a primary context reset or released for the last
+    /// time): the driver freed every allocation made in it. They are forgotten, and their
+    /// bytes returned (the caller gives them back to the quota).
+    pub fn context_ended(&self, ctx: Handle) -> u64 {
+        let mut a = self.allocations.lock().unwrap_or_else(|p| p.into_inner());
+        let mut bytes = 0u64;
+        a.retain(|_, &mut (len, c)| {
+            let gone = c == ctx as usize;
+            if gone {
+                bytes += len;
+            }
+            !gone
+        });
+        drop(a);
+        self.mem_bytes.fetch_sub(bytes as i64, Ordering::Relaxed);
+        // Failures of its pipelined requests are the old context's, not the next one's.
+        self.deferred.forget(|_| true);
+        bytes
     }
 
     /// Graph node `node` (an id the session exported) belongs to graph `graph`.
@@ -280,7 +306,7 @@ impl Session {
             let a = self.allocations.lock().unwrap_or_else(|p| p.into_inner());
             a.range(..=addr)
                 .next_back()
-                .is_some_and(|(start, l)| end <= start.saturating_add(*l))
+                .is_some_and(|(start, (l, _))| end <= start.saturating_add(*l))
         };
         allocated || {
             let mut g = self.globals.lock().unwrap_or_else(|p| p.into_inner());
@@ -306,15 +332,16 @@ mod tests {
     #[test]
     fn device_ranges_must_lie_in_one_allocation() {
         let s = Session::default();
-        s.allocated(0x1000, 0x100);
-        s.allocated(0x1100, 0x100);
+        let ctx = 0xc000 as Handle;
+        s.allocated(0x1000, 0x100, ctx);
+        s.allocated(0x1100, 0x100, ctx);
         assert!(s.owns(0x1000, 0x100));
         assert!(s.owns(0x1080, 0x80));
         assert!(!s.owns(0x1080, 0x100), "spans two allocations");
         assert!(!s.owns(0xfff, 1));
         assert!(!s.owns(0x1200, 1));
         assert!(!s.owns(u64::MAX, 2));
-        assert_eq!(s.freed(0x1000), Some(0x100));
+        assert_eq!(s.freed(0x1000), Some((0x100, ctx)));
         assert!(!s.owns(0x1000, 1));
         assert_eq!(s.freed(0x1000), None);
         assert_eq!(s.mem_bytes.load(Ordering::Relaxed), 0x100);
@@ -328,6 +355,32 @@ mod tests {
         assert_eq!(s.mem_bytes.load(Ordering::Relaxed), 0x100);
         s.forget(500);
         assert!(!s.owns(0x9000, 0x40), "the module was unloaded");
+    }
+
+    /// A context's end frees what was allocated in it, and nothing else.
+    #[test]
+    fn a_contexts_end_forgets_its_allocations() {
+        let s = Session::default();
+        let (one, two) = (0xc000 as Handle, 0xd000 as Handle);
+        s.allocated(0x1000, 0x100, one);
+        s.allocated(0x2000, 0x200, two);
+        s.allocated(0x3000, 0x300, one);
+        s.deferred.record(
+            wormhole_server::deferred::SESSION,
+            CUDA_ERROR_ILLEGAL_ADDRESS,
+        );
+        assert_eq!(s.context_ended(one), 0x400);
+        assert!(!s.owns(0x1000, 1) && !s.owns(0x3000, 1));
+        assert!(s.owns(0x2000, 0x200));
+        assert_eq!(s.mem_bytes.load(Ordering::Relaxed), 0x200);
+        assert!(
+            s.deferred.is_empty(),
+            "the old context's failures went with it"
+        );
+        // The driver gives an address again that the session still had recorded.
+        s.allocated(0x2000, 0x80, one);
+        assert_eq!(s.mem_bytes.load(Ordering::Relaxed), 0x80);
+        assert_eq!(s.context_ended(two), 0);
     }
 
     #[test]

@@ -328,20 +328,29 @@ unsafe fn get_entry(
         };
         // SAFETY: per the contract.
         let parent = unsafe { rt::id_of(parent, parent_kind, false) }?;
+        // SAFETY: per the contract.
+        let name = unsafe { CStr::from_ptr(name) }.to_bytes();
+        if let Some(known) = objects::entry_of(parent, name, kind) {
+            // The driver gives the same handle for the same name: so does the client, with no
+            // round trip and no new object on the server.
+            // SAFETY: per the contract.
+            unsafe { *(out as *mut *mut c_void) = known };
+            return Ok(CUDA_SUCCESS);
+        }
         let new_id = rt::alloc_id();
         let reply = send(
             op,
             &ModuleGetFunction {
                 new_id,
                 module: parent,
-                // SAFETY: per the contract.
-                name: unsafe { CStr::from_ptr(name) }.to_bytes(),
+                name,
             },
         )?;
         match <Result<ParamLayout, i32>>::decode_all(&reply)? {
             Ok(layout) => {
+                let f = objects::new_entry(parent, name, kind, new_id, layout);
                 // SAFETY: per the contract.
-                unsafe { *(out as *mut *mut c_void) = objects::new_function(kind, new_id, layout) };
+                unsafe { *(out as *mut *mut c_void) = f };
                 Ok(CUDA_SUCCESS)
             }
             Err(st) => Ok(st),

@@ -24,6 +24,9 @@ pub struct CuObject {
 struct Registry {
     by_id: HashMap<u64, usize>,
     live: HashSet<usize>,
+    /// Functions and kernels by (module or library id, name): the driver answers a lookup of
+    /// the same name with the same handle, and a module's go when it is unloaded.
+    entries: HashMap<(u64, Vec<u8>), usize>,
 }
 
 fn lock() -> std::sync::MutexGuard<'static, Registry> {
@@ -69,16 +72,6 @@ pub fn new_object(kind: HandleKind, id: u64) -> *mut c_void {
         kind,
         id,
         layout: None,
-    })
-}
-
-/// A new function (or kernel: `kind`) object, with its parameters' layout.
-pub fn new_function(kind: HandleKind, id: u64, layout: ParamLayout) -> *mut c_void {
-    register(CuObject {
-        magic: MAGIC,
-        kind,
-        id,
-        layout: Some(layout),
     })
 }
 
@@ -133,22 +126,90 @@ pub fn object_for_id(kind: HandleKind, id: u64) -> *mut c_void {
     })
 }
 
-/// The object is gone on the server: the handle is no longer valid.
+/// The function or kernel (`kind`) named `name` of module or library `parent` (an id), if
+/// the program looked it up before.
+pub fn entry_of(parent: u64, name: &[u8], kind: HandleKind) -> Option<*mut c_void> {
+    let reg = lock();
+    let &p = reg.entries.get(&(parent, name.to_vec()))?;
+    // SAFETY: entries are registered objects (removed with them).
+    (reg.live.contains(&p) && unsafe { &*(p as *const CuObject) }.kind == kind)
+        .then_some(p as *mut c_void)
+}
+
+/// A new function or kernel (`kind`, with its layout) named `name` of `parent`.
+pub fn new_entry(
+    parent: u64,
+    name: &[u8],
+    kind: HandleKind,
+    id: u64,
+    layout: ParamLayout,
+) -> *mut c_void {
+    let mut reg = lock();
+    let p = register_in(
+        &mut reg,
+        CuObject {
+            magic: MAGIC,
+            kind,
+            id,
+            layout: Some(layout),
+        },
+    );
+    reg.entries.insert((parent, name.to_vec()), p as usize);
+    p
+}
+
+/// The object is gone on the server: the handle is no longer valid, nor are the functions
+/// or kernels of a module or library.
 pub fn destroy(h: *mut c_void) {
     let mut reg = lock();
-    if reg.live.remove(&(h as usize)) {
-        // SAFETY: it was registered, so it is a box from `new_object`, freed once (it is no
-        // longer registered).
-        let o = unsafe { Box::from_raw(h as *mut CuObject) };
-        if reg.by_id.get(&o.id) == Some(&(h as usize)) {
-            reg.by_id.remove(&o.id);
+    if !reg.live.remove(&(h as usize)) {
+        return;
+    }
+    // SAFETY: it was registered, so it is a box from `new_object`, freed once (it is no
+    // longer registered).
+    let o = unsafe { Box::from_raw(h as *mut CuObject) };
+    if reg.by_id.get(&o.id) == Some(&(h as usize)) {
+        reg.by_id.remove(&o.id);
+    }
+    let mut children = Vec::new();
+    reg.entries.retain(|(parent, _), child| {
+        let of_it = *parent == o.id || *child == h as usize;
+        if of_it && *child != h as usize {
+            children.push(*child);
         }
+        !of_it
+    });
+    drop(reg);
+    for child in children {
+        destroy(child as *mut c_void);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A name looked up again is the same handle; a module's go when it is unloaded.
+    #[test]
+    fn entries_are_one_handle_per_name_until_their_module_goes() {
+        let module_id = alloc_id();
+        let module = object_for_id(HandleKind::Module, module_id);
+        let f = new_entry(
+            module_id,
+            b"vadd",
+            HandleKind::Function,
+            alloc_id(),
+            ParamLayout::default(),
+        );
+        assert_eq!(entry_of(module_id, b"vadd", HandleKind::Function), Some(f));
+        assert_eq!(entry_of(module_id, b"vadd", HandleKind::Kernel), None);
+        assert_eq!(entry_of(module_id, b"other", HandleKind::Function), None);
+        destroy(module);
+        assert_eq!(entry_of(module_id, b"vadd", HandleKind::Function), None);
+        // SAFETY: only looked up: dereferenced if registered.
+        let gone = unsafe { get(f, HandleKind::Function) }.is_none();
+        assert!(gone, "gone with its module");
+    }
 
     /// Threads that learn of the same objects at once get one handle for each.
     #[test]

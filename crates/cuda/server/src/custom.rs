@@ -607,6 +607,36 @@ fn param_layout(info: impl Fn(usize, &mut usize, &mut usize) -> i32) -> Result<P
     Ok(layout)
 }
 
+/// `cuLibraryGetModule`: the library's module, which goes with its library (unloaded with
+/// it, its functions and variables no longer the session's).
+pub fn cuLibraryGetModule(
+    s: &Call<'_>,
+    a: args::cuLibraryGetModule,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let library = match s.resolve(a.library_id, HandleKind::Library, false) {
+        Ok(library) => library,
+        Err(st) => {
+            w.i32(st);
+            return Ok(());
+        }
+    };
+    let mut module: Handle = std::ptr::null_mut();
+    let out = match a.pMod_present {
+        true => &mut module as *mut Handle,
+        false => std::ptr::null_mut(),
+    };
+    // SAFETY: a library of the session's and an output for one module (or NULL, as asked).
+    let st = unsafe { ffi::cuLibraryGetModule(out, library) };
+    w.i32(st);
+    if st == CUDA_SUCCESS && a.pMod_present {
+        let id = s.export(HandleKind::Module, module);
+        s.set_parent(id, (a.library_id, HandleKind::Library));
+        s.export_list(w, HandleKind::Module, &[module]);
+    }
+    Ok(())
+}
+
 /// `cuKernelGetFunction`: the kernel's function in the current context, under the id the
 /// client knows it by (the same function is the same id), with the kernel's layout.
 pub fn cuKernelGetFunction(

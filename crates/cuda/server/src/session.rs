@@ -129,8 +129,23 @@ impl Session {
             .map_err(|e| self.new_id_error(e))
     }
 
-    /// The object behind `id` was destroyed.
+    /// The object behind `id` was destroyed, and with it what came from it (a module's or a
+    /// library's functions and kernels, a kernel's functions): they leave the table, so a
+    /// program that loads and unloads modules does not fill it.
     pub fn forget(&self, id: u64) {
+        let children: Vec<u64> = {
+            let mut parents = self.parents.lock().unwrap_or_else(|p| p.into_inner());
+            parents.remove(&id);
+            let children = parents
+                .iter()
+                .filter(|(_, &(parent, _))| parent == id)
+                .map(|(&child, _)| child)
+                .collect();
+            children
+        };
+        for child in children {
+            self.forget(child);
+        }
         self.handles.forget(id);
         let nodes = self
             .graph_nodes
@@ -432,5 +447,14 @@ mod tests {
             Err(CUDA_ERROR_INVALID_HANDLE),
             "a function of a kernel of an unloaded library"
         );
+        // They left the table with it: loading and unloading does not fill it.
+        let live = |kind| {
+            s.object_counts()
+                .into_iter()
+                .find(|(k, _)| *k == kind)
+                .map_or(0, |(_, n)| n)
+        };
+        assert_eq!(live(HandleKind::Kernel), 0);
+        assert_eq!(live(HandleKind::Function), 0);
     }
 }

@@ -502,10 +502,11 @@ unsafe fn extra_buffer(extra: *const *mut c_void) -> Result<Vec<u8>, ApiErr> {
             _ => return Err(ApiErr(CUDA_ERROR_INVALID_VALUE)),
         }
     }
-    match (ptr, size) {
-        (Some(p), Some(n)) if !p.is_null() => {
-            read(p as usize, n).ok_or(ApiErr(CUDA_ERROR_INVALID_VALUE))
-        }
+    // cuda.h: without BUFFER_SIZE the pointer "will have no effect", and the pointer is
+    // required only "if the value associated with CU_LAUNCH_PARAM_BUFFER_SIZE is not zero".
+    match (ptr, size.unwrap_or(0)) {
+        (_, 0) => Ok(Vec::new()),
+        (Some(p), n) if !p.is_null() => read(p as usize, n).ok_or(ApiErr(CUDA_ERROR_INVALID_VALUE)),
         _ => Err(ApiErr(CUDA_ERROR_INVALID_VALUE)),
     }
 }
@@ -559,7 +560,12 @@ unsafe fn launch(
             (true, false) => {
                 // SAFETY: per the contract.
                 buffer = unsafe { extra_buffer(extra as *const *mut c_void) }?;
-                LaunchArgs::Buffer(&buffer)
+                match (buffer.is_empty(), layout.params.is_empty()) {
+                    // No parameters given, none taken.
+                    (true, true) => LaunchArgs::Each(Vec::new()),
+                    (true, false) => return Err(ApiErr(CUDA_ERROR_INVALID_VALUE)),
+                    _ => LaunchArgs::Buffer(&buffer),
+                }
             }
             (true, true) if layout.params.is_empty() => LaunchArgs::Each(Vec::new()),
             _ => return Err(ApiErr(CUDA_ERROR_INVALID_VALUE)),
@@ -994,5 +1000,43 @@ mod tests {
         assert!(!geometry_ok([1, 1, 1], [1025, 1, 1]));
         assert!(!geometry_ok([1, 1, 1], [1, 1, 65]));
         assert!(!geometry_ok([1, 1, 1], [32, 32, 2]));
+    }
+
+    /// `extra` lists as cuda.h describes them: a size of zero (or none) needs no pointer.
+    #[test]
+    fn extra_lists_give_their_buffer_or_none() {
+        let args = [7u8, 8, 9, 10];
+        let size = args.len();
+        let zero = 0usize;
+        let end = PARAM_END as *mut c_void;
+        let (pointer, size_key) = (
+            PARAM_BUFFER_POINTER as *mut c_void,
+            PARAM_BUFFER_SIZE as *mut c_void,
+        );
+        let buffer = |list: &[*mut c_void]| {
+            // SAFETY: each list ends with its end marker.
+            unsafe { extra_buffer(list.as_ptr()) }
+        };
+        let whole = [
+            pointer,
+            args.as_ptr() as *mut c_void,
+            size_key,
+            &size as *const usize as *mut c_void,
+            end,
+        ];
+        assert_eq!(buffer(&whole), Ok(args.to_vec()));
+        assert_eq!(buffer(&[end]), Ok(Vec::new()), "nothing but the end");
+        let no_pointer = [size_key, &zero as *const usize as *mut c_void, end];
+        assert_eq!(buffer(&no_pointer), Ok(Vec::new()), "a size of zero");
+        let pointer_alone = [pointer, args.as_ptr() as *mut c_void, end];
+        assert_eq!(
+            buffer(&pointer_alone),
+            Ok(Vec::new()),
+            "no effect without a size"
+        );
+        let size_alone = [size_key, &size as *const usize as *mut c_void, end];
+        assert_eq!(buffer(&size_alone), Err(ApiErr(CUDA_ERROR_INVALID_VALUE)));
+        let unknown = [9 as *mut c_void, std::ptr::null_mut(), end];
+        assert_eq!(buffer(&unknown), Err(ApiErr(CUDA_ERROR_INVALID_VALUE)));
     }
 }

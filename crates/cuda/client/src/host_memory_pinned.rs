@@ -117,8 +117,11 @@ fn owner() -> Result<(usize, i32), ApiErr> {
     }
 }
 
+/// A buffer id for page-locked memory: cuda.h says one "is guaranteed to be unique within the
+/// process", and the driver numbers device allocations from low numbers, so these come from
+/// the top half of the space.
 fn next_buffer_id() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
+    static NEXT: AtomicU64 = AtomicU64::new(1 << 63);
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 

@@ -17,7 +17,7 @@ use std::ffi::c_void;
 use wormhole_cuda_proto::cu::*;
 use wormhole_cuda_proto::requests::{
     Message, PointerAttributes, PointerValues, MAX_POINTER_ATTRIBUTES, POINTER_ATTRIBUTE_CONTEXT,
-    POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
+    POINTER_ATTRIBUTE_DEVICE_POINTER, POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
 };
 use wormhole_cuda_proto::{HandleKind, Op};
 use wormhole_session::host_memory;
@@ -270,6 +270,12 @@ fn ask(ptr: u64, single: bool, attributes: Vec<u32>) -> Result<PointerValues, Ap
         None => host_memory_pinned::range_of(ptr),
     };
     if let Some((start, pinned)) = pinned {
+        // cuda.h: "If there exists no device pointer value through which kernels running in
+        // the current CUcontext may access ptr then CUDA_ERROR_INVALID_VALUE is returned" (by
+        // the one-attribute query; the many-attribute one answers NULL).
+        if single && attributes == [POINTER_ATTRIBUTE_DEVICE_POINTER] && !pinned.mapped() {
+            return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
+        }
         // Page-locked memory of the program's: answered here (the server's driver does not
         // know it), each attribute as the driver writes it.
         let values = attributes

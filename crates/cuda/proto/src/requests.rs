@@ -428,6 +428,9 @@ impl<'a> Message<'a> for LaunchKernel<'a> {
 
 /// `CU_POINTER_ATTRIBUTE_CONTEXT`: a context, which travels as the id the client knows it by.
 pub const POINTER_ATTRIBUTE_CONTEXT: u32 = 1;
+/// `CU_POINTER_ATTRIBUTE_DEVICE_POINTER`.
+pub const POINTER_ATTRIBUTE_DEVICE_POINTER: u32 = 3;
+
 /// `CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE`: a pool, which Wormhole does not forward.
 pub const POINTER_ATTRIBUTE_MEMPOOL_HANDLE: u32 = 17;
 /// Most attributes one `cuPointerGetAttributes` asks for (CUDA has 20-odd).

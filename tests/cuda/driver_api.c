@@ -359,6 +359,16 @@ int main(int argc, char **argv) {
         printf("mapped: kernel on host memory %s, async copies %s, part of a range %s, sync copy %s\n",
                zero_copy_ok ? "right" : "wrong", async_ok ? "right" : "wrong",
                part_ok ? "right" : "wrong", seven == 42.0f ? "right" : "wrong");
+        /* Host to host from page-locked memory, in stream order: after the device's copy into
+           it on the same stream (the program's own buffer is never written by the device). */
+        float *plain = malloc(bytes);
+        for (int i = 0; i < n; i++) { out[i] = -2.0f; plain[i] = 0.0f; }
+        CHECK(cuMemcpyDtoHAsync(out, dc, bytes, stream));
+        CHECK(cuMemcpyAsync((CUdeviceptr)plain, (CUdeviceptr)out, bytes, stream));
+        CHECK(cuStreamSynchronize(stream));
+        printf("host to host after the device's copy, in stream order: %s\n",
+               memcmp(plain, in, bytes) == 0 ? "right" : "wrong");
+        free(plain);
         CHECK(cuMemFreeHost(in));
         CHECK(cuMemFreeHost(out));
     }

@@ -69,6 +69,23 @@ fn side(
     })
 }
 
+/// Waits for the stream a 2D copy (`op`) is ordered on: its own (`Async` forms), or the NULL
+/// stream, the thread's own for the per-thread forms. The driver's status.
+fn wait_for_stream(op: Op, stream: Option<*mut c_void>) -> i32 {
+    let stream = stream.unwrap_or(std::ptr::null_mut());
+    let per_thread = matches!(
+        op,
+        Op::cuMemcpy2D_v2_ptds | Op::cuMemcpy2DUnaligned_v2_ptds | Op::cuMemcpy2DAsync_v2_ptsz
+    );
+    // SAFETY: a stream handle of the program's (checked by the call) or NULL.
+    unsafe {
+        match per_thread {
+            true => crate::generated::wire_cuStreamSynchronize_ptsz(stream),
+            false => crate::generated::wire_cuStreamSynchronize(stream),
+        }
+    }
+}
+
 /// Whether a row of `width` bytes from `x` lies within one `pitch` (cuda.h: "srcPitch must be
 /// greater than or equal to WidthInBytes + srcXInBytes"); a wider one would run into the next
 /// row, which the driver refuses.
@@ -145,6 +162,16 @@ unsafe fn copy_2d(op: Op, p: *const c_void, stream: Option<*mut c_void>) -> i32 
             addr,
             pitch: pitch as u64,
         };
+        // Rows of the session's page-locked arena may still be written by device work on the
+        // copy's stream (an async copy lands there, a kernel writes it): that comes first, as
+        // the copy would natively run after it. Other host memory no device work touches.
+        let in_arena = |at: At| matches!(at, At::Host(p) if crate::host_memory_pinned::arena_offset(p as u64, 1).is_some());
+        if in_arena(src) || in_arena(dst) {
+            let st = wait_for_stream(op, stream);
+            if st != CUDA_SUCCESS {
+                return Ok(st);
+            }
+        }
         match (src, dst) {
             (At::Host(s), At::Host(d)) => {
                 for i in 0..height {

@@ -161,14 +161,28 @@ fn direction(dst: u64, src: u64) -> Direction {
     }
 }
 
-/// Host to host: the client's own copy (no device work can touch the program's ordinary
-/// memory, so nothing on a stream has to come first). A source the program does not have is
-/// refused, not read.
+/// Host to host: the client's own copy. No device work can touch the program's ordinary
+/// memory, so nothing on a stream has to come first; page-locked memory of the session's
+/// arena the device reaches (async copies land there, kernels write it), so a copy from or to
+/// it waits for the stream it is ordered on first (`wait`, the driver's status). A source the
+/// program does not have is refused, not read.
 ///
 /// # Safety
 /// `dst` must hold `n` writable bytes.
-unsafe fn host_copy(dst: u64, src: u64, n: usize) -> Result<i32, ApiErr> {
+unsafe fn host_copy(
+    dst: u64,
+    src: u64,
+    n: usize,
+    wait: impl FnOnce() -> i32,
+) -> Result<i32, ApiErr> {
     rt::check_initialized()?;
+    let in_arena = |at: u64| host_memory_pinned::arena_offset(at, n as u64).is_some();
+    if n > 0 && (in_arena(src) || in_arena(dst)) {
+        let st = wait();
+        if st != CUDA_SUCCESS {
+            return Ok(st);
+        }
+    }
     // SAFETY: copy_in checks that the program has the source range.
     let bytes = unsafe { host_memory::copy_in(src as *const u8, n) }
         .ok_or(ApiErr(CUDA_ERROR_INVALID_VALUE))?;
@@ -185,7 +199,12 @@ pub unsafe fn cuMemcpy(dst: u64, src: u64, n: usize) -> i32 {
     // SAFETY: per the contract, for each direction.
     unsafe {
         match direction(dst, src) {
-            Direction::HostToHost => entry_status(|| host_copy(dst, src, n)),
+            Direction::HostToHost => entry_status(|| {
+                // The NULL stream: the legacy one.
+                host_copy(dst, src, n, || {
+                    generated::wire_cuStreamSynchronize(std::ptr::null_mut())
+                })
+            }),
             Direction::HostToDevice => copies::cuMemcpyHtoD_v2(dst, src as *const c_void, n),
             Direction::DeviceToHost => copies::cuMemcpyDtoH_v2(dst as *mut c_void, src, n),
             Direction::DeviceToDevice => generated::wire_cuMemcpyDtoD_v2(dst, src, n),
@@ -201,7 +220,12 @@ pub unsafe fn cuMemcpy_ptds(dst: u64, src: u64, n: usize) -> i32 {
     // SAFETY: per the contract, for each direction.
     unsafe {
         match direction(dst, src) {
-            Direction::HostToHost => entry_status(|| host_copy(dst, src, n)),
+            Direction::HostToHost => entry_status(|| {
+                // The NULL stream: the calling thread's.
+                host_copy(dst, src, n, || {
+                    generated::wire_cuStreamSynchronize_ptsz(std::ptr::null_mut())
+                })
+            }),
             Direction::HostToDevice => copies::cuMemcpyHtoD_v2_ptds(dst, src as *const c_void, n),
             Direction::DeviceToHost => copies::cuMemcpyDtoH_v2_ptds(dst as *mut c_void, src, n),
             Direction::DeviceToDevice => generated::wire_cuMemcpyDtoD_v2_ptds(dst, src, n),
@@ -217,7 +241,10 @@ pub unsafe fn cuMemcpyAsync(dst: u64, src: u64, n: usize, stream: Handle) -> i32
     // SAFETY: per the contract, for each direction.
     unsafe {
         match direction(dst, src) {
-            Direction::HostToHost => entry_status(|| host_copy(dst, src, n)),
+            Direction::HostToHost => entry_status(|| {
+                rt::id_of(stream, HandleKind::Stream, true)?;
+                host_copy(dst, src, n, || generated::wire_cuStreamSynchronize(stream))
+            }),
             Direction::HostToDevice => {
                 copies::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, n, stream)
             }
@@ -237,7 +264,12 @@ pub unsafe fn cuMemcpyAsync_ptsz(dst: u64, src: u64, n: usize, stream: Handle) -
     // SAFETY: per the contract, for each direction.
     unsafe {
         match direction(dst, src) {
-            Direction::HostToHost => entry_status(|| host_copy(dst, src, n)),
+            Direction::HostToHost => entry_status(|| {
+                rt::id_of(stream, HandleKind::Stream, true)?;
+                host_copy(dst, src, n, || {
+                    generated::wire_cuStreamSynchronize_ptsz(stream)
+                })
+            }),
             Direction::HostToDevice => {
                 copies::cuMemcpyHtoDAsync_v2_ptsz(dst, src as *const c_void, n, stream)
             }

@@ -237,14 +237,18 @@ def test_nvml_reports_the_forwarded_gpu_as_natively(gpu_server, cuda_programs):
     assert r.stdout == native.stdout
 
 
+def quota_server(tmp_path, mib):
+    """A server whose tenant (this user) may hold `mib` MiB of device memory."""
+    cfg = tmp_path / "wormhole.toml"
+    cfg.write_text(f'[[tenant]]\nname = "local"\nuids = [{os.getuid()}]\nmem_quota_mib = {mib}\n')
+    return Server(tmp_path, config=cfg).start()
+
+
 @gpu
 def test_a_tenant_with_a_quota_sees_its_quota_as_the_gpus_memory(tmp_path, cuda_programs):
     if not has_gpu():
         pytest.skip("no NVIDIA GPU here (scripts/gpu-test.sh runs these on the GPU machine)")
-    import os
-    cfg = tmp_path / "wormhole.toml"
-    cfg.write_text(f'[[tenant]]\nname = "local"\nuids = [{os.getuid()}]\nmem_quota_mib = 1024\n')
-    s = Server(tmp_path, config=cfg).start()
+    s = quota_server(tmp_path, 1024)
     try:
         prog = cuda_programs["nvml_queries"]
         native = subprocess.run([prog], capture_output=True, text=True, timeout=120)
@@ -266,10 +270,7 @@ def test_a_reset_gives_the_contexts_memory_back_to_the_quota(tmp_path, cuda_prog
     (the reset frees the first); likewise for a context the program made and destroyed."""
     if not has_gpu():
         pytest.skip("no NVIDIA GPU here (scripts/gpu-test.sh runs these on the GPU machine)")
-    import os
-    cfg = tmp_path / "wormhole.toml"
-    cfg.write_text(f'[[tenant]]\nname = "local"\nuids = [{os.getuid()}]\nmem_quota_mib = 1024\n')
-    s = Server(tmp_path, config=cfg).start()
+    s = quota_server(tmp_path, 1024)
     try:
         prog = cuda_programs["reset_within_quota"]
         native = subprocess.run([prog], capture_output=True, text=True, timeout=120)

@@ -4,10 +4,9 @@
 
 use std::path::Path;
 
-/// cudaTypedefs.h's type for a symbol: `PFN_<name without _vN>_v<since>`, `_ptds`/`_ptsz`
-/// kept at the end. It exists only where `@since` is the version of the symbol's ABI, so
-/// this checks what `cuGetProcAddress` answers, too.
-fn pfn(name: &str, since: u32) -> String {
+/// A symbol's name without its ABI version (`_vN`), and its per-thread suffix (`_ptds`,
+/// `_ptsz`, or none).
+fn split(name: &str) -> (&str, &str) {
     let (stem, per_thread) = match name.strip_suffix("_ptds").or(name.strip_suffix("_ptsz")) {
         Some(stem) => (stem, &name[stem.len()..]),
         None => (name, ""),
@@ -16,6 +15,14 @@ fn pfn(name: &str, since: u32) -> String {
         Some((base, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => base,
         _ => stem,
     };
+    (base, per_thread)
+}
+
+/// cudaTypedefs.h's type for a symbol: `PFN_<name without _vN>_v<since>`, `_ptds`/`_ptsz`
+/// kept at the end. It exists only where `@since` is the version of the symbol's ABI, so
+/// this checks what `cuGetProcAddress` answers, too.
+fn pfn(name: &str, since: u32) -> String {
+    let (base, per_thread) = split(name);
     format!("PFN_{base}_v{since}{per_thread}")
 }
 
@@ -145,18 +152,6 @@ fn the_structs_read_from_programs_have_the_layout_of_cuda_h() {
     }
 }
 
-/// The name a symbol has without its ABI version and per-thread suffix.
-fn unversioned(name: &str) -> &str {
-    let stem = name
-        .strip_suffix("_ptds")
-        .or(name.strip_suffix("_ptsz"))
-        .unwrap_or(name);
-    match stem.rsplit_once("_v") {
-        Some((base, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => base,
-        _ => stem,
-    }
-}
-
 /// A program built with CUDA 13's cuda.h calls what its `#define`s name (`cuCtxCreate` is
 /// `cuCtxCreate_v4`, `cuStreamGetCtx` with per-thread default streams `cuStreamGetCtx_ptsz`):
 /// where any ABI of an entry point is forwarded, the one cuda.h names must be too, or such
@@ -209,7 +204,7 @@ fn the_symbols_cuda_h_names_are_forwarded_where_older_ones_are() {
             .funcs
             .iter()
             .filter(forwarded)
-            .find(|g| unversioned(&g.name) == unversioned(symbol));
+            .find(|g| split(&g.name).0 == split(symbol).0);
         if !forwarded(&f) {
             if let Some(g) = older {
                 refused.push(format!("{symbol} (while {} is forwarded)", g.name));

@@ -46,8 +46,18 @@ pub fn cuCtxDestroy_v2(
     Ok(())
 }
 
-/// A primary context reset (`v2`: the `_v2` entry point) on the tenant's device `dev`.
-fn reset(s: &Call<'_>, dev: i32, v2: bool, w: &mut Writer) {
+/// What is done to a primary context.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Primary {
+    /// Reset: it ends.
+    Reset,
+    /// Released: the last release ends it.
+    Release,
+}
+
+/// A primary context reset or release (`v2`: by the `_v2` entry point) on the tenant's device
+/// `dev`; if the context ended, its allocations go.
+fn primary_context(s: &Call<'_>, dev: i32, what: Primary, v2: bool, w: &mut Writer) {
     let dev = match crate::rt::driver_device(s, dev) {
         Ok(dev) => dev,
         Err(st) => return w.i32(st),
@@ -55,78 +65,41 @@ fn reset(s: &Call<'_>, dev: i32, v2: bool, w: &mut Writer) {
     let primary = crate::export_tables::driver_primary_context(dev).ok();
     // SAFETY: a device of the driver's.
     let st = unsafe {
-        match v2 {
-            true => ffi::cuDevicePrimaryCtxReset_v2(dev),
-            false => ffi::cuDevicePrimaryCtxReset(dev),
+        match (what, v2) {
+            (Primary::Reset, true) => ffi::cuDevicePrimaryCtxReset_v2(dev),
+            (Primary::Reset, false) => ffi::cuDevicePrimaryCtxReset(dev),
+            (Primary::Release, true) => ffi::cuDevicePrimaryCtxRelease_v2(dev),
+            (Primary::Release, false) => ffi::cuDevicePrimaryCtxRelease(dev),
         }
     };
-    if let (CUDA_SUCCESS, Some(primary)) = (st, primary) {
+    let ended_now = st == CUDA_SUCCESS
+        && (what == Primary::Reset || {
+            let (mut flags, mut active) = (0u32, 1u32);
+            // SAFETY: a device of the driver's and valid outputs.
+            let asked = unsafe { ffi::cuDevicePrimaryCtxGetState(dev, &mut flags, &mut active) };
+            asked == CUDA_SUCCESS && active == 0
+        });
+    if let (true, Some(primary)) = (ended_now, primary) {
         ended(s, primary);
     }
     w.i32(st);
 }
 
-/// A primary context release on the tenant's device `dev`: the last one ends the context.
-fn release(s: &Call<'_>, dev: i32, v2: bool, w: &mut Writer) {
-    let dev = match crate::rt::driver_device(s, dev) {
-        Ok(dev) => dev,
-        Err(st) => return w.i32(st),
-    };
-    let primary = crate::export_tables::driver_primary_context(dev).ok();
-    // SAFETY: a device of the driver's.
-    let st = unsafe {
-        match v2 {
-            true => ffi::cuDevicePrimaryCtxRelease_v2(dev),
-            false => ffi::cuDevicePrimaryCtxRelease(dev),
+/// The primary context entry points, each a handler of its own that calls the shared one
+/// with what it does and its driver entry point (`_v2` or not).
+macro_rules! primary_context_ends {
+    ($($name:ident => $shared:ident, $v2:expr;)*) => {$(
+        #[doc = concat!("`", stringify!($name), "`.")]
+        pub fn $name(s: &Call<'_>, a: args::$name, w: &mut Writer) -> Result<(), DecodeError> {
+            primary_context(s, a.dev, Primary::$shared, $v2, w);
+            Ok(())
         }
-    };
-    if st == CUDA_SUCCESS {
-        let (mut flags, mut active) = (0u32, 1u32);
-        // SAFETY: a device of the driver's and valid outputs.
-        let asked = unsafe { ffi::cuDevicePrimaryCtxGetState(dev, &mut flags, &mut active) };
-        if let (CUDA_SUCCESS, 0, Some(primary)) = (asked, active, primary) {
-            ended(s, primary);
-        }
-    }
-    w.i32(st);
+    )*};
 }
 
-/// `cuDevicePrimaryCtxReset`.
-pub fn cuDevicePrimaryCtxReset(
-    s: &Call<'_>,
-    a: args::cuDevicePrimaryCtxReset,
-    w: &mut Writer,
-) -> Result<(), DecodeError> {
-    reset(s, a.dev, false, w);
-    Ok(())
-}
-
-/// `cuDevicePrimaryCtxReset_v2` (`cudaDeviceReset`).
-pub fn cuDevicePrimaryCtxReset_v2(
-    s: &Call<'_>,
-    a: args::cuDevicePrimaryCtxReset_v2,
-    w: &mut Writer,
-) -> Result<(), DecodeError> {
-    reset(s, a.dev, true, w);
-    Ok(())
-}
-
-/// `cuDevicePrimaryCtxRelease`.
-pub fn cuDevicePrimaryCtxRelease(
-    s: &Call<'_>,
-    a: args::cuDevicePrimaryCtxRelease,
-    w: &mut Writer,
-) -> Result<(), DecodeError> {
-    release(s, a.dev, false, w);
-    Ok(())
-}
-
-/// `cuDevicePrimaryCtxRelease_v2`.
-pub fn cuDevicePrimaryCtxRelease_v2(
-    s: &Call<'_>,
-    a: args::cuDevicePrimaryCtxRelease_v2,
-    w: &mut Writer,
-) -> Result<(), DecodeError> {
-    release(s, a.dev, true, w);
-    Ok(())
+primary_context_ends! {
+    cuDevicePrimaryCtxReset => Reset, false;
+    cuDevicePrimaryCtxReset_v2 => Reset, true;
+    cuDevicePrimaryCtxRelease => Release, false;
+    cuDevicePrimaryCtxRelease_v2 => Release, true;
 }

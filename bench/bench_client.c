@@ -145,6 +145,17 @@ static void calls(void) {
 
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "calls";
+    if (!strcmp(mode, "platform")) {
+        /* Which OpenCL the client reached (the GPU machine has several loaders and ICDs). */
+        cl_platform_id p;
+        char pname[256] = "", dname[256] = "";
+        CHECK(clGetPlatformIDs(1, &p, NULL));
+        CHECK(clGetPlatformInfo(p, CL_PLATFORM_NAME, sizeof pname, pname, NULL));
+        CHECK(clGetDeviceIDs(p, CL_DEVICE_TYPE_ALL, 1, &dev, NULL));
+        CHECK(clGetDeviceInfo(dev, CL_DEVICE_NAME, sizeof dname, dname, NULL));
+        printf("platform: %s, device: %s\n", pname, dname);
+        return 0;
+    }
     setup();
     if (!strcmp(mode, "start")) {
         size_t one = 1;

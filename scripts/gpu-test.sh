@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The GPU tests (pytest marker `gpu`) and GPU benchmarks, on a machine with an NVIDIA GPU and
-# its driver. The GPU machine has no Rust and no network: build here (`cargo build --release`,
-# `scripts/install.sh` for the bench clients, `scripts/gpu-test.sh --prepare` for pytest),
-# carry target/release and target/gpu-py, then run this there. Elsewhere the same tests skip,
-# saying why.
+# its driver. The GPU machine has no Rust and no network, and a device call carries at most
+# 64 MiB: build here with `scripts/gpu-test.sh --prepare` (release build, bench clients,
+# debug info stripped into target/gpu, pytest for python3), carry `target/gpu` alone, and run
+# this there: it puts the carried build where the tests look for it. Elsewhere the same tests
+# skip, saying why.
 #
 #   scripts/gpu-test.sh [PART...] [-- PYTEST-ARGS...]
 #
@@ -13,15 +14,29 @@
 #   cuda-bench    `wh bench --part cuda`: the CUDA table (native, shared memory, TCP)
 #   opencl-bench  the OpenCL calls table on NVIDIA's OpenCL, with pinned staging and without
 #   torch-bench   `wh bench --part torch` (where python3 has PyTorch)
-# A device command may run 10 minutes at most: give each call a few parts.
+# A device command may run 10 minutes at most: give each call a few parts. Each part stops
+# after PART_LIMIT seconds (default 540), all of them after CALL_LIMIT (560), each test after
+# 200; where $OUT is set (the device machine), each part's output is kept in $OUT/<part>.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+BUILT=(wh libwormhole_cuda.so libwormhole_nvml.so libwormhole_opencl.so wh-cuda-bench-client wh-bench-client)
 if [ "${1:-}" = "--prepare" ]; then
+    cargo build --release --workspace --quiet
+    ./scripts/bench-clients.sh
+    rm -rf target/gpu
+    mkdir -p target/gpu/release
+    # Debug info is most of each file's size (the release profile keeps it for backtraces).
+    for f in "${BUILT[@]}"; do strip --strip-debug -o "target/gpu/release/$f" "target/release/$f"; done
     # Pure-Python pytest for another machine's python3 (no venv there: no network to fill one).
-    rm -rf target/gpu-py
-    .venv/bin/python -m pip install -q --target target/gpu-py pytest pytest-timeout
-    echo "gpu-test: pytest in target/gpu-py; carry target/release and target/gpu-py"
+    .venv/bin/python -m pip install -q --target target/gpu/py pytest pytest-timeout
+    du -sh target/gpu
+    echo "gpu-test: carry [\"target/gpu\"]; there run scripts/gpu-test.sh PART..."
     exit 0
+fi
+# On the device machine: the carried build where the tests and `wh` look for it.
+if [ -d target/gpu/release ] && [ ! -e target/release/wh ]; then
+    mkdir -p target/release
+    cp -p target/gpu/release/* target/release/
 fi
 ALL=(cuda-tests torch-tests cuda-bench opencl-bench torch-bench)
 parts=()
@@ -38,57 +53,75 @@ done
 [ ${#parts[@]} -gt 0 ] || parts=("${ALL[@]}")
 wants() { local p; for p in "${parts[@]}"; do [ "$p" = "$1" ] && return 0; done; return 1; }
 
-for f in target/release/wh target/release/libwormhole_cuda.so target/release/libwormhole_nvml.so; do
-    [ -e "$f" ] || { echo "gpu-test: $f is missing (build here: cargo build --release)" >&2; exit 1; }
+for f in "${BUILT[@]}"; do
+    [ -e "target/release/$f" ] || { echo "gpu-test: target/release/$f is missing (here: scripts/gpu-test.sh --prepare, then carry target/gpu)" >&2; exit 1; }
 done
 nvidia-smi -L || { echo "gpu-test: no NVIDIA GPU here" >&2; exit 1; }
 # The machine's own pytest where it has pytest-timeout too, else the one carried.
-if python3 -c "import pytest, pytest_timeout" 2>/dev/null; then py=(python3); else py=(env PYTHONPATH=target/gpu-py python3); fi
+if python3 -c "import pytest, pytest_timeout" 2>/dev/null; then py=(python3); else py=(env PYTHONPATH=target/gpu/py python3); fi
 has_torch() { python3 -c "import torch" 2>/dev/null; }
+export PYTHONUNBUFFERED=1
+# A part's output, kept in $OUT/<part>.log too where $OUT is set. A part stops after
+# PART_LIMIT seconds, and all of them together after CALL_LIMIT (a device command is killed
+# at 600 s, its output with it): SIGINT first, so pytest still prints what failed.
+call_limit=${CALL_LIMIT:-560}
+keep() { if [ -n "${OUT:-}" ]; then tee -a "$OUT/$1.log"; else cat; fi; }
+part() {
+    local name=$1 left limit st
+    shift
+    left=$((call_limit - SECONDS))
+    limit=$((left < ${PART_LIMIT:-540} ? left : ${PART_LIMIT:-540}))
+    if [ "$limit" -lt 30 ]; then
+        echo "gpu-test: $name skipped: ${left}s left of this call's ${call_limit}s" | keep "$name"
+        rc=1
+        return
+    fi
+    echo "gpu-test: $name (at most ${limit}s)"
+    set +e
+    timeout -s INT -k 20 "$limit" "$@" 2>&1 | keep "$name"
+    st=${PIPESTATUS[0]}
+    set -e
+    [ "$st" -eq 0 ] || rc=$st
+}
 rc=0
-# Each test 300 s at most: a hang must not eat a session's 30 minutes of the machine.
+# Each test 200 s at most: a hang must not eat a session's 30 minutes of the machine.
 if wants cuda-tests; then
-    echo "gpu-test: cuda-tests"
-    "${py[@]}" -m pytest -v -m gpu -p no:cacheprovider --timeout=300 tests/test_cuda.py ${pytest_args[@]+"${pytest_args[@]}"} || rc=$?
+    part cuda-tests "${py[@]}" -m pytest -v -m gpu -p no:cacheprovider --timeout=200 tests/test_cuda.py ${pytest_args[@]+"${pytest_args[@]}"}
 fi
 if wants torch-tests; then
-    echo "gpu-test: torch-tests"
-    "${py[@]}" -m pytest -v -m gpu -p no:cacheprovider --timeout=300 tests/test_torch.py ${pytest_args[@]+"${pytest_args[@]}"} || rc=$?
+    # -rP: the passing tests' output too (steps/s, round trips per step).
+    part torch-tests "${py[@]}" -m pytest -v -rP -m gpu -p no:cacheprovider --timeout=200 tests/test_torch.py ${pytest_args[@]+"${pytest_args[@]}"}
 fi
 if wants cuda-bench; then
-    echo "gpu-test: cuda-bench"
-    if [ -x target/release/wh-cuda-bench-client ]; then
-        target/release/wh bench --part cuda || rc=$?
-    else
-        echo "gpu-test: no target/release/wh-cuda-bench-client (scripts/install.sh builds it): no CUDA table" >&2
-        rc=1
-    fi
+    part cuda-bench target/release/wh bench --part cuda
 fi
 # OpenCL on NVIDIA's driver, native vs Wormhole: the calls table, whose blocking transfers go
 # through pinned staging on a discrete GPU (#11: >= 0.9x native at >= 1 MiB). Only PoCL is
 # registered there, so NVIDIA's library is named in a vendors directory of our own (the
 # Wormhole side's client is pointed at Wormhole's ICD by `wh bench` itself).
 if wants opencl-bench; then
-    echo "gpu-test: opencl-bench"
     nvidia_cl=$(ls /usr/lib/libnvidia-opencl.so.1 /usr/lib/x86_64-linux-gnu/libnvidia-opencl.so.1 2>/dev/null | head -1 || true)
-    if [ -n "$nvidia_cl" ] && [ -x target/release/wh-bench-client ]; then
+    if [ -n "$nvidia_cl" ]; then
         vendors=$(mktemp -d)
         echo "$nvidia_cl" > "$vendors/nvidia.icd"
-        echo "gpu-test: OpenCL calls table on NVIDIA's OpenCL, pinned staging on (auto)"
-        OCL_ICD_VENDORS="$vendors" target/release/wh bench --part calls || rc=$?
-        # The same without staging (mapped transfers), to see what staging buys on this GPU.
-        echo "gpu-test: the same with WORMHOLE_PINNED_STAGING=never"
-        WORMHOLE_PINNED_STAGING=never OCL_ICD_VENDORS="$vendors" target/release/wh bench --part calls || rc=$?
+        export OCL_ICD_VENDORS="$vendors"
+        # Which loader and platform the native side reaches (the toolkit's libOpenCL.so.1
+        # comes first on the library path there).
+        ldd target/release/wh-bench-client | grep -i opencl | keep opencl-bench
+        target/release/wh-bench-client platform 2>&1 | keep opencl-bench
+        # Pinned staging on (auto), then without (mapped transfers): what staging buys.
+        part opencl-bench target/release/wh bench --part calls
+        WORMHOLE_PINNED_STAGING=never part opencl-bench-unstaged target/release/wh bench --part calls
+        unset OCL_ICD_VENDORS
     else
-        echo "gpu-test: no NVIDIA OpenCL library or no target/release/wh-bench-client: no OpenCL table" >&2
+        echo "gpu-test: no NVIDIA OpenCL library here: no OpenCL table" >&2
         rc=1
     fi
 fi
 # PyTorch training, native vs Wormhole (bench/torch_train.py), where python3 has PyTorch.
 if wants torch-bench; then
-    echo "gpu-test: torch-bench"
     if has_torch; then
-        target/release/wh bench --part torch || rc=$?
+        part torch-bench target/release/wh bench --part torch
     else
         echo "gpu-test: python3 has no PyTorch here: no torch table" >&2
     fi

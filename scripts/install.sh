@@ -87,15 +87,7 @@ fi
 
 echo "install: building Wormhole (release; cargo rebuilds only what changed)"
 cargo build --release --workspace --quiet
-if [ ! -x target/release/wh-bench-client ] || [ bench/bench_client.c -nt target/release/wh-bench-client ] || [ bench/bench_measure.h -nt target/release/wh-bench-client ]; then
-    gcc -O2 -o target/release/wh-bench-client bench/bench_client.c -lOpenCL
-else
-    echo "install: skipped the benchmark client: target/release/wh-bench-client is newer than its source"
-fi
-# The CUDA one needs no toolkit: it loads libcuda.so.1 itself (wh bench --part cuda, on a GPU).
-if [ ! -x target/release/wh-cuda-bench-client ] || [ bench/cuda_bench_client.c -nt target/release/wh-cuda-bench-client ] || [ bench/bench_measure.h -nt target/release/wh-cuda-bench-client ]; then
-    gcc -O2 -o target/release/wh-cuda-bench-client bench/cuda_bench_client.c -ldl
-fi
+./scripts/bench-clients.sh
 ./scripts/vm/prepare.sh   # QEMU, kernel and initramfs for the guest tests (target/vm)
 # Go (for the Kubernetes DRA driver, and Kubernetes itself for its tests): the machine's if new
 # enough, else the toolchain module fetched by Debian's golang-go.

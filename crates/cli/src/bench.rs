@@ -13,6 +13,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// What keeps the drivers from reusing earlier builds: PoCL's kernel cache, NVIDIA's compute
+/// cache (a "cold" start compiles every program).
+const COLD_DRIVER_CACHES: &[(&str, &str)] =
+    &[("POCL_KERNEL_CACHE", "0"), ("CUDA_CACHE_DISABLE", "1")];
+
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
     #[error("cannot find the benchmark client {0} (built by scripts/install.sh)")]
@@ -90,8 +95,11 @@ impl Server {
         match cache {
             // The server's program cache in the bench's own directory (warmed by the runs).
             Cache::Warm => cmd.arg("--program-cache").arg(dir.join("programs")),
-            // Every build compiles: neither Wormhole's cache nor PoCL's.
-            Cache::Cold => cmd.arg("--no-program-cache").env("POCL_KERNEL_CACHE", "0"),
+            // Every build compiles: neither Wormhole's cache nor the driver's (PoCL's, or
+            // NVIDIA's compute cache).
+            Cache::Cold => cmd
+                .arg("--no-program-cache")
+                .envs(COLD_DRIVER_CACHES.iter().copied()),
         };
         let child = cmd.spawn()?;
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -405,13 +413,7 @@ pub fn run(icd_lib: &Path, part: Part) -> Result<(), BenchError> {
     eprintln!("wh bench: start-up times...");
     for (i, m) in modes.iter().enumerate() {
         let warm = time_start(&client, *m, server_for(*m), &icd, &[])?;
-        let cold = time_start(
-            &client,
-            *m,
-            cold_server_for(*m),
-            &icd,
-            &[("POCL_KERNEL_CACHE", "0")],
-        )?;
+        let cold = time_start(&client, *m, cold_server_for(*m), &icd, COLD_DRIVER_CACHES)?;
         figs[i].insert("start_warm_ms".into(), warm);
         figs[i].insert("start_cold_ms".into(), cold);
     }

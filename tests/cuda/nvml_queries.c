@@ -121,6 +121,18 @@ int main(void) {
         device_t by_pci = NULL;
         s = ((by_string_t)sym("nvmlDeviceGetHandleByPciBusId_v2"))(pci.bus_id, &by_pci);
         EXPECT(s == 0 && by_pci == d, "device %u: by PCI bus id -> %d, another handle", i, s);
+        /* The unversioned lookups NCCL makes by name, and lookups with nowhere to answer. */
+        device_t v1 = NULL, v1_pci = NULL;
+        unsigned v1_count = 0;
+        printf("  v1: count -> %d, by index -> %d, by PCI bus id -> %d",
+               ((count_t)sym("nvmlDeviceGetCount"))(&v1_count),
+               ((by_index_t)sym("nvmlDeviceGetHandleByIndex"))(i, &v1),
+               ((by_string_t)sym("nvmlDeviceGetHandleByPciBusId"))(pci.bus_id, &v1_pci));
+        printf(", the same device %s\n", v1 == d && v1_pci == d ? "yes" : "no");
+        printf("  lookups into NULL: by UUID -> %d, by PCI bus id -> %d, memory -> %d\n",
+               ((by_string_t)sym("nvmlDeviceGetHandleByUUID"))(uuid, NULL),
+               ((by_string_t)sym("nvmlDeviceGetHandleByPciBusId_v2"))(pci.bus_id, NULL),
+               ((bytes_t)sym("nvmlDeviceGetMemoryInfo"))(d, NULL));
         struct memory m;
         s = ((bytes_t)sym("nvmlDeviceGetMemoryInfo"))(d, &m);
         printf("  memory -> %d total %llu\n", s, m.total);

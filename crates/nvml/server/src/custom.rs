@@ -64,6 +64,11 @@ pub fn nvmlDeviceGetMemoryInfo(
     let Some(device) = device_or_reply(s, a.device_id, w) else {
         return Ok(());
     };
+    if !a.memory_present {
+        // nvml.h: "NVML_ERROR_INVALID_ARGUMENT if device is invalid or memory is NULL".
+        w.i32(NVML_ERROR_INVALID_ARGUMENT);
+        return Ok(());
+    }
     let mut b = [0u8; MEMORY_SIZE];
     // SAFETY: `device` is a device NVML gave this session; `b` is an nvmlMemory_t's size.
     let st = unsafe { ffi::nvmlDeviceGetMemoryInfo(device, b.as_mut_ptr().cast()) };
@@ -120,14 +125,19 @@ pub fn nvmlDeviceGetMemoryInfo_v2(
 }
 
 /// NVML's devices the tenant may use (those whose name its `devices` filter lets through), in
-/// NVML's order: the tenant's device `n` is the `n`-th of them. Found once per session.
-fn visible_devices<'a>(s: &'a Call<'_>) -> &'a [usize] {
-    s.visible.get_or_init(|| {
-        let mut count = 0u32;
-        // SAFETY: a valid output pointer.
-        if unsafe { ffi::nvmlDeviceGetCount_v2(&mut count) } != NVML_SUCCESS {
-            return Vec::new();
-        }
+/// NVML's order: the tenant's device `n` is the `n`-th of them. Found once per session; if
+/// NVML cannot count its devices, its status (asked again next time).
+fn visible_devices<'a>(s: &'a Call<'_>) -> Result<&'a [usize], i32> {
+    if let Some(v) = s.visible.get() {
+        return Ok(v);
+    }
+    let mut count = 0u32;
+    // SAFETY: a valid output pointer.
+    let st = unsafe { ffi::nvmlDeviceGetCount_v2(&mut count) };
+    if st != NVML_SUCCESS {
+        return Err(st);
+    }
+    Ok(s.visible.get_or_init(|| {
         (0..count)
             .filter_map(|i| {
                 let mut dev: crate::session::Handle = std::ptr::null_mut();
@@ -145,20 +155,73 @@ fn visible_devices<'a>(s: &'a Call<'_>) -> &'a [usize] {
             })
             .map(|dev| dev as usize)
             .collect()
-    })
+    }))
 }
 
-/// A lookup's answer: the device if the tenant may use it (else NVML_ERROR_NOT_FOUND, as for
-/// a device there is not).
-fn reply_found(s: &Call<'_>, st: i32, dev: crate::session::Handle, present: bool, w: &mut Writer) {
-    if st != NVML_SUCCESS || !present {
-        w.i32(st);
-    } else if visible_devices(s).contains(&(dev as usize)) {
-        w.i32(NVML_SUCCESS);
-        s.export_list(w, HandleKind::Device, &[dev]);
-    } else {
-        w.i32(NVML_ERROR_NOT_FOUND);
+/// A lookup (`find`: NVML's status and device): the device if the tenant may use it (else
+/// NVML_ERROR_NOT_FOUND, as for a device there is not). Without somewhere to put it the
+/// answer is NVML's for that (nvml.h: "NVML_ERROR_INVALID_ARGUMENT if ... device is NULL"),
+/// before NVML is asked: a tenant learns nothing of devices it may not use.
+fn reply_found(
+    s: &Call<'_>,
+    present: bool,
+    find: impl FnOnce(&mut crate::session::Handle) -> i32,
+    w: &mut Writer,
+) {
+    if !present {
+        return w.i32(NVML_ERROR_INVALID_ARGUMENT);
     }
+    let mut dev: crate::session::Handle = std::ptr::null_mut();
+    let st = find(&mut dev);
+    if st != NVML_SUCCESS {
+        return w.i32(st);
+    }
+    match visible_devices(s) {
+        Ok(v) if v.contains(&(dev as usize)) => {
+            w.i32(NVML_SUCCESS);
+            s.export_list(w, HandleKind::Device, &[dev]);
+        }
+        Ok(_) => w.i32(NVML_ERROR_NOT_FOUND),
+        Err(st) => w.i32(st),
+    }
+}
+
+/// The devices the tenant may use, counted.
+fn count(s: &Call<'_>, present: bool, w: &mut Writer) {
+    if !present {
+        return w.i32(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    match visible_devices(s) {
+        Ok(v) => {
+            w.i32(NVML_SUCCESS);
+            w.u32(v.len() as u32);
+        }
+        Err(st) => w.i32(st),
+    }
+}
+
+/// The tenant's device `index`.
+fn by_index(s: &Call<'_>, index: u32, present: bool, w: &mut Writer) {
+    match visible_devices(s).map(|v| v.get(index as usize).copied()) {
+        Ok(Some(dev)) if present => {
+            w.i32(NVML_SUCCESS);
+            s.export_list(w, HandleKind::Device, &[dev as crate::session::Handle]);
+        }
+        Err(st) => w.i32(st),
+        _ => w.i32(NVML_ERROR_INVALID_ARGUMENT),
+    }
+}
+
+/// The device at PCI address `bus_id`, if the tenant may use it.
+fn by_bus_id(s: &Call<'_>, bus_id: &Option<std::ffi::CString>, present: bool, w: &mut Writer) {
+    let bus_id = bus_id.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
+    // SAFETY: `bus_id` NULL or a C string; a valid output pointer.
+    reply_found(
+        s,
+        present,
+        |dev| unsafe { ffi::nvmlDeviceGetHandleByPciBusId_v2(bus_id, dev) },
+        w,
+    );
 }
 
 /// `nvmlDeviceGetCount_v2`: the devices the tenant may use.
@@ -167,12 +230,17 @@ pub fn nvmlDeviceGetCount_v2(
     a: args::nvmlDeviceGetCount_v2,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    if !a.deviceCount_present {
-        w.i32(NVML_ERROR_INVALID_ARGUMENT);
-        return Ok(());
-    }
-    w.i32(NVML_SUCCESS);
-    w.u32(visible_devices(s).len() as u32);
+    count(s, a.deviceCount_present, w);
+    Ok(())
+}
+
+/// `nvmlDeviceGetCount`, as `_v2`.
+pub fn nvmlDeviceGetCount(
+    s: &Call<'_>,
+    a: args::nvmlDeviceGetCount,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    count(s, a.deviceCount_present, w);
     Ok(())
 }
 
@@ -182,13 +250,17 @@ pub fn nvmlDeviceGetHandleByIndex_v2(
     a: args::nvmlDeviceGetHandleByIndex_v2,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    match visible_devices(s).get(a.index as usize) {
-        Some(&dev) if a.device_present => {
-            w.i32(NVML_SUCCESS);
-            s.export_list(w, HandleKind::Device, &[dev as crate::session::Handle]);
-        }
-        _ => w.i32(NVML_ERROR_INVALID_ARGUMENT),
-    }
+    by_index(s, a.index, a.device_present, w);
+    Ok(())
+}
+
+/// `nvmlDeviceGetHandleByIndex`, as `_v2`.
+pub fn nvmlDeviceGetHandleByIndex(
+    s: &Call<'_>,
+    a: args::nvmlDeviceGetHandleByIndex,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    by_index(s, a.index, a.device_present, w);
     Ok(())
 }
 
@@ -198,11 +270,14 @@ pub fn nvmlDeviceGetHandleByUUID(
     a: args::nvmlDeviceGetHandleByUUID,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let mut dev: crate::session::Handle = std::ptr::null_mut();
     let uuid = a.uuid_str.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
     // SAFETY: `uuid` NULL or a C string; a valid output pointer.
-    let st = unsafe { ffi::nvmlDeviceGetHandleByUUID(uuid, &mut dev) };
-    reply_found(s, st, dev, a.device_present, w);
+    reply_found(
+        s,
+        a.device_present,
+        |dev| unsafe { ffi::nvmlDeviceGetHandleByUUID(uuid, dev) },
+        w,
+    );
     Ok(())
 }
 
@@ -212,14 +287,17 @@ pub fn nvmlDeviceGetHandleByPciBusId_v2(
     a: args::nvmlDeviceGetHandleByPciBusId_v2,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let mut dev: crate::session::Handle = std::ptr::null_mut();
-    let bus_id = a
-        .pciBusId_str
-        .as_ref()
-        .map_or(std::ptr::null(), |c| c.as_ptr());
-    // SAFETY: `bus_id` NULL or a C string; a valid output pointer.
-    let st = unsafe { ffi::nvmlDeviceGetHandleByPciBusId_v2(bus_id, &mut dev) };
-    reply_found(s, st, dev, a.device_present, w);
+    by_bus_id(s, &a.pciBusId_str, a.device_present, w);
+    Ok(())
+}
+
+/// `nvmlDeviceGetHandleByPciBusId`, as `_v2`.
+pub fn nvmlDeviceGetHandleByPciBusId(
+    s: &Call<'_>,
+    a: args::nvmlDeviceGetHandleByPciBusId,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    by_bus_id(s, &a.pciBusId_str, a.device_present, w);
     Ok(())
 }
 
@@ -232,13 +310,14 @@ pub fn nvmlDeviceGetIndex(
     let Some(dev) = device_or_reply(s, a.device_id, w) else {
         return Ok(());
     };
-    match visible_devices(s).iter().position(|&d| d == dev as usize) {
-        Some(i) if a.index_present => {
+    match visible_devices(s).map(|v| v.iter().position(|&d| d == dev as usize)) {
+        Ok(Some(i)) if a.index_present => {
             w.i32(NVML_SUCCESS);
             w.u32(i as u32);
         }
-        Some(_) => w.i32(NVML_ERROR_INVALID_ARGUMENT),
-        None => w.i32(NVML_ERROR_NOT_FOUND),
+        Ok(Some(_)) => w.i32(NVML_ERROR_INVALID_ARGUMENT),
+        Ok(None) => w.i32(NVML_ERROR_NOT_FOUND),
+        Err(st) => w.i32(st),
     }
     Ok(())
 }

@@ -216,6 +216,25 @@ int main(int argc, char **argv) {
     CHECK(cuEventSynchronize(stop));
     printf("stream: capturing %d, flags %u, priority %d, its context the current one: %s; vadd: %d blocks of 256 per SM\n",
            (int)capturing, sflags, spriority, sctx == ctx ? "yes" : "no", blocks);
+    /* Stream memory operations (PyTorch calls cuStreamWaitValue32 itself) and a stream's
+       device: a value written in stream order, waited for, read back. */
+    {
+        CUdeviceptr flag = 0;
+        unsigned int seen = 0;
+        CUdevice sdev = -1;
+        CHECK(cuMemAlloc(&flag, 16));
+        CHECK(cuMemsetD8(flag, 0, 16));
+        CHECK(cuStreamWriteValue32(stream, flag, 7, CU_STREAM_WRITE_VALUE_DEFAULT));
+        CHECK(cuStreamWaitValue32(stream, flag, 7, CU_STREAM_WAIT_VALUE_EQ));
+        CHECK(cuStreamWriteValue64(stream, flag + 8, 0x1122334455667788ull, CU_STREAM_WRITE_VALUE_DEFAULT));
+        CHECK(cuStreamWaitValue64(stream, flag + 8, 0x1122334455667788ull, CU_STREAM_WAIT_VALUE_GEQ));
+        CHECK(cuStreamSynchronize(stream));
+        CHECK(cuMemcpyDtoH(&seen, flag, sizeof seen));
+        CHECK(cuStreamGetDevice(stream, &sdev));
+        printf("stream memory operations: written %u; the stream's device the first: %s\n", seen,
+               sdev == dev ? "yes" : "no");
+        CHECK(cuMemFree(flag));
+    }
     /* CUDA 13's headers name cuStreamGetCtx_v2 (with a green context) and cuCtxCreate_v4 (with
        creation parameters, here none: a plain context, pushed on the thread's stack). */
     CUcontext sctx2 = NULL, created = NULL, popped = NULL;

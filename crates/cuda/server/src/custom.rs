@@ -1127,6 +1127,47 @@ fn reply_device(s: &Call<'_>, st: i32, dev: u32, present: bool, w: &mut Writer) 
     }
 }
 
+/// A stream's device (`per_thread`: the NULL stream is the thread's), by the tenant's number.
+fn stream_device(s: &Call<'_>, stream_id: u64, present: bool, per_thread: bool, w: &mut Writer) {
+    let stream = match s.resolve(stream_id, HandleKind::Stream, true) {
+        Ok(stream) => stream,
+        Err(st) => return w.i32(st),
+    };
+    let mut dev = 0u32;
+    let out = match present {
+        true => &mut dev as *mut u32,
+        false => std::ptr::null_mut(),
+    };
+    // SAFETY: a stream of the session's and an output (or NULL, as asked).
+    let st = unsafe {
+        match per_thread {
+            true => ffi::cuStreamGetDevice_ptsz(stream, out),
+            false => ffi::cuStreamGetDevice(stream, out),
+        }
+    };
+    reply_device(s, st, dev, present, w);
+}
+
+/// `cuStreamGetDevice`.
+pub fn cuStreamGetDevice(
+    s: &Call<'_>,
+    a: args::cuStreamGetDevice,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    stream_device(s, a.hStream_id, a.device_present, false, w);
+    Ok(())
+}
+
+/// `cuStreamGetDevice_ptsz`.
+pub fn cuStreamGetDevice_ptsz(
+    s: &Call<'_>,
+    a: args::cuStreamGetDevice_ptsz,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    stream_device(s, a.hStream_id, a.device_present, true, w);
+    Ok(())
+}
+
 /// `cuCtxGetDevice`: the current context's device, by the tenant's number.
 pub fn cuCtxGetDevice(
     s: &Call<'_>,

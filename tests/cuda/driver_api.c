@@ -231,8 +231,12 @@ int main(int argc, char **argv) {
         CHECK(cuStreamSynchronize(stream));
         CHECK(cuMemcpyDtoH(&seen, flag, sizeof seen));
         CHECK(cuStreamGetDevice(stream, &sdev));
-        printf("stream memory operations: written %u; the stream's device the first: %s\n", seen,
-               sdev == dev ? "yes" : "no");
+        char bus[32] = "";
+        CUdevice by_bus = -1;
+        CHECK(cuDeviceGetPCIBusId(bus, sizeof bus, dev));
+        CHECK(cuDeviceGetByPCIBusId(&by_bus, bus));
+        printf("stream memory operations: written %u; the stream's device the first: %s, found "
+               "by its PCI address: %s\n", seen, sdev == dev ? "yes" : "no", by_bus == dev ? "yes" : "no");
         CHECK(cuMemFree(flag));
     }
     /* CUDA 13's headers name cuStreamGetCtx_v2 (with a green context) and cuCtxCreate_v4 (with

@@ -1127,6 +1127,33 @@ fn reply_device(s: &Call<'_>, st: i32, dev: u32, present: bool, w: &mut Writer) 
     }
 }
 
+/// `cuDeviceGetByPCIBusId`: the device at a PCI address, by the tenant's number; one the
+/// tenant may not use is no device of its (CUDA_ERROR_INVALID_DEVICE, as for an address with
+/// no device).
+pub fn cuDeviceGetByPCIBusId(
+    s: &Call<'_>,
+    a: args::cuDeviceGetByPCIBusId,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let bus_id = a
+        .pciBusId_str
+        .as_ref()
+        .map_or(std::ptr::null(), |c| c.as_ptr());
+    let mut dev = 0u32;
+    let out = match a.dev_present {
+        true => &mut dev as *mut u32,
+        false => std::ptr::null_mut(),
+    };
+    // SAFETY: an output (or NULL, as asked) and a C string (or NULL).
+    let st = unsafe { ffi::cuDeviceGetByPCIBusId(out, bus_id) };
+    if st == CUDA_SUCCESS && a.dev_present && crate::rt::tenant_device(s, dev as i32).is_none() {
+        w.i32(CUDA_ERROR_INVALID_DEVICE);
+        return Ok(());
+    }
+    reply_device(s, st, dev, a.dev_present, w);
+    Ok(())
+}
+
 /// A stream's device (`per_thread`: the NULL stream is the thread's), by the tenant's number.
 fn stream_device(s: &Call<'_>, stream_id: u64, present: bool, per_thread: bool, w: &mut Writer) {
     let stream = match s.resolve(stream_id, HandleKind::Stream, true) {

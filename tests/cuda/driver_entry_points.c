@@ -127,6 +127,9 @@ int main(void) {
     /* Before cuInit, what needs the driver initialised is refused, as natively. */
     int before = -1;
     EXPECT(((version_t)dlsym(lib, "cuDeviceGetCount"))(&before) == 3, "cuDeviceGetCount before cuInit");
+    typedef int (*with_handle_t)(void *);
+    int st = ((with_handle_t)dlsym(lib, "cuStreamSynchronize"))((void *)0x1234);
+    EXPECT(st == 3, "cuStreamSynchronize of a bogus stream before cuInit -> %d, expected 3", st);
 
     /* The driver API version, then no device, quickly. */
     int v = 0;

@@ -72,6 +72,9 @@ int main(void) {
     EXPECT(r == 1 && n == 12345, "nvmlDeviceGetCount_v2 before nvmlInit -> %d (expected 1, Uninitialized)", r);
     r = shutdown();
     EXPECT(r == 1, "nvmlShutdown before nvmlInit -> %d (expected 1, Uninitialized)", r);
+    char early[8];
+    r = ((text_t)sym("nvmlDeviceGetName"))((device_t)0x1234, early, sizeof early);
+    EXPECT(r == 1, "nvmlDeviceGetName of a bogus device before nvmlInit -> %d (expected 1, Uninitialized)", r);
 
     double t0 = now_ms();
     r = init();

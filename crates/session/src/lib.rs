@@ -61,15 +61,6 @@ fn policy_for(hooks: &ApiHooks, opcode: u16) -> SpinPolicy {
     }
 }
 
-/// The lanes a thread whose own lane `own` is busy may take instead, of `n`: any but its own
-/// and the callback thread's (the last, when there are two or more). A program thread that
-/// took the callback lane would hold it through a call that waits for a CUDA host function,
-/// whose "done" the callback thread must send there.
-fn borrowable_lanes(n: usize, own: usize, callback_thread: bool) -> impl Iterator<Item = usize> {
-    let callback_lane = (n >= 2 && !callback_thread).then_some(n - 1);
-    (0..n).filter(move |&i| i != own && Some(i) != callback_lane)
-}
-
 /// One lane of the shared region.
 pub struct ShmLane {
     link: ShmLink,
@@ -964,7 +955,7 @@ impl Connection {
         let idx = self.my_lane();
         let res = match &self.transport {
             Transport::Shm { lanes, .. } => {
-                let mut lane = lanes[idx].lock().unwrap_or_else(|p| p.into_inner());
+                let mut lane = self.async_lane(lanes.len(), |i| &lanes[i], idx);
                 SENT_ASYNC.set(true);
                 w.finish(FLAG_ASYNC, self.ticket())
                     .map_err(TransportError::from)
@@ -998,7 +989,7 @@ impl Connection {
             Err(std::sync::TryLockError::WouldBlock) => {}
         }
         if !SENT_ASYNC.get() {
-            for i in borrowable_lanes(n, own, CALLBACK_THREAD.get()) {
+            for i in (0..n).filter(|i| *i != own) {
                 if let Ok(held) = lane(i).try_lock() {
                     if let Some(r) = &self.used_lanes {
                         r.rendezvous().use_lane(i as u32);
@@ -1008,6 +999,35 @@ impl Connection {
             }
         }
         (own, lane(own).lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// The lane for this thread's frame sent without waiting: its own; the callback thread's,
+    /// while its own is held, any free one. A program thread may have taken the callback
+    /// lane (its own was busy) for a call that waits for what this frame says (a CUDA host
+    /// function's "done", which the worker takes on any lane): waiting for the lane would
+    /// wait for that call.
+    fn async_lane<'a, L>(
+        &self,
+        n: usize,
+        lane: impl Fn(usize) -> &'a Mutex<L>,
+        own: usize,
+    ) -> std::sync::MutexGuard<'a, L> {
+        if CALLBACK_THREAD.get() {
+            match lane(own).try_lock() {
+                Ok(held) => return held,
+                Err(std::sync::TryLockError::Poisoned(p)) => return p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {}
+            }
+            for i in (0..n).filter(|i| *i != own) {
+                if let Ok(held) = lane(i).try_lock() {
+                    if let Some(r) = &self.used_lanes {
+                        r.rendezvous().use_lane(i as u32);
+                    }
+                    return held;
+                }
+            }
+        }
+        lane(own).lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The next request's ticket (its seq): later than every request whose sending finished
@@ -1158,20 +1178,6 @@ mod tests {
     };
 
     /// A call waits for its own lane's mark, or a later one, and no longer than it must.
-    #[test]
-    fn program_threads_never_borrow_the_callback_lane() {
-        let lanes = |n, own, cb| borrowable_lanes(n, own, cb).collect::<Vec<_>>();
-        assert_eq!(lanes(4, 0, false), [1, 2]);
-        assert_eq!(lanes(4, 2, false), [0, 1]);
-        assert_eq!(
-            lanes(4, 3, true),
-            [0, 1, 2],
-            "the callback thread may borrow"
-        );
-        assert_eq!(lanes(2, 0, false), Vec::<usize>::new());
-        assert_eq!(lanes(1, 0, false), Vec::<usize>::new());
-    }
-
     #[test]
     fn marks_release_the_calls_they_name() {
         let marks = Marks::new(2);

@@ -123,6 +123,9 @@ pub fn log_unsupported(what: &'static str) {
 /// # Safety
 /// None: `h` is only dereferenced if it is a registered object.
 pub unsafe fn id_of(h: *mut c_void, kind: HandleKind, _nullable: bool) -> Result<u64, ApiErr> {
+    // Before cuInit the driver answers that, whatever the handle (the generated stubs name
+    // their handles before the request goes, where the rest is checked).
+    check_initialized()?;
     match (h as usize, kind) {
         (0, _) => Ok(0),
         (1, HandleKind::Stream) => Ok(STREAM_LEGACY_ID),

@@ -83,6 +83,8 @@ pub fn log_unsupported(what: &'static str) {
 /// # Safety
 /// None: `h` is never dereferenced.
 pub unsafe fn id_of(h: *mut c_void, kind: HandleKind, _nullable: bool) -> Result<u64, ApiErr> {
+    // Before nvmlInit (or after the last nvmlShutdown) NVML answers that, whatever the handle.
+    check_initialized()?;
     objects::id_of(h, kind).ok_or(ApiErr(kind.invalid_code()))
 }
 

@@ -223,7 +223,7 @@ int main(int argc, char **argv) {
         unsigned int seen = 0;
         CUdevice sdev = -1;
         CHECK(cuMemAlloc(&flag, 16));
-        CHECK(cuMemsetD8(flag, 0, 16));
+        CHECK(cuMemsetD8Async(flag, 0, 16, stream));
         CHECK(cuStreamWriteValue32(stream, flag, 7, CU_STREAM_WRITE_VALUE_DEFAULT));
         CHECK(cuStreamWaitValue32(stream, flag, 7, CU_STREAM_WAIT_VALUE_EQ));
         CHECK(cuStreamWriteValue64(stream, flag + 8, 0x1122334455667788ull, CU_STREAM_WRITE_VALUE_DEFAULT));

@@ -145,6 +145,13 @@ pub fn new_entry(
     layout: ParamLayout,
 ) -> *mut c_void {
     let mut reg = lock();
+    // Another thread that looked the same name up at once may have registered it first: one
+    // handle for the name (the server forgets the other id with the module).
+    if let Some(&p) = reg.entries.get(&(parent, name.to_vec())) {
+        if reg.live.contains(&p) {
+            return p as *mut c_void;
+        }
+    }
     let p = register_in(
         &mut reg,
         CuObject {
@@ -171,14 +178,21 @@ pub fn destroy(h: *mut c_void) {
     if reg.by_id.get(&o.id) == Some(&(h as usize)) {
         reg.by_id.remove(&o.id);
     }
+    // Only modules and libraries have entries, and only functions and kernels are entries:
+    // nothing to search for the rest (events and streams are destroyed often).
     let mut children = Vec::new();
-    reg.entries.retain(|(parent, _), child| {
-        let of_it = *parent == o.id || *child == h as usize;
-        if of_it && *child != h as usize {
-            children.push(*child);
-        }
-        !of_it
-    });
+    if matches!(
+        o.kind,
+        HandleKind::Module | HandleKind::Library | HandleKind::Function | HandleKind::Kernel
+    ) {
+        reg.entries.retain(|(parent, _), child| {
+            let of_it = *parent == o.id || *child == h as usize;
+            if of_it && *child != h as usize {
+                children.push(*child);
+            }
+            !of_it
+        });
+    }
     drop(reg);
     for child in children {
         destroy(child as *mut c_void);

@@ -82,6 +82,11 @@ fn primary_context(s: &Call<'_>, dev: i32, what: Primary, v2: bool, w: &mut Writ
     if let (true, Some(primary)) = (ended_now, primary) {
         ended(s, primary);
     }
+    if st == CUDA_SUCCESS && what == Primary::Reset {
+        // A program that resets its device recovers from what failed before (a sticky fault):
+        // failures of requests it did not wait for are the old context's, not the new one's.
+        s.deferred.forget(|_| true);
+    }
     w.i32(st);
 }
 

@@ -1444,6 +1444,23 @@ mod tests {
         );
     }
 
+    /// An allocation recorded again at an address the session still had (its context ended
+    /// unseen) gives the old one's bytes back to the quota: the tenant holds only the new.
+    #[test]
+    fn an_allocation_replacing_a_stale_one_gives_its_bytes_back() {
+        let s = session(1 << 30);
+        let base = s.limits().tenant_bytes();
+        let ctx = 0xc000 as Handle;
+        assert!(s.limits().reserve(0x20_0000));
+        s.allocated(0x40_0000, 0x20_0000, ctx);
+        assert!(s.limits().reserve(0x10_0000));
+        s.allocated(0x40_0000, 0x10_0000, ctx);
+        assert_eq!(s.limits().tenant_bytes() - base, 0x10_0000);
+        assert_eq!(s.freed(0x40_0000), Some((0x10_0000, ctx)));
+        s.limits().release(0x10_0000);
+        assert_eq!(s.limits().tenant_bytes(), base);
+    }
+
     /// A 2D memset may touch only the session's memory: the last row ends within it.
     #[test]
     fn memsets_2d_stay_in_the_sessions_memory() {

@@ -133,7 +133,18 @@ impl Session {
     /// library's functions and kernels, a kernel's functions): they leave the table, so a
     /// program that loads and unloads modules does not fill it.
     pub fn forget(&self, id: u64) {
-        let children: Vec<u64> = {
+        // Only modules, libraries and kernels have children: no search for the rest (events
+        // and streams are destroyed often).
+        let has_children = [HandleKind::Module, HandleKind::Library, HandleKind::Kernel]
+            .iter()
+            .any(|&k| self.handles.get(id, k).is_some());
+        let children: Vec<u64> = if !has_children {
+            self.parents
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id);
+            Vec::new()
+        } else {
             let mut parents = self.parents.lock().unwrap_or_else(|p| p.into_inner());
             parents.remove(&id);
             let children = parents
@@ -221,16 +232,20 @@ impl Session {
 
     /// Device memory the session allocated in context `ctx`, now owned at
     /// `[start, start + len)`. An entry still recorded at `start` (memory its context's end
-    /// freed without the session hearing of it) is replaced, its bytes no longer counted.
+    /// freed without the session hearing of it) is replaced: its bytes are no longer counted,
+    /// and go back to the tenant's quota.
     pub fn allocated(&self, start: u64, len: u64, ctx: Handle) {
         let old = self
             .allocations
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(start, (len, ctx as usize));
-        let old = old.map_or(0, |(l, _)| l as i64);
+        let old = old.map_or(0, |(l, _)| l);
+        if old > 0 {
+            self.limits().release(old);
+        }
         self.mem_bytes
-            .fetch_add(len as i64 - old, Ordering::Relaxed);
+            .fetch_add(len as i64 - old as i64, Ordering::Relaxed);
     }
 
     /// The allocation that starts at `start`, removed; its length and context.
@@ -259,8 +274,6 @@ impl Session {
         });
         drop(a);
         self.mem_bytes.fetch_sub(bytes as i64, Ordering::Relaxed);
-        // Failures of its pipelined requests are the old context's, not the next one's.
-        self.deferred.forget(|_| true);
         bytes
     }
 
@@ -380,18 +393,10 @@ mod tests {
         s.allocated(0x1000, 0x100, one);
         s.allocated(0x2000, 0x200, two);
         s.allocated(0x3000, 0x300, one);
-        s.deferred.record(
-            wormhole_server::deferred::SESSION,
-            CUDA_ERROR_ILLEGAL_ADDRESS,
-        );
         assert_eq!(s.context_ended(one), 0x400);
         assert!(!s.owns(0x1000, 1) && !s.owns(0x3000, 1));
         assert!(s.owns(0x2000, 0x200));
         assert_eq!(s.mem_bytes.load(Ordering::Relaxed), 0x200);
-        assert!(
-            s.deferred.is_empty(),
-            "the old context's failures went with it"
-        );
         // The driver gives an address again that the session still had recorded.
         s.allocated(0x2000, 0x80, one);
         assert_eq!(s.mem_bytes.load(Ordering::Relaxed), 0x80);

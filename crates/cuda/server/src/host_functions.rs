@@ -11,6 +11,7 @@ use crate::generated::ffi;
 use crate::session::{Call, Handle};
 use std::collections::BTreeMap;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Condvar, Mutex};
 use wormhole_cuda_proto::cu::*;
 use wormhole_cuda_proto::requests::{HostFunction, HostFunctionCall, HostFunctionDone, Message};
@@ -35,10 +36,41 @@ pub fn end() {
 static DONE: Mutex<BTreeMap<u64, u32>> = Mutex::new(BTreeMap::new());
 static DONE_CHANGED: Condvar = Condvar::new();
 
-/// What a trampoline needs: the client's id of the function, and whether it may run again.
+/// What a trampoline needs: the client's id of the function, and whether it may run again
+/// (captured into a graph: set again after the enqueue, should a capture have begun on the
+/// stream meanwhile, so a captured context is never freed after its first run).
 struct Ctx {
     callback: u64,
-    repeats: bool,
+    repeats: AtomicBool,
+    /// Holders: the request that enqueued it (until it has looked again) and a run that does
+    /// not repeat. The last one frees it.
+    holders: AtomicU32,
+}
+
+impl Ctx {
+    fn new(callback: u64, repeats: bool) -> Ctx {
+        Ctx {
+            callback,
+            repeats: AtomicBool::new(repeats),
+            holders: AtomicU32::new(2),
+        }
+    }
+}
+
+/// Lets go of `data`'s context; the last holder frees it.
+///
+/// # Safety
+/// `data` is a `Ctx` that `enqueue` leaked, and the caller one of its holders.
+unsafe fn let_go(data: *mut c_void) {
+    // SAFETY: per the contract, it is alive while the caller holds it.
+    if unsafe { &*(data as *const Ctx) }
+        .holders
+        .fetch_sub(1, Ordering::AcqRel)
+        == 1
+    {
+        // SAFETY: no holder is left: nothing refers to it any more.
+        drop(unsafe { Box::from_raw(data as *mut Ctx) });
+    }
 }
 
 /// Has the client run function `ctx.callback` (with the stream's `status`), and waits until it
@@ -48,7 +80,7 @@ fn run_in_client(ctx: &Ctx, status: i32) {
     HostFunctionCall {
         callback: ctx.callback,
         status,
-        last: !ctx.repeats,
+        last: !ctx.repeats.load(Ordering::Acquire),
     }
     .encode(&mut w);
     CHANNEL.send(w);
@@ -80,9 +112,9 @@ unsafe fn with_ctx(data: *mut c_void, f: impl FnOnce(&Ctx)) {
     // SAFETY: per the contract.
     let ctx = unsafe { &*(data as *const Ctx) };
     f(ctx);
-    if !ctx.repeats {
-        // SAFETY: a context that does not repeat runs once: nothing refers to it any more.
-        drop(unsafe { Box::from_raw(data as *mut Ctx) });
+    if !ctx.repeats.load(Ordering::Acquire) {
+        // SAFETY: a context that does not repeat runs once: this run was a holder.
+        unsafe { let_go(data) };
     }
 }
 
@@ -104,10 +136,7 @@ fn capturing(op: Op, stream: Handle) -> bool {
 
 fn enqueue(s: &Call<'_>, op: Op, m: &HostFunction) -> Result<(), i32> {
     let stream = s.resolve(m.stream, HandleKind::Stream, true)?;
-    let ctx = Box::into_raw(Box::new(Ctx {
-        callback: m.callback,
-        repeats: capturing(op, stream),
-    })) as *mut c_void;
+    let ctx = Box::into_raw(Box::new(Ctx::new(m.callback, capturing(op, stream)))) as *mut c_void;
     // SAFETY: a stream of the session's, a trampoline of the driver's callback type, and its
     // context (leaked until it runs, or for the session if it repeats).
     let st = unsafe {
@@ -128,6 +157,19 @@ fn enqueue(s: &Call<'_>, op: Op, m: &HostFunction) -> Result<(), i32> {
         // SAFETY: the driver refused it: the context was never handed out.
         drop(unsafe { Box::from_raw(ctx as *mut Ctx) });
         return Err(st);
+    }
+    if capturing(op, stream) {
+        // A capture began on the stream (another thread's) since the first look: the function
+        // may have joined the graph. Kept for the session then, still held by this request
+        // (at worst one context leaked where it was not captured after all), never freed
+        // under a graph that runs it again.
+        // SAFETY: this request still holds the context.
+        unsafe { &*(ctx as *const Ctx) }
+            .repeats
+            .store(true, Ordering::Release);
+    } else {
+        // SAFETY: this request holds it, and lets go once.
+        unsafe { let_go(ctx) };
     }
     Ok(())
 }
@@ -195,10 +237,7 @@ mod tests {
     /// A trampoline waits for its DONE, and only its own: a DONE that came first is kept.
     #[test]
     fn a_trampoline_returns_once_the_client_says_its_function_did() {
-        let ctx = Ctx {
-            callback: 4242,
-            repeats: true,
-        };
+        let ctx = Ctx::new(4242, true);
         let mut w = Writer::new(0);
         let mut body = Writer::new(0);
         HostFunctionDone { callback: 4242 }.encode(&mut body);

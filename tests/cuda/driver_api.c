@@ -278,6 +278,16 @@ int main(int argc, char **argv) {
            kblocks, kblocks == blocks ? "yes" : "no", kregs > 0 ? "yes" : "no");
     CUfunction fvadd;
     CHECK(cuKernelGetFunction(&fvadd, kvadd));
+    /* Where functions and kernels come from, and whether they are loaded (lazy loading). */
+    CUmodule fmod = NULL;
+    CUlibrary klib = NULL;
+    CUfunctionLoadingState loaded = CU_FUNCTION_LOADING_STATE_MAX;
+    CHECK(cuFuncGetModule(&fmod, vadd));
+    CHECK(cuKernelGetLibrary(&klib, kvadd));
+    CHECK(cuFuncLoad(vadd));
+    CHECK(cuFuncIsLoaded(&loaded, vadd));
+    printf("a function's module, a kernel's library: %s, %s; loaded: %d\n", fmod == module ? "its own" : "another",
+           klib == lib ? "its own" : "another", (int)loaded);
     CHECK(cuMemsetD32(dc, 0, n));
     CHECK(cuLaunchKernel((CUfunction)kvadd, (n + 255) / 256, 1, 1, 256, 1, 1, 0, NULL, args, NULL));
     CHECK(cuMemcpyDtoH(hc, dc, bytes));

@@ -301,6 +301,60 @@ pub fn nvmlDeviceGetHandleByPciBusId(
     Ok(())
 }
 
+/// `nvmlPciInfo_t`'s size, and where its domain, bus and device numbers lie.
+const PCI_SIZE: usize = 68;
+const PCI_ADDRESS: std::ops::Range<usize> = 16..28;
+
+/// Whether the PCI address in `pci` (an `nvmlPciInfo_t`) is a GPU's that the tenant may not
+/// use. Other peers (NVSwitches) are no GPU of NVML's.
+fn hidden_gpu(s: &Call<'_>, pci: &[u8; PCI_SIZE]) -> bool {
+    let visible = visible_devices(s).unwrap_or(&[]);
+    let mut count = 0u32;
+    // SAFETY: a valid output pointer.
+    if unsafe { ffi::nvmlDeviceGetCount_v2(&mut count) } != NVML_SUCCESS {
+        return false;
+    }
+    (0..count).any(|i| {
+        let mut dev: crate::session::Handle = std::ptr::null_mut();
+        let mut other = [0u8; PCI_SIZE];
+        // SAFETY: valid output pointers, `other` an nvmlPciInfo_t's size.
+        let found = unsafe {
+            ffi::nvmlDeviceGetHandleByIndex_v2(i, &mut dev) == NVML_SUCCESS
+                && ffi::nvmlDeviceGetPciInfo_v3(dev, other.as_mut_ptr().cast()) == NVML_SUCCESS
+        };
+        found && other[PCI_ADDRESS] == pci[PCI_ADDRESS] && !visible.contains(&(dev as usize))
+    })
+}
+
+/// `nvmlDeviceGetNvLinkRemotePciInfo_v2`: the link's peer, unless it is a GPU the tenant may
+/// not use (NVML_ERROR_NOT_FOUND, as for a lookup of one: its address is not the tenant's to
+/// learn).
+pub fn nvmlDeviceGetNvLinkRemotePciInfo_v2(
+    s: &Call<'_>,
+    a: args::nvmlDeviceGetNvLinkRemotePciInfo_v2,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let Some(device) = device_or_reply(s, a.device_id, w) else {
+        return Ok(());
+    };
+    let mut pci = [0u8; PCI_SIZE];
+    let out = match a.pci_present {
+        true => pci.as_mut_ptr().cast(),
+        false => std::ptr::null_mut(),
+    };
+    // SAFETY: a device NVML gave this session; `pci` an nvmlPciInfo_t's size (or NULL).
+    let st = unsafe { ffi::nvmlDeviceGetNvLinkRemotePciInfo_v2(device, a.link, out) };
+    if st != NVML_SUCCESS || !a.pci_present {
+        w.i32(st);
+    } else if hidden_gpu(s, &pci) {
+        w.i32(NVML_ERROR_NOT_FOUND);
+    } else {
+        w.i32(NVML_SUCCESS);
+        w.bytes(&pci);
+    }
+    Ok(())
+}
+
 /// `nvmlDeviceGetIndex`: the tenant's number of the device.
 pub fn nvmlDeviceGetIndex(
     s: &Call<'_>,

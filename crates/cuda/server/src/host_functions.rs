@@ -104,7 +104,8 @@ fn run_in_client(ctx: &Ctx, status: i32) {
     }
 }
 
-/// Takes the trampoline's context: borrowed if it repeats, else owned (freed after the run).
+/// Runs with the trampoline's context: kept if it repeats, else let go of after the run (the
+/// last of its holders frees it).
 ///
 /// # Safety
 /// `data` is a `Ctx` that `enqueue` leaked.

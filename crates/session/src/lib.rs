@@ -983,22 +983,7 @@ impl Connection {
         lane: impl Fn(usize) -> &'a Mutex<L>,
         own: usize,
     ) -> (usize, std::sync::MutexGuard<'a, L>) {
-        match lane(own).try_lock() {
-            Ok(held) => return (own, held),
-            Err(std::sync::TryLockError::Poisoned(p)) => return (own, p.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => {}
-        }
-        if !SENT_ASYNC.get() {
-            for i in (0..n).filter(|i| *i != own) {
-                if let Ok(held) = lane(i).try_lock() {
-                    if let Some(r) = &self.used_lanes {
-                        r.rendezvous().use_lane(i as u32);
-                    }
-                    return (i, held);
-                }
-            }
-        }
-        (own, lane(own).lock().unwrap_or_else(|p| p.into_inner()))
+        self.lane_or_free_one(n, lane, own, !SENT_ASYNC.get())
     }
 
     /// The lane for this thread's frame sent without waiting: its own; the callback thread's,
@@ -1012,22 +997,34 @@ impl Connection {
         lane: impl Fn(usize) -> &'a Mutex<L>,
         own: usize,
     ) -> std::sync::MutexGuard<'a, L> {
-        if CALLBACK_THREAD.get() {
-            match lane(own).try_lock() {
-                Ok(held) => return held,
-                Err(std::sync::TryLockError::Poisoned(p)) => return p.into_inner(),
-                Err(std::sync::TryLockError::WouldBlock) => {}
-            }
+        self.lane_or_free_one(n, lane, own, CALLBACK_THREAD.get()).1
+    }
+
+    /// Lane `own` if it is free; else, where `borrow`, any free lane (told to the guest's
+    /// rendezvous, as a lane is when first used); else `own` once it is free.
+    fn lane_or_free_one<'a, L>(
+        &self,
+        n: usize,
+        lane: impl Fn(usize) -> &'a Mutex<L>,
+        own: usize,
+        borrow: bool,
+    ) -> (usize, std::sync::MutexGuard<'a, L>) {
+        match lane(own).try_lock() {
+            Ok(held) => return (own, held),
+            Err(std::sync::TryLockError::Poisoned(p)) => return (own, p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => {}
+        }
+        if borrow {
             for i in (0..n).filter(|i| *i != own) {
                 if let Ok(held) = lane(i).try_lock() {
                     if let Some(r) = &self.used_lanes {
                         r.rendezvous().use_lane(i as u32);
                     }
-                    return held;
+                    return (i, held);
                 }
             }
         }
-        lane(own).lock().unwrap_or_else(|p| p.into_inner())
+        (own, lane(own).lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// The next request's ticket (its seq): later than every request whose sending finished

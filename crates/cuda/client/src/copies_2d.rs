@@ -72,18 +72,12 @@ fn side(
 /// Waits for the stream a 2D copy (`op`) is ordered on: its own (`Async` forms), or the NULL
 /// stream, the thread's own for the per-thread forms. The driver's status.
 fn wait_for_stream(op: Op, stream: Option<*mut c_void>) -> i32 {
-    let stream = stream.unwrap_or(std::ptr::null_mut());
     let per_thread = matches!(
         op,
         Op::cuMemcpy2D_v2_ptds | Op::cuMemcpy2DUnaligned_v2_ptds | Op::cuMemcpy2DAsync_v2_ptsz
     );
     // SAFETY: a stream handle of the program's (checked by the call) or NULL.
-    unsafe {
-        match per_thread {
-            true => crate::generated::wire_cuStreamSynchronize_ptsz(stream),
-            false => crate::generated::wire_cuStreamSynchronize(stream),
-        }
-    }
+    unsafe { rt::sync_stream(stream.unwrap_or(std::ptr::null_mut()), per_thread) }
 }
 
 /// Whether a row of `width` bytes from `x` lies within one `pitch` (cuda.h: "srcPitch must be

@@ -164,21 +164,23 @@ fn direction(dst: u64, src: u64) -> Direction {
 /// Host to host: the client's own copy. No device work can touch the program's ordinary
 /// memory, so nothing on a stream has to come first; page-locked memory of the session's
 /// arena the device reaches (async copies land there, kernels write it), so a copy from or to
-/// it waits for the stream it is ordered on first (`wait`, the driver's status). A source the
-/// program does not have is refused, not read.
+/// it waits first for the stream it is ordered on (`stream`, NULL: the legacy one, or the
+/// thread's own where `per_thread`). A source the program does not have is refused, not read.
 ///
 /// # Safety
-/// `dst` must hold `n` writable bytes.
+/// `dst` must hold `n` writable bytes; `stream` NULL or a handle of the program's.
 unsafe fn host_copy(
     dst: u64,
     src: u64,
     n: usize,
-    wait: impl FnOnce() -> i32,
+    stream: Handle,
+    per_thread: bool,
 ) -> Result<i32, ApiErr> {
     rt::check_initialized()?;
     let in_arena = |at: u64| host_memory_pinned::arena_offset(at, n as u64).is_some();
     if n > 0 && (in_arena(src) || in_arena(dst)) {
-        let st = wait();
+        // SAFETY: per the contract.
+        let st = unsafe { rt::sync_stream(stream, per_thread) };
         if st != CUDA_SUCCESS {
             return Ok(st);
         }
@@ -199,12 +201,9 @@ pub unsafe fn cuMemcpy(dst: u64, src: u64, n: usize) -> i32 {
     // SAFETY: per the contract, for each direction.
     unsafe {
         match direction(dst, src) {
-            Direction::HostToHost => entry_status(|| {
-                // The NULL stream: the legacy one.
-                host_copy(dst, src, n, || {
-                    generated::wire_cuStreamSynchronize(std::ptr::null_mut())
-                })
-            }),
+            Direction::HostToHost => {
+                entry_status(|| host_copy(dst, src, n, std::ptr::null_mut(), false))
+            }
             Direction::HostToDevice => copies::cuMemcpyHtoD_v2(dst, src as *const c_void, n),
             Direction::DeviceToHost => copies::cuMemcpyDtoH_v2(dst as *mut c_void, src, n),
             Direction::DeviceToDevice => generated::wire_cuMemcpyDtoD_v2(dst, src, n),
@@ -220,12 +219,9 @@ pub unsafe fn cuMemcpy_ptds(dst: u64, src: u64, n: usize) -> i32 {
     // SAFETY: per the contract, for each direction.
     unsafe {
         match direction(dst, src) {
-            Direction::HostToHost => entry_status(|| {
-                // The NULL stream: the calling thread's.
-                host_copy(dst, src, n, || {
-                    generated::wire_cuStreamSynchronize_ptsz(std::ptr::null_mut())
-                })
-            }),
+            Direction::HostToHost => {
+                entry_status(|| host_copy(dst, src, n, std::ptr::null_mut(), true))
+            }
             Direction::HostToDevice => copies::cuMemcpyHtoD_v2_ptds(dst, src as *const c_void, n),
             Direction::DeviceToHost => copies::cuMemcpyDtoH_v2_ptds(dst as *mut c_void, src, n),
             Direction::DeviceToDevice => generated::wire_cuMemcpyDtoD_v2_ptds(dst, src, n),
@@ -243,7 +239,7 @@ pub unsafe fn cuMemcpyAsync(dst: u64, src: u64, n: usize, stream: Handle) -> i32
         match direction(dst, src) {
             Direction::HostToHost => entry_status(|| {
                 rt::id_of(stream, HandleKind::Stream, true)?;
-                host_copy(dst, src, n, || generated::wire_cuStreamSynchronize(stream))
+                host_copy(dst, src, n, stream, false)
             }),
             Direction::HostToDevice => {
                 copies::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, n, stream)
@@ -266,9 +262,7 @@ pub unsafe fn cuMemcpyAsync_ptsz(dst: u64, src: u64, n: usize, stream: Handle) -
         match direction(dst, src) {
             Direction::HostToHost => entry_status(|| {
                 rt::id_of(stream, HandleKind::Stream, true)?;
-                host_copy(dst, src, n, || {
-                    generated::wire_cuStreamSynchronize_ptsz(stream)
-                })
+                host_copy(dst, src, n, stream, true)
             }),
             Direction::HostToDevice => {
                 copies::cuMemcpyHtoDAsync_v2_ptsz(dst, src as *const c_void, n, stream)

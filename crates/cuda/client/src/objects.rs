@@ -20,6 +20,17 @@ pub struct CuObject {
     pub layout: Option<ParamLayout>,
 }
 
+impl CuObject {
+    fn new(kind: HandleKind, id: u64, layout: Option<ParamLayout>) -> CuObject {
+        CuObject {
+            magic: MAGIC,
+            kind,
+            id,
+            layout,
+        }
+    }
+}
+
 #[derive(Default)]
 struct Registry {
     by_id: HashMap<u64, usize>,
@@ -67,27 +78,15 @@ pub unsafe fn get(h: *mut c_void, kind: HandleKind) -> Option<&'static CuObject>
 
 /// A new object for id `id`.
 pub fn new_object(kind: HandleKind, id: u64) -> *mut c_void {
-    register(CuObject {
-        magic: MAGIC,
-        kind,
-        id,
-        layout: None,
-    })
+    register_in(&mut lock(), CuObject::new(kind, id, None))
 }
 
 /// The program's function object for `id` (one the server returned), made with `layout` if
 /// the program has none yet.
 pub fn function_for_id(id: u64, layout: ParamLayout) -> *mut c_void {
-    find_or_make(HandleKind::Function, id, || CuObject {
-        magic: MAGIC,
-        kind: HandleKind::Function,
-        id,
-        layout: Some(layout),
+    find_or_make(HandleKind::Function, id, || {
+        CuObject::new(HandleKind::Function, id, Some(layout))
     })
-}
-
-fn register(o: CuObject) -> *mut c_void {
-    register_in(&mut lock(), o)
 }
 
 fn register_in(reg: &mut Registry, o: CuObject) -> *mut c_void {
@@ -118,18 +117,16 @@ pub fn object_for_id(kind: HandleKind, id: u64) -> *mut c_void {
     if id == 0 {
         return std::ptr::null_mut();
     }
-    find_or_make(kind, id, || CuObject {
-        magic: MAGIC,
-        kind,
-        id,
-        layout: None,
-    })
+    find_or_make(kind, id, || CuObject::new(kind, id, None))
 }
 
 /// The function or kernel (`kind`) named `name` of module or library `parent` (an id), if
 /// the program looked it up before.
 pub fn entry_of(parent: u64, name: &[u8], kind: HandleKind) -> Option<*mut c_void> {
-    let reg = lock();
+    live_entry(&lock(), parent, name, kind)
+}
+
+fn live_entry(reg: &Registry, parent: u64, name: &[u8], kind: HandleKind) -> Option<*mut c_void> {
     let &p = reg.entries.get(&(parent, name.to_vec()))?;
     // SAFETY: entries are registered objects (removed with them).
     (reg.live.contains(&p) && unsafe { &*(p as *const CuObject) }.kind == kind)
@@ -147,20 +144,10 @@ pub fn new_entry(
     let mut reg = lock();
     // Another thread that looked the same name up at once may have registered it first: one
     // handle for the name (the server forgets the other id with the module).
-    if let Some(&p) = reg.entries.get(&(parent, name.to_vec())) {
-        if reg.live.contains(&p) {
-            return p as *mut c_void;
-        }
+    if let Some(p) = live_entry(&reg, parent, name, kind) {
+        return p;
     }
-    let p = register_in(
-        &mut reg,
-        CuObject {
-            magic: MAGIC,
-            kind,
-            id,
-            layout: Some(layout),
-        },
-    );
+    let p = register_in(&mut reg, CuObject::new(kind, id, Some(layout)));
     reg.entries.insert((parent, name.to_vec()), p as usize);
     p
 }

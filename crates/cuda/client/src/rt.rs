@@ -144,6 +144,21 @@ pub unsafe fn id_of(h: *mut c_void, kind: HandleKind, _nullable: bool) -> Result
     }
 }
 
+/// Waits for `stream` (NULL: the legacy default stream, or the calling thread's own where
+/// `per_thread`): the driver's status.
+///
+/// # Safety
+/// `stream` NULL, special, or a handle of the program's (checked by the server).
+pub unsafe fn sync_stream(stream: *mut c_void, per_thread: bool) -> i32 {
+    // SAFETY: per the contract.
+    unsafe {
+        match per_thread {
+            true => crate::generated::wire_cuStreamSynchronize_ptsz(stream),
+            false => crate::generated::wire_cuStreamSynchronize(stream),
+        }
+    }
+}
+
 /// `len` bytes at `p` (NULL → absent). A range the program's memory does not hold is
 /// CUDA_ERROR_INVALID_VALUE with a log line, not a crash (see `host_memory::copy_in`).
 ///

@@ -214,6 +214,13 @@ pub fn cuStreamEndCapture_ptsz(
     Ok(())
 }
 
+/// A graph the driver destroys (or is about to), which a capture query may have lent the
+/// program: the session forgets it.
+fn forget_graph(s: &Call<'_>, graph: Handle) {
+    let lent = s.export(HandleKind::Graph, graph);
+    s.forget(lent);
+}
+
 /// The statuses of stream capture (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED to
 /// CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, and CUDA_ERROR_CAPTURED_EVENT).
 fn is_capture_error(status: i32) -> bool {
@@ -249,10 +256,7 @@ fn end_capture(s: &Call<'_>, stream_id: u64, present: bool, per_thread: bool, w:
         capturing = std::ptr::null_mut();
     }
     let mut graph: Handle = std::ptr::null_mut();
-    let out = match present {
-        true => &mut graph as *mut Handle,
-        false => std::ptr::null_mut(),
-    };
+    let out = crate::rt::out_ptr(present, &mut graph);
     // SAFETY: a stream of the session's and an output for one graph (or NULL, as asked).
     let st = unsafe {
         match per_thread {
@@ -263,8 +267,7 @@ fn end_capture(s: &Call<'_>, stream_id: u64, present: bool, per_thread: bool, w:
     // A capture that failed leaves no graph: the driver destroyed the one it was building,
     // which a query may have lent the program; the session forgets it.
     if !capturing.is_null() && (st != CUDA_SUCCESS || graph != capturing) {
-        let lent = s.export(HandleKind::Graph, capturing);
-        s.forget(lent);
+        forget_graph(s, capturing);
     }
     let st = match st {
         // A request the client did not wait for failed (refused here, or by the driver), so
@@ -277,9 +280,7 @@ fn end_capture(s: &Call<'_>, stream_id: u64, present: bool, per_thread: bool, w:
                     "a request of the capture failed after the client went on: ending the capture with its failure"
                 );
                 if present && !graph.is_null() {
-                    // A query may have lent it to the program: the session forgets it.
-                    let lent = s.export(HandleKind::Graph, graph);
-                    s.forget(lent);
+                    forget_graph(s, graph);
                     // SAFETY: the graph the driver just made, forgotten by the session.
                     unsafe { ffi::cuGraphDestroy(graph) };
                 }

@@ -622,10 +622,7 @@ pub fn cuLibraryGetModule(
         }
     };
     let mut module: Handle = std::ptr::null_mut();
-    let out = match a.pMod_present {
-        true => &mut module as *mut Handle,
-        false => std::ptr::null_mut(),
-    };
+    let out = crate::rt::out_ptr(a.pMod_present, &mut module);
     // SAFETY: a library of the session's and an output for one module (or NULL, as asked).
     let st = unsafe { ffi::cuLibraryGetModule(out, library) };
     w.i32(st);
@@ -1140,10 +1137,7 @@ pub fn cuDeviceGetByPCIBusId(
         .as_ref()
         .map_or(std::ptr::null(), |c| c.as_ptr());
     let mut dev = 0u32;
-    let out = match a.dev_present {
-        true => &mut dev as *mut u32,
-        false => std::ptr::null_mut(),
-    };
+    let out = crate::rt::out_ptr(a.dev_present, &mut dev);
     // SAFETY: an output (or NULL, as asked) and a C string (or NULL).
     let st = unsafe { ffi::cuDeviceGetByPCIBusId(out, bus_id) };
     if st == CUDA_SUCCESS && a.dev_present && crate::rt::tenant_device(s, dev as i32).is_none() {
@@ -1161,10 +1155,7 @@ fn stream_device(s: &Call<'_>, stream_id: u64, present: bool, per_thread: bool, 
         Err(st) => return w.i32(st),
     };
     let mut dev = 0u32;
-    let out = match present {
-        true => &mut dev as *mut u32,
-        false => std::ptr::null_mut(),
-    };
+    let out = crate::rt::out_ptr(present, &mut dev);
     // SAFETY: a stream of the session's and an output (or NULL, as asked).
     let st = unsafe {
         match per_thread {
@@ -1203,13 +1194,7 @@ pub fn cuCtxGetDevice(
 ) -> Result<(), DecodeError> {
     let mut dev = 0u32;
     // SAFETY: a valid output pointer.
-    let st = unsafe {
-        ffi::cuCtxGetDevice(if a.device_present {
-            &mut dev
-        } else {
-            std::ptr::null_mut()
-        })
-    };
+    let st = unsafe { ffi::cuCtxGetDevice(crate::rt::out_ptr(a.device_present, &mut dev)) };
     reply_device(s, st, dev, a.device_present, w);
     Ok(())
 }
@@ -1229,16 +1214,7 @@ pub fn cuCtxGetDevice_v2(
     };
     let mut dev = 0u32;
     // SAFETY: a valid output pointer; `ctx` is NULL or a context of the session.
-    let st = unsafe {
-        ffi::cuCtxGetDevice_v2(
-            if a.device_present {
-                &mut dev
-            } else {
-                std::ptr::null_mut()
-            },
-            ctx,
-        )
-    };
+    let st = unsafe { ffi::cuCtxGetDevice_v2(crate::rt::out_ptr(a.device_present, &mut dev), ctx) };
     reply_device(s, st, dev, a.device_present, w);
     Ok(())
 }

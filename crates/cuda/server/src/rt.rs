@@ -83,6 +83,15 @@ pub fn check_slot(obj: Handle, op: Op) -> Result<(), i32> {
     Ok(())
 }
 
+/// Where the driver writes an output the program asked for: `v`, or NULL where it passed
+/// NULL (the driver then answers what it answers for NULL).
+pub fn out_ptr<T>(present: bool, v: &mut T) -> *mut T {
+    match present {
+        true => v,
+        false => std::ptr::null_mut(),
+    }
+}
+
 /// The calling (lane) thread's current context in the driver: the one its allocations belong
 /// to (NULL if none, or if the driver cannot say).
 pub fn current_context() -> Handle {

@@ -124,6 +124,25 @@ pub fn nvmlDeviceGetMemoryInfo_v2(
     Ok(())
 }
 
+/// Every device NVML has (those whose handle it gives), in its order; its status if it
+/// cannot count them.
+fn all_devices() -> Result<Vec<crate::session::Handle>, i32> {
+    let mut count = 0u32;
+    // SAFETY: a valid output pointer.
+    let st = unsafe { ffi::nvmlDeviceGetCount_v2(&mut count) };
+    if st != NVML_SUCCESS {
+        return Err(st);
+    }
+    Ok((0..count)
+        .filter_map(|i| {
+            let mut dev: crate::session::Handle = std::ptr::null_mut();
+            // SAFETY: a valid output pointer.
+            let st = unsafe { ffi::nvmlDeviceGetHandleByIndex_v2(i, &mut dev) };
+            (st == NVML_SUCCESS).then_some(dev)
+        })
+        .collect())
+}
+
 /// NVML's devices the tenant may use (those whose name its `devices` filter lets through), in
 /// NVML's order: the tenant's device `n` is the `n`-th of them. Found once per session; if
 /// NVML cannot count its devices, its status (asked again next time).
@@ -131,20 +150,9 @@ fn visible_devices<'a>(s: &'a Call<'_>) -> Result<&'a [usize], i32> {
     if let Some(v) = s.visible.get() {
         return Ok(v);
     }
-    let mut count = 0u32;
-    // SAFETY: a valid output pointer.
-    let st = unsafe { ffi::nvmlDeviceGetCount_v2(&mut count) };
-    if st != NVML_SUCCESS {
-        return Err(st);
-    }
+    let all = all_devices()?;
     Ok(s.visible.get_or_init(|| {
-        (0..count)
-            .filter_map(|i| {
-                let mut dev: crate::session::Handle = std::ptr::null_mut();
-                // SAFETY: a valid output pointer.
-                let st = unsafe { ffi::nvmlDeviceGetHandleByIndex_v2(i, &mut dev) };
-                (st == NVML_SUCCESS).then_some(dev)
-            })
+        all.into_iter()
             .filter(|&dev| {
                 let mut name = [0u8; 96];
                 // SAFETY: `name` holds the length passed; `dev` is NVML's.
@@ -309,19 +317,11 @@ const PCI_ADDRESS: std::ops::Range<usize> = 16..28;
 /// use. Other peers (NVSwitches) are no GPU of NVML's.
 fn hidden_gpu(s: &Call<'_>, pci: &[u8; PCI_SIZE]) -> bool {
     let visible = visible_devices(s).unwrap_or(&[]);
-    let mut count = 0u32;
-    // SAFETY: a valid output pointer.
-    if unsafe { ffi::nvmlDeviceGetCount_v2(&mut count) } != NVML_SUCCESS {
-        return false;
-    }
-    (0..count).any(|i| {
-        let mut dev: crate::session::Handle = std::ptr::null_mut();
+    all_devices().unwrap_or_default().into_iter().any(|dev| {
         let mut other = [0u8; PCI_SIZE];
-        // SAFETY: valid output pointers, `other` an nvmlPciInfo_t's size.
-        let found = unsafe {
-            ffi::nvmlDeviceGetHandleByIndex_v2(i, &mut dev) == NVML_SUCCESS
-                && ffi::nvmlDeviceGetPciInfo_v3(dev, other.as_mut_ptr().cast()) == NVML_SUCCESS
-        };
+        // SAFETY: a device of NVML's; `other` an nvmlPciInfo_t's size.
+        let found =
+            unsafe { ffi::nvmlDeviceGetPciInfo_v3(dev, other.as_mut_ptr().cast()) } == NVML_SUCCESS;
         found && other[PCI_ADDRESS] == pci[PCI_ADDRESS] && !visible.contains(&(dev as usize))
     })
 }

@@ -133,31 +133,24 @@ impl Session {
     /// library's functions and kernels, a kernel's functions): they leave the table, so a
     /// program that loads and unloads modules does not fill it.
     pub fn forget(&self, id: u64) {
-        // Only modules, libraries and kernels have children: no search for the rest (events
-        // and streams are destroyed often).
-        let has_children = [HandleKind::Module, HandleKind::Library, HandleKind::Kernel]
-            .iter()
-            .any(|&k| self.handles.get(id, k).is_some());
-        let children: Vec<u64> = if !has_children {
-            self.parents
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&id);
-            Vec::new()
-        } else {
+        let kind = self.handles.forget(id).map(|(kind, _)| kind);
+        let children: Vec<u64> = {
             let mut parents = self.parents.lock().unwrap_or_else(|p| p.into_inner());
             parents.remove(&id);
-            let children = parents
-                .iter()
-                .filter(|(_, &(parent, _))| parent == id)
-                .map(|(&child, _)| child)
-                .collect();
-            children
+            // Only modules, libraries and kernels have children: no search for the rest
+            // (events and streams are destroyed often).
+            match kind {
+                Some(HandleKind::Module | HandleKind::Library | HandleKind::Kernel) => parents
+                    .iter()
+                    .filter(|(_, &(parent, _))| parent == id)
+                    .map(|(&child, _)| child)
+                    .collect(),
+                _ => Vec::new(),
+            }
         };
         for child in children {
             self.forget(child);
         }
-        self.handles.forget(id);
         let nodes = self
             .graph_nodes
             .lock()

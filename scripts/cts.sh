@@ -59,6 +59,27 @@ SUITE_TABLE=(
     "subgroups|test_conformance/subgroups/test_subgroups|||"
     "non_uniform_work_group|test_conformance/non_uniform_work_group/test_non_uniform_work_group|||"
     "spirv_new|test_conformance/spirv_new/test_spirv_new|||"
+    "multiple_device_context|test_conformance/multiple_device_context/test_multiples|||"
+    # The full_* variants walk every global size up to the device's limits: hours on a CPU.
+    "thread_dimensions|test_conformance/thread_dimensions/test_thread_dimensions||1200||full_.*"
+    "device_partition|test_conformance/device_partition/test_device_partition|||"
+    "workgroups|test_conformance/workgroups/test_workgroups|||"
+    "generic_address_space|test_conformance/generic_address_space/test_generic_address_space|||"
+    "c11_atomics|test_conformance/c11_atomics/test_c11_atomics||1200|"
+    "commonfns|test_conformance/commonfns/test_commonfns|||"
+    "geometrics|test_conformance/geometrics/test_geometrics|||"
+    "relationals|test_conformance/relationals/test_relationals|||"
+    "select|test_conformance/select/test_select|-w||"
+    # vec_align_packed_struct builds a kernel per type, size and address space: over 15 min on
+    # PoCL with two cores.
+    "vectors|test_conformance/vectors/test_vectors||||vec_align_packed_struct(_arr)?"
+    "half|test_conformance/half/test_half|-w||"
+    "contractions|test_conformance/contractions/test_contractions|||"
+    "integer_ops|test_conformance/integer_ops/test_integer_ops||1200|"
+    "pipes|test_conformance/pipes/test_pipes|||"
+    "device_execution|test_conformance/device_execution/test_device_execution|||"
+    "command_buffer|test_conformance/extensions/cl_khr_command_buffer/test_cl_khr_command_buffer|||"
+    "semaphore|test_conformance/extensions/cl_khr_semaphore/test_cl_khr_semaphore|||"
 )
 
 usage() {

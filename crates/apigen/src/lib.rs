@@ -8,11 +8,13 @@
 
 mod abi_check;
 mod client;
+mod extensions;
 mod model;
 mod server;
 
 pub use abi_check::{abi_classes, emit_abi_check, nvidia_headers, run_abi_check};
 pub use client::emit_client;
+pub use extensions::{emit_hidden_extensions, hidden_extensions, parse_extensions, Extension};
 pub use model::*;
 pub use server::emit_server;
 

@@ -100,3 +100,30 @@ pub unsafe extern "C" fn clGetExtensionFunctionAddressForPlatform(
 /// Pipelined when it repeats a launch the driver accepted (custom/kernel.rs).
 pub use crate::custom::clCreateSubBuffer;
 pub use crate::custom::clEnqueueNDRangeKernel;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wormhole_opencl_proto::extensions::OFFERED_COMMANDS;
+
+    /// The server advertises a registry extension only when the client offers its commands
+    /// (proto's build script decides from the description): each must resolve here.
+    #[test]
+    fn every_advertised_extension_has_its_commands() {
+        for (extension, commands) in OFFERED_COMMANDS {
+            for command in *commands {
+                // The ICD-2 entry points are optional: the loader does without them.
+                if *extension == "cl_khr_icd" && *command != "clIcdGetPlatformIDsKHR" {
+                    continue;
+                }
+                let name = std::ffi::CString::new(*command).unwrap();
+                // SAFETY: a NUL-terminated name.
+                let f = unsafe { clGetExtensionFunctionAddress(name.as_ptr()) };
+                assert!(!f.is_null(), "{extension} is advertised, {command} missing");
+            }
+        }
+        assert!(OFFERED_COMMANDS
+            .iter()
+            .any(|(e, _)| *e == "cl_khr_subgroups"));
+    }
+}

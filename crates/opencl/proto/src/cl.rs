@@ -35,6 +35,11 @@ pub const CL_INVALID_MIP_LEVEL: i32 = -62;
 pub const CL_PLATFORM_NAME: u32 = 0x0902;
 pub const CL_PLATFORM_VENDOR: u32 = 0x0903;
 pub const CL_PLATFORM_EXTENSIONS: u32 = 0x0904;
+pub const CL_PLATFORM_EXTENSIONS_WITH_VERSION: u32 = 0x0907;
+pub const CL_DEVICE_EXTENSIONS: u32 = 0x1030;
+pub const CL_DEVICE_EXTENSIONS_WITH_VERSION: u32 = 0x1060;
+/// Bytes of a `cl_name_version`: a `cl_version` and a 64-byte name.
+pub const CL_NAME_VERSION_SIZE: usize = 68;
 pub const CL_PLATFORM_ICD_SUFFIX_KHR: u32 = 0x0920;
 pub const CL_DEVICE_NAME: u32 = 0x102B;
 pub const CL_DEVICE_TYPE: u32 = 0x1000;

@@ -22,6 +22,12 @@ mod generated {
 }
 pub use generated::{CallbackKind, HandleKind, Op, OP_COUNT};
 
+/// Generated from `api/opencl.api` and the registry table `api/extensions.tsv`: the extensions
+/// Wormhole does not advertise.
+pub mod extensions {
+    include!(concat!(env!("OUT_DIR"), "/extensions.rs"));
+}
+
 /// The API an OpenCL session speaks (sent in HELLO).
 pub const API: &str = "opencl";
 

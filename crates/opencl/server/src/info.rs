@@ -5,7 +5,7 @@
 use crate::session::{Handle, Session};
 use std::ffi::c_void;
 use wormhole_opencl_proto::info::{info_value, InfoValue};
-use wormhole_opencl_proto::{cl::*, Op, Writer};
+use wormhole_opencl_proto::{cl::*, extensions, Op, Writer};
 
 /// Prefix of forwarded device names (`WORMHOLE_NAME_PREFIX` overrides it; empty disables).
 pub fn name_prefix() -> String {
@@ -80,6 +80,12 @@ fn rewrite(s: &Session, op: Op, param: u32, obj: Handle, kind: InfoValue, buf: &
             let v = u64::from_le_bytes(buf[..8].try_into().unwrap_or([0; 8]));
             buf.copy_from_slice(&crate::arena::visible_flags(obj, v).to_le_bytes());
         }
+        // An extension whose host commands the client lacks is not advertised: the
+        // application would find it listed and its functions missing.
+        (Op::clGetPlatformInfo, CL_PLATFORM_EXTENSIONS)
+        | (Op::clGetDeviceInfo, CL_DEVICE_EXTENSIONS) => offered_extension_names(buf),
+        (Op::clGetPlatformInfo, CL_PLATFORM_EXTENSIONS_WITH_VERSION)
+        | (Op::clGetDeviceInfo, CL_DEVICE_EXTENSIONS_WITH_VERSION) => offered_name_versions(buf),
         // Native kernels would run client code in the server: not forwarded (README).
         (Op::clGetDeviceInfo, CL_DEVICE_EXECUTION_CAPABILITIES) if buf.len() == 8 => {
             let v =
@@ -88,6 +94,37 @@ fn rewrite(s: &Session, op: Op, param: u32, obj: Handle, kind: InfoValue, buf: &
         }
         _ => {}
     }
+}
+
+/// A space-separated, NUL-terminated extension string without the extensions Wormhole does
+/// not offer (`wormhole_opencl_proto::extensions`).
+fn offered_extension_names(buf: &mut Vec<u8>) {
+    let text = buf.strip_suffix(&[0]).unwrap_or(buf);
+    let kept: Vec<&[u8]> = text
+        .split(|b| *b == b' ')
+        .filter(|name| !name.is_empty() && extensions::extension_is_offered(name))
+        .collect();
+    let mut out = kept.join(&b' ');
+    out.push(0);
+    *buf = out;
+}
+
+/// An array of `cl_name_version` without the extensions Wormhole does not offer.
+fn offered_name_versions(buf: &mut Vec<u8>) {
+    if !buf.len().is_multiple_of(CL_NAME_VERSION_SIZE) {
+        return; // not the layout this code knows: left as the driver gave it
+    }
+    let kept: Vec<u8> = buf
+        .chunks_exact(CL_NAME_VERSION_SIZE)
+        .filter(|entry| {
+            let name = &entry[4..];
+            let name = &name[..name.iter().position(|b| *b == 0).unwrap_or(name.len())];
+            extensions::extension_is_offered(name)
+        })
+        .flatten()
+        .copied()
+        .collect();
+    *buf = kept;
 }
 
 /// CL_PROGRAM_BINARIES: the value is an array of pointers into the caller's memory. The server
@@ -101,4 +138,40 @@ fn binaries(program: Handle) -> Result<(Vec<u8>, usize), i32> {
     }
     // Only the body travels, inside the reply (whose size the reply's own frame checks).
     Ok((packed.body().to_vec(), bins.len() * 8))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extensions_without_their_host_commands_are_not_advertised() {
+        let mut names =
+            b"cl_khr_fp64 cl_khr_command_buffer  cl_khr_icd cl_pocl_content_size \0".to_vec();
+        offered_extension_names(&mut names);
+        assert_eq!(names, b"cl_khr_fp64 cl_khr_icd\0");
+
+        let entry = |version: u32, name: &str| {
+            let mut e = version.to_le_bytes().to_vec();
+            let mut n = name.as_bytes().to_vec();
+            n.resize(64, 0);
+            e.extend(n);
+            e
+        };
+        let mut versions = [
+            entry(1 << 22, "cl_khr_fp64"),
+            entry(0x9000, "cl_khr_command_buffer"),
+            entry(1 << 22, "cl_khr_subgroups"),
+        ]
+        .concat();
+        offered_name_versions(&mut versions);
+        assert_eq!(
+            versions,
+            [
+                entry(1 << 22, "cl_khr_fp64"),
+                entry(1 << 22, "cl_khr_subgroups")
+            ]
+            .concat()
+        );
+    }
 }

@@ -5,6 +5,7 @@
  * Prints what it computed; through Wormhole the output must be
  * the native one. Exit 0 when every result is right; 2 with the failing call's status. */
 #include <cuda.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -518,6 +519,37 @@ int main(int argc, char **argv) {
         CHECK(cuMemFree(pitched));
         free(rows);
         free(back);
+    }
+
+    /* JIT options (cuModuleLoadDataEx): the logs land in this program's buffers, the sizes
+       and the wall time in its value slots. */
+    {
+        static const char ptx[] = ".version 8.0\n.target sm_52\n.address_size 64\n"
+                                  ".visible .entry nop() { ret; }\n";
+        char info[4096] = "", error[4096] = "untouched";
+        CUjit_option opts[] = {CU_JIT_INFO_LOG_BUFFER, CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+                               CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+                               CU_JIT_OPTIMIZATION_LEVEL, CU_JIT_LOG_VERBOSE, CU_JIT_WALL_TIME};
+        void *vals[] = {info, (void *)(uintptr_t)sizeof info, error, (void *)(uintptr_t)sizeof error,
+                        (void *)(uintptr_t)3, (void *)(uintptr_t)1, NULL};
+        CUmodule jit;
+        CUresult st = cuModuleLoadDataEx(&jit, ptx, 7, opts, vals);
+        float wall;
+        memcpy(&wall, &vals[6], sizeof wall);
+        printf("JIT load: %d, info log %s, error log size %u, wall time %s\n", (int)st,
+               info[0] ? "written" : "empty", (unsigned)(uintptr_t)vals[3],
+               wall >= 0 ? "given" : "negative");
+        CUfunction nop;
+        if (st == CUDA_SUCCESS) {
+            CHECK(cuModuleGetFunction(&nop, jit, "nop"));
+            CHECK(cuLaunchKernel(nop, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+            CHECK(cuCtxSynchronize());
+            CHECK(cuModuleUnload(jit));
+        }
+        CUjit_option eopts[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+        void *evals[] = {error, (void *)(uintptr_t)sizeof error};
+        st = cuModuleLoadDataEx(&jit, "this is not PTX", 2, eopts, evals);
+        printf("JIT load of bad PTX: %d, error log: %s\n", (int)st, error);
     }
 
     /* Errors the driver reports. */

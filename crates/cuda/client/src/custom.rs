@@ -11,6 +11,7 @@ pub use crate::host_functions::{
     cuLaunchHostFunc, cuLaunchHostFunc_ptsz, cuStreamAddCallback, cuStreamAddCallback_ptsz,
 };
 use crate::image;
+use crate::jit::ProgramOptions;
 pub use crate::memory::{cuPointerGetAttribute, cuPointerGetAttributes};
 use crate::objects;
 use crate::rt::{self, entry_status, ApiErr};
@@ -71,8 +72,44 @@ fn geometry_ok(grid: [u32; 3], block: [u32; 3]) -> bool {
 /// `module` NULL or a writable `CUmodule`; `image` NULL or a module image.
 pub unsafe fn cuModuleLoadData(module: *mut c_void, image: *mut c_void) -> i32 {
     // SAFETY: per the contract.
-    unsafe { load(Op::cuModuleLoadData, HandleKind::Module, module, image) }
+    unsafe {
+        load(
+            Op::cuModuleLoadData,
+            HandleKind::Module,
+            module,
+            image,
+            NO_OPTIONS,
+        )
+    }
 }
+
+/// `cuModuleLoadDataEx`: as `cuModuleLoadData`, with JIT options (see [`ProgramOptions`]: the
+/// server's driver gets the numbers, logs come back into the program's buffers).
+///
+/// # Safety
+/// As [`cuModuleLoadData`]; `options` and `values` hold `n` entries when `n` is not 0.
+pub unsafe fn cuModuleLoadDataEx(
+    module: *mut c_void,
+    image: *mut c_void,
+    n: u32,
+    options: *mut c_void,
+    values: *mut c_void,
+) -> i32 {
+    // SAFETY: per the contract.
+    unsafe {
+        let jit = ProgramOptions::new(n, options, values);
+        load(
+            Op::cuModuleLoadDataEx,
+            HandleKind::Module,
+            module,
+            image,
+            jit,
+        )
+    }
+}
+
+/// No JIT options.
+const NO_OPTIONS: ProgramOptions = ProgramOptions::none();
 
 /// `cuModuleLoadFatBinary`: as `cuModuleLoadData`, for a fatbin.
 ///
@@ -86,6 +123,7 @@ pub unsafe fn cuModuleLoadFatBinary(module: *mut c_void, fat_cubin: *mut c_void)
             HandleKind::Module,
             module,
             fat_cubin,
+            NO_OPTIONS,
         )
     }
 }
@@ -97,31 +135,29 @@ pub unsafe fn cuModuleLoadFatBinary(module: *mut c_void, fat_cubin: *mut c_void)
 /// `module` NULL or a writable `CUmodule`; `fname` NULL or a C string.
 pub unsafe fn cuModuleLoad(module: *mut c_void, fname: *const c_char) -> i32 {
     // SAFETY: per the contract.
-    unsafe { load_file(Op::cuModuleLoadData, HandleKind::Module, module, fname) }
+    unsafe {
+        load_file(
+            Op::cuModuleLoadData,
+            HandleKind::Module,
+            module,
+            fname,
+            NO_OPTIONS,
+        )
+    }
 }
 
 /// The `CUlibraryOption` that only allows the driver to keep reading the caller's image
 /// (`CU_LIBRARY_BINARY_IS_PRESERVED`): the server loads its own copy, so it changes nothing.
 const LIBRARY_BINARY_IS_PRESERVED: u32 = 1;
 
-/// After `cuInit`, JIT and library options: none, or only those that change nothing for a
-/// forwarded load.
-/// Others (a host function table, JIT settings and logs) are refused, naming them.
+/// After `cuInit`, library options: none, or only those that change nothing for a forwarded
+/// load. Others (a host function table) are refused, naming them. (JIT options travel, see
+/// [`ProgramOptions`].)
 ///
 /// # Safety
 /// `lib_options` holds `n_lib` options when `n_lib` is not 0.
-unsafe fn check_library_options(
-    n_jit: u32,
-    lib_options: *const u32,
-    n_lib: u32,
-) -> Result<(), ApiErr> {
+unsafe fn check_library_options(lib_options: *const u32, n_lib: u32) -> Result<(), ApiErr> {
     rt::check_initialized()?;
-    if n_jit > 0 {
-        crate::connection::log(&format!(
-            "cuLibraryLoad*: {n_jit} JIT options are not forwarded; answering CUDA_ERROR_NOT_SUPPORTED"
-        ));
-        return Err(ApiErr(CUDA_ERROR_NOT_SUPPORTED));
-    }
     if n_lib == 0 {
         return Ok(());
     }
@@ -149,19 +185,28 @@ unsafe fn check_library_options(
 pub unsafe fn cuLibraryLoadData(
     library: *mut c_void,
     code: *mut c_void,
-    _jit_options: *mut c_void,
-    _jit_values: *mut c_void,
+    jit_options: *mut c_void,
+    jit_values: *mut c_void,
     n_jit: u32,
     lib_options: *mut c_void,
     _lib_values: *mut c_void,
     n_lib: u32,
 ) -> i32 {
     // SAFETY: per the contract.
-    if let Err(ApiErr(st)) = unsafe { check_library_options(n_jit, lib_options.cast(), n_lib) } {
+    if let Err(ApiErr(st)) = unsafe { check_library_options(lib_options.cast(), n_lib) } {
         return st;
     }
     // SAFETY: per the contract.
-    unsafe { load(Op::cuLibraryLoadData, HandleKind::Library, library, code) }
+    unsafe {
+        let jit = ProgramOptions::new(n_jit, jit_options, jit_values);
+        load(
+            Op::cuLibraryLoadData,
+            HandleKind::Library,
+            library,
+            code,
+            jit,
+        )
+    }
 }
 
 /// `cuLibraryLoadFromFile`: the file read here, then as `cuLibraryLoadData`.
@@ -172,24 +217,26 @@ pub unsafe fn cuLibraryLoadData(
 pub unsafe fn cuLibraryLoadFromFile(
     library: *mut c_void,
     file_name: *const c_char,
-    _jit_options: *mut c_void,
-    _jit_values: *mut c_void,
+    jit_options: *mut c_void,
+    jit_values: *mut c_void,
     n_jit: u32,
     lib_options: *mut c_void,
     _lib_values: *mut c_void,
     n_lib: u32,
 ) -> i32 {
     // SAFETY: per the contract.
-    if let Err(ApiErr(st)) = unsafe { check_library_options(n_jit, lib_options.cast(), n_lib) } {
+    if let Err(ApiErr(st)) = unsafe { check_library_options(lib_options.cast(), n_lib) } {
         return st;
     }
     // SAFETY: per the contract.
     unsafe {
+        let jit = ProgramOptions::new(n_jit, jit_options, jit_values);
         load_file(
             Op::cuLibraryLoadData,
             HandleKind::Library,
             library,
             file_name,
+            jit,
         )
     }
 }
@@ -198,7 +245,13 @@ pub unsafe fn cuLibraryLoadFromFile(
 ///
 /// # Safety
 /// `out` NULL or writable; `name` NULL or a C string.
-unsafe fn load_file(op: Op, kind: HandleKind, out: *mut c_void, name: *const c_char) -> i32 {
+unsafe fn load_file(
+    op: Op,
+    kind: HandleKind,
+    out: *mut c_void,
+    name: *const c_char,
+    jit: ProgramOptions,
+) -> i32 {
     if let Err(ApiErr(st)) = rt::check_initialized() {
         return st;
     }
@@ -220,17 +273,24 @@ unsafe fn load_file(op: Op, kind: HandleKind, out: *mut c_void, name: *const c_c
     };
     bytes.push(0);
     // SAFETY: `bytes` is a whole image that lives across the call.
-    unsafe { load(op, kind, out, bytes.as_mut_ptr().cast()) }
+    unsafe { load(op, kind, out, bytes.as_mut_ptr().cast(), jit) }
 }
 
 /// # Safety
 /// As [`cuModuleLoadData`].
-unsafe fn load(op: Op, kind: HandleKind, module: *mut c_void, image: *mut c_void) -> i32 {
+unsafe fn load(
+    op: Op,
+    kind: HandleKind,
+    module: *mut c_void,
+    image: *mut c_void,
+    jit: ProgramOptions,
+) -> i32 {
     entry_status(|| {
         rt::check_initialized()?;
         if module.is_null() || image.is_null() {
             return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
         }
+        let options = jit.read()?;
         let (at, len) = image::locate(image as usize, &read).map_err(|e| {
             crate::connection::log(&format!("module image at {image:?}: {e:?}"));
             ApiErr(match e {
@@ -246,6 +306,7 @@ unsafe fn load(op: Op, kind: HandleKind, module: *mut c_void, image: *mut c_void
             new_id,
             digest,
             image: (bytes.len() <= IMAGE_INLINE).then_some(&bytes[..]),
+            jit: options,
         };
         let mut reply = ModuleLoaded::decode_all(&send(op, &request)?)?;
         if reply.need_image && request.image.is_none() {
@@ -256,6 +317,8 @@ unsafe fn load(op: Op, kind: HandleKind, module: *mut c_void, image: *mut c_void
             crate::connection::log("the server asked twice for a module image");
             return Err(ApiErr(CUDA_ERROR_UNKNOWN));
         }
+        // The logs and counts, whether the load succeeded or not (an error log says why).
+        jit.write_back(&reply.jit);
         if reply.status == CUDA_SUCCESS {
             // SAFETY: per the contract.
             unsafe { *(module as *mut *mut c_void) = objects::new_object(kind, new_id) };

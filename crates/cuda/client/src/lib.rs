@@ -19,6 +19,7 @@ mod export_tables;
 mod host_functions;
 mod host_memory_pinned;
 mod image;
+mod jit;
 mod local;
 mod memory;
 mod objects;

@@ -4,6 +4,7 @@
 //! the common `wormhole-wire`, re-exported so CUDA code names one crate.
 
 pub mod cu;
+pub mod jit;
 pub mod requests;
 /// The status codes under the name generated code uses for every API.
 pub use cu as codes;

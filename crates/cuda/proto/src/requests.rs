@@ -1,6 +1,7 @@
 //! The hand-written CUDA requests and replies, each defined once (see
 //! `wormhole_wire::message`): the entry points the description marks `custom`.
 
+use crate::jit::{JitOption, JitOut};
 use crate::{DecodeError, Reader, Writer};
 pub use wormhole_wire::message::{count, Message, Reply};
 
@@ -11,13 +12,15 @@ pub const MAX_KERNEL_PARAMS: usize = 1 << 14;
 /// by digest (the server may hold them from an earlier session of the tenant).
 pub const IMAGE_INLINE: usize = 64 << 10;
 
-/// `cuModuleLoadData`, `cuModuleLoadFatBinary`: a module image (cubin, PTX or fatbin) by its
-/// SHA-256, with its bytes, or without them to ask whether the server has it already.
+/// `cuModuleLoadData(Ex)`, `cuModuleLoadFatBinary`, `cuLibraryLoad*`: a module image (cubin,
+/// PTX or fatbin) by its SHA-256, with its bytes, or without them to ask whether the server has
+/// it already; and the JIT options it is loaded with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModuleLoad<'a> {
     pub new_id: u64,
     pub digest: [u8; 32],
     pub image: Option<&'a [u8]>,
+    pub jit: Vec<JitOption>,
 }
 
 impl<'a> Message<'a> for ModuleLoad<'a> {
@@ -25,6 +28,7 @@ impl<'a> Message<'a> for ModuleLoad<'a> {
         w.u64(self.new_id);
         w.bytes(&self.digest);
         w.opt_bytes(self.image);
+        crate::jit::encode_options(w, &self.jit);
     }
     fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
         Ok(ModuleLoad {
@@ -34,27 +38,32 @@ impl<'a> Message<'a> for ModuleLoad<'a> {
                 .try_into()
                 .map_err(|_| DecodeError::BadValue("an image digest is 32 bytes"))?,
             image: r.opt_bytes_ref()?,
+            jit: crate::jit::decode_options(r)?,
         })
     }
 }
 
 /// The answer to a [`ModuleLoad`]: the driver's status, or (status 0 and `need_image`) a request
-/// for the image's bytes, which the server does not hold.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// for the image's bytes, which the server does not hold; and what the driver left in each JIT
+/// option's slot (the logs too when the load failed), in the request's order.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ModuleLoaded {
     pub status: i32,
     pub need_image: bool,
+    pub jit: Vec<JitOut>,
 }
 
 impl<'a> Message<'a> for ModuleLoaded {
     fn encode(&self, w: &mut Writer) {
         w.i32(self.status);
         w.bool(self.need_image);
+        crate::jit::encode_outs(w, &self.jit);
     }
     fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
         Ok(ModuleLoaded {
             status: r.i32()?,
             need_image: r.bool()?,
+            jit: crate::jit::decode_outs(r)?,
         })
     }
 }
@@ -1224,6 +1233,10 @@ mod tests {
                 new_id: 99,
                 digest: [3; 32],
                 image: Some(&image),
+                jit: vec![JitOption {
+                    option: 7,
+                    value: 2,
+                }],
             },
             &mut Vec::new(),
         );
@@ -1231,6 +1244,10 @@ mod tests {
             &ModuleLoaded {
                 status: 0,
                 need_image: true,
+                jit: vec![JitOut {
+                    value: 5,
+                    log: b"error".to_vec(),
+                }],
             },
             &mut Vec::new(),
         );

@@ -11,6 +11,7 @@ use crate::generated::{args, ffi};
 pub use crate::host_functions::{
     cuLaunchHostFunc, cuLaunchHostFunc_ptsz, cuStreamAddCallback, cuStreamAddCallback_ptsz,
 };
+use crate::jit::JitArrays;
 use crate::session::{Call, Handle};
 pub use crate::tensor_maps::*;
 use std::ffi::{c_void, CString};
@@ -413,8 +414,17 @@ pub fn cuModuleLoadFatBinary(
     module_load(s, r, w, Load::FatBinary)
 }
 
-/// `cuLibraryLoadData`: as `cuModuleLoadData`, without options (the client refuses those it
-/// cannot forward).
+/// `cuModuleLoadDataEx`: as `cuModuleLoadData`, with JIT options (`crate::jit`).
+pub fn cuModuleLoadDataEx(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    module_load(s, r, w, Load::Module)
+}
+
+/// `cuLibraryLoadData`: as `cuModuleLoadData`, with JIT options but no library options (the
+/// client refuses those it cannot forward).
 pub fn cuLibraryLoadData(
     s: &Call<'_>,
     r: &mut Reader<'_>,
@@ -451,11 +461,19 @@ fn module_load(
 ) -> Result<(), DecodeError> {
     let m = ModuleLoad::decode(r)?;
     r.finish()?;
-    let reply = |status: i32, need_image: bool| ModuleLoaded { status, need_image };
+    let reply = |status: i32, need_image: bool| ModuleLoaded {
+        status,
+        need_image,
+        jit: Vec::new(),
+    };
     let answer = (|| {
         if let Err(st) = s.check_new_id(m.new_id) {
             return reply(st, false);
         }
+        let mut jit = match JitArrays::new(&m.jit) {
+            Ok(jit) => jit,
+            Err(st) => return reply(st, false),
+        };
         // The image in aligned memory: one copy, from the frame or from the cache.
         let image = match m.image {
             Some(bytes) => {
@@ -474,31 +492,46 @@ fn module_load(
         let out = (&mut module as *mut Handle).cast::<c_void>();
         let code = image.as_ptr() as *mut c_void;
         let null = std::ptr::null_mut();
+        let n_jit = jit.len();
+        let (options, values) = jit.pointers();
+        let (options, values) = (options.cast::<c_void>(), values.cast::<c_void>());
         // SAFETY: `code` is a whole image (measured by the client, digest checked) that lives
-        // across the call; `out` is a valid output pointer.
+        // across the call; `out` is a valid output pointer; the JIT arrays hold `n_jit`
+        // entries, their log buffers the sizes their options say.
         let (st, kind) = unsafe {
             match load {
                 Load::FatBinary => (ffi::cuModuleLoadFatBinary(out, code), HandleKind::Module),
-                Load::Module => (ffi::cuModuleLoadData(out, code), HandleKind::Module),
+                Load::Module if n_jit == 0 => {
+                    (ffi::cuModuleLoadData(out, code), HandleKind::Module)
+                }
+                Load::Module => (
+                    ffi::cuModuleLoadDataEx(out, code, n_jit, options, values),
+                    HandleKind::Module,
+                ),
                 // The driver copies the image (it is not said to be preserved).
                 Load::Library => (
-                    ffi::cuLibraryLoadData(out, code, null, null, 0, null, null, 0),
+                    ffi::cuLibraryLoadData(out, code, options, values, n_jit, null, null, 0),
                     HandleKind::Library,
                 ),
             }
         };
+        let loaded = |status: i32| ModuleLoaded {
+            status,
+            need_image: false,
+            jit: jit.outputs(),
+        };
         if st != CUDA_SUCCESS {
-            return reply(st, false);
+            return loaded(st);
         }
         if let Err(st) = s.bind(m.new_id, kind, module) {
             crate::rt::release(kind, module);
-            return reply(st, false);
+            return loaded(st);
         }
         // Kept for the tenant's next sessions once the driver took it.
         if let Some(bytes) = m.image {
             s.keep_image(&m.digest, bytes);
         }
-        reply(CUDA_SUCCESS, false)
+        loaded(CUDA_SUCCESS)
     })();
     answer.encode(w);
     Ok(())

@@ -11,6 +11,7 @@ mod custom;
 mod driver;
 mod export_tables;
 mod host_functions;
+mod jit;
 mod pinned;
 mod rt;
 mod session;

@@ -552,6 +552,52 @@ int main(int argc, char **argv) {
         printf("JIT load of bad PTX: %d, error log: %s\n", (int)st, error);
     }
 
+    /* JIT linking (cuLink*): the logs of the link's options grow with each step; the linked
+       image is loaded and run. */
+    {
+        static const char put42[] = ".version 8.0\n.target sm_52\n.address_size 64\n"
+                                    ".visible .entry put42(.param .u64 out) {\n"
+                                    ".reg .b64 %rd<2>;\n.reg .b32 %r<1>;\n"
+                                    "ld.param.u64 %rd0, [out];\ncvta.to.global.u64 %rd1, %rd0;\n"
+                                    "mov.u32 %r0, 42;\nst.global.u32 [%rd1], %r0;\nret;\n}\n";
+        char info[4096] = "", error[4096] = "";
+        CUjit_option opts[] = {CU_JIT_INFO_LOG_BUFFER, CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+                               CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+                               CU_JIT_LOG_VERBOSE};
+        void *vals[] = {info, (void *)(uintptr_t)sizeof info, error, (void *)(uintptr_t)sizeof error,
+                        (void *)(uintptr_t)1};
+        CUlinkState link;
+        CHECK(cuLinkCreate(5, opts, vals, &link));
+        CUresult bad = cuLinkAddData(link, CU_JIT_INPUT_PTX, (void *)"not PTX", 8, "bad.ptx", 0,
+                                     NULL, NULL);
+        printf("link of bad PTX: %d, error log %s\n", (int)bad, error[0] ? "written" : "empty");
+        CHECK(cuLinkDestroy(link));
+        error[0] = info[0] = 0;
+        vals[1] = (void *)(uintptr_t)sizeof info;
+        vals[3] = (void *)(uintptr_t)sizeof error;
+        CHECK(cuLinkCreate(5, opts, vals, &link));
+        CHECK(cuLinkAddData(link, CU_JIT_INPUT_PTX, (void *)put42, sizeof put42, "put42.ptx", 0,
+                            NULL, NULL));
+        void *cubin;
+        size_t cubin_size;
+        CHECK(cuLinkComplete(link, &cubin, &cubin_size));
+        CUmodule linked;
+        CHECK(cuModuleLoadData(&linked, cubin));
+        CHECK(cuLinkDestroy(link));
+        CUfunction put;
+        CHECK(cuModuleGetFunction(&put, linked, "put42"));
+        CUdeviceptr cell;
+        CHECK(cuMemAlloc(&cell, sizeof(unsigned)));
+        void *put_args[] = {&cell};
+        CHECK(cuLaunchKernel(put, 1, 1, 1, 1, 1, 1, 0, NULL, put_args, NULL));
+        unsigned got = 0;
+        CHECK(cuMemcpyDtoH(&got, cell, sizeof got));
+        printf("linked kernel: %u, image %s, info log %s\n", got, cubin_size > 0 ? "given" : "empty",
+               info[0] ? "written" : "empty");
+        CHECK(cuMemFree(cell));
+        CHECK(cuModuleUnload(linked));
+    }
+
     /* Errors the driver reports. */
     printf("free of a bad pointer: %d\n", (int)cuMemFree(da + 4));
     printf("launch with too many threads: %d\n",

@@ -12,6 +12,7 @@ pub use crate::host_functions::{
 };
 use crate::image;
 use crate::jit::ProgramOptions;
+pub use crate::links::*;
 pub use crate::memory::{cuPointerGetAttribute, cuPointerGetAttributes};
 use crate::objects;
 use crate::rt::{self, entry_status, ApiErr};

@@ -20,6 +20,7 @@ mod host_functions;
 mod host_memory_pinned;
 mod image;
 mod jit;
+mod links;
 mod local;
 mod memory;
 mod objects;

@@ -68,6 +68,85 @@ impl<'a> Message<'a> for ModuleLoaded {
     }
 }
 
+/// `cuLinkCreate*`: a link state under `new_id`, with JIT options that hold for its life (the
+/// driver writes its logs during the inputs and the completion).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkCreate {
+    pub new_id: u64,
+    pub jit: Vec<JitOption>,
+}
+
+impl<'a> Message<'a> for LinkCreate {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.new_id);
+        crate::jit::encode_options(w, &self.jit);
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        Ok(LinkCreate {
+            new_id: r.u64()?,
+            jit: crate::jit::decode_options(r)?,
+        })
+    }
+}
+
+/// `cuLinkAddData*`, `cuLinkAddFile*` (the file read by the client): one input of a link, its
+/// `CUjitInputType`, name (for the logs) and bytes, with JIT options of its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkAdd<'a> {
+    pub state: u64,
+    pub input_type: u32,
+    pub name: &'a [u8],
+    pub data: &'a [u8],
+    pub jit: Vec<JitOption>,
+}
+
+impl<'a> Message<'a> for LinkAdd<'a> {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.state);
+        w.u32(self.input_type);
+        w.bytes(self.name);
+        w.bytes(self.data);
+        crate::jit::encode_options(w, &self.jit);
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        Ok(LinkAdd {
+            state: r.u64()?,
+            input_type: r.u32()?,
+            name: r.bytes()?,
+            data: r.bytes()?,
+            jit: crate::jit::decode_options(r)?,
+        })
+    }
+}
+
+/// The answer to every link request (`cuLinkComplete` and `cuLinkDestroy` send the state's id
+/// alone): the driver's status, what it left in the link's own JIT options' slots (logs grow
+/// with each step) and in the call's, and, from a completion, the linked image.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LinkDone {
+    pub status: i32,
+    pub link_jit: Vec<JitOut>,
+    pub call_jit: Vec<JitOut>,
+    pub image: Option<Vec<u8>>,
+}
+
+impl<'a> Message<'a> for LinkDone {
+    fn encode(&self, w: &mut Writer) {
+        w.i32(self.status);
+        crate::jit::encode_outs(w, &self.link_jit);
+        crate::jit::encode_outs(w, &self.call_jit);
+        w.opt_bytes(self.image.as_deref());
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        Ok(LinkDone {
+            status: r.i32()?,
+            link_jit: crate::jit::decode_outs(r)?,
+            call_jit: crate::jit::decode_outs(r)?,
+            image: r.opt_bytes()?,
+        })
+    }
+}
+
 /// `cuModuleGetFunction` (and `cuLibraryGetKernel`, `module` the library): answered by the
 /// function's (kernel's) parameter layout ([`ParamLayout`]), which
 /// the client needs to copy a launch's arguments.
@@ -1248,6 +1327,25 @@ mod tests {
                     value: 5,
                     log: b"error".to_vec(),
                 }],
+            },
+            &mut Vec::new(),
+        );
+        roundtrip(
+            &LinkAdd {
+                state: 7,
+                input_type: 1,
+                name: b"kernel.ptx",
+                data: b".version 8.0",
+                jit: Vec::new(),
+            },
+            &mut Vec::new(),
+        );
+        roundtrip(
+            &LinkDone {
+                status: 0,
+                link_jit: vec![JitOut::default()],
+                call_jit: Vec::new(),
+                image: Some(vec![0x7f, b'E', b'L', b'F']),
             },
             &mut Vec::new(),
         );

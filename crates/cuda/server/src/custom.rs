@@ -12,6 +12,7 @@ pub use crate::host_functions::{
     cuLaunchHostFunc, cuLaunchHostFunc_ptsz, cuStreamAddCallback, cuStreamAddCallback_ptsz,
 };
 use crate::jit::JitArrays;
+pub use crate::links::*;
 use crate::session::{Call, Handle};
 pub use crate::tensor_maps::*;
 use std::ffi::{c_void, CString};
@@ -444,7 +445,7 @@ pub fn cuLibraryLoadFromFile(
 
 /// The bytes of `data` in memory aligned for any type (a driver may read an image's headers
 /// or a parameter as wider types; a frame's bytes have no alignment).
-fn aligned(data: &[u8]) -> Vec<u64> {
+pub(crate) fn aligned(data: &[u8]) -> Vec<u64> {
     let mut v = vec![0u64; data.len().div_ceil(8)];
     // SAFETY: `v` holds at least `data.len()` bytes; u64 has no invalid bit patterns.
     unsafe {

@@ -14,6 +14,10 @@ pub struct JitArrays {
     logs: Vec<Vec<u8>>,
 }
 
+// SAFETY: the value slots hold numbers or point into the arrays' own log buffers, which move
+// with them (a Vec's heap buffer stays where it is); nothing else aliases them.
+unsafe impl Send for JitArrays {}
+
 impl JitArrays {
     /// The arrays for `sent`; an option whose slot the driver would read as a pointer of the
     /// program's is refused (the client never sends one).

@@ -12,6 +12,7 @@ mod driver;
 mod export_tables;
 mod host_functions;
 mod jit;
+mod links;
 mod pinned;
 mod rt;
 mod session;

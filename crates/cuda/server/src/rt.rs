@@ -116,6 +116,7 @@ pub fn release(kind: HandleKind, obj: Handle) {
             HandleKind::Library => ffi::cuLibraryUnload(obj),
             HandleKind::Graph => ffi::cuGraphDestroy(obj),
             HandleKind::GraphExec => ffi::cuGraphExecDestroy(obj),
+            HandleKind::LinkState => ffi::cuLinkDestroy(obj),
             // A function belongs to its module, a kernel to its library, a node to its graph.
             HandleKind::Function | HandleKind::Kernel | HandleKind::GraphNode => CUDA_SUCCESS,
         }

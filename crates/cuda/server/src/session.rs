@@ -42,6 +42,9 @@ pub struct Session {
     /// Failures of requests the client did not wait for, answered at the next synchronisation
     /// point (CUDA's are the context's: one key for the session).
     pub deferred: wormhole_server::deferred::DeferredErrors,
+    /// The JIT options of each link state (by id): the driver writes their logs until the
+    /// state is destroyed.
+    links: Mutex<HashMap<u64, crate::jit::JitArrays>>,
 }
 
 /// The object (id and kind) another belongs to.
@@ -127,6 +130,28 @@ impl Session {
         self.handles
             .bind_new(id, kind, ptr as usize, self.limits().max_objects)
             .map_err(|e| self.new_id_error(e))
+    }
+
+    /// Keeps link state `id`'s JIT options for its life.
+    pub fn keep_link_options(&self, id: u64, jit: crate::jit::JitArrays) {
+        self.links
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, jit);
+    }
+
+    /// What the driver has left so far in link state `id`'s JIT options.
+    pub fn link_outputs(&self, id: u64) -> Vec<wormhole_cuda_proto::jit::JitOut> {
+        let links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        links.get(&id).map(|j| j.outputs()).unwrap_or_default()
+    }
+
+    /// Link state `id` was destroyed: its options' buffers go.
+    pub fn drop_link_options(&self, id: u64) {
+        self.links
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
     }
 
     /// The object behind `id` was destroyed, and with it what came from it (a module's or a

@@ -521,6 +521,19 @@ int main(int argc, char **argv) {
         free(back);
     }
 
+    /* The deprecated shared memory bank configuration (old libraries still set it). */
+    {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+        CUsharedconfig config = 0;
+        CUresult got = cuCtxGetSharedMemConfig(&config);
+        CUresult set = cuCtxSetSharedMemConfig(CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE);
+        CUresult fset = cuFuncSetSharedMemConfig(vadd, CU_SHARED_MEM_CONFIG_DEFAULT_BANK_SIZE);
+#pragma GCC diagnostic pop
+        printf("shared memory config: %d (%d), set %d, function %d\n", (int)got, (int)config,
+               (int)set, (int)fset);
+    }
+
     /* JIT options (cuModuleLoadDataEx): the logs land in this program's buffers, the sizes
        and the wall time in its value slots. */
     {

@@ -521,6 +521,32 @@ int main(int argc, char **argv) {
         free(back);
     }
 
+    /* Stream attributes: set, read back, copied to another stream; a launch attribute that is
+       not a stream's. */
+    {
+        CUstreamAttrValue v;
+        memset(&v, 0, sizeof v);
+        v.syncPolicy = CU_SYNC_POLICY_YIELD;
+        CUresult set = cuStreamSetAttribute(stream, CU_STREAM_ATTRIBUTE_SYNCHRONIZATION_POLICY, &v);
+        CUstreamAttrValue back;
+        memset(&back, 0xff, sizeof back);
+        CUresult get = cuStreamGetAttribute(stream, CU_STREAM_ATTRIBUTE_SYNCHRONIZATION_POLICY, &back);
+        CUstream other;
+        CHECK(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+        CUresult copy = cuStreamCopyAttributes(other, stream);
+        CUstreamAttrValue copied;
+        memset(&copied, 0, sizeof copied);
+        CUresult get2 = cuStreamGetAttribute(other, CU_STREAM_ATTRIBUTE_SYNCHRONIZATION_POLICY, &copied);
+        CUstreamAttrValue coop;
+        memset(&coop, 0, sizeof coop);
+        coop.cooperative = 1;
+        CUresult not_stream = cuStreamSetAttribute(stream, CU_LAUNCH_ATTRIBUTE_COOPERATIVE, &coop);
+        printf("stream attributes: set %d, get %d (%d), copy %d (%d %d), not a stream's %d\n",
+               (int)set, (int)get, (int)back.syncPolicy, (int)copy, (int)get2,
+               (int)copied.syncPolicy, (int)not_stream);
+        CHECK(cuStreamDestroy(other));
+    }
+
     /* The deprecated shared memory bank configuration (old libraries still set it). */
     {
 #pragma GCC diagnostic push

@@ -1408,6 +1408,63 @@ fn copy_2d(
     Ok(())
 }
 
+/// The attributes cuda.h names for streams (`CU_STREAM_ATTRIBUTE_*`: an access policy window,
+/// the synchronisation policy, the priority, the memory synchronisation domain and its map):
+/// plain values. The other launch attributes share the ids' space and some hold handles of
+/// the program's, which the driver must never see.
+fn is_stream_attribute(attr: u32) -> bool {
+    matches!(attr, 1 | 3 | 8 | 9 | 10)
+}
+
+/// `cuStreamSetAttribute`: a stream attribute's value.
+pub fn cuStreamSetAttribute(
+    s: &Call<'_>,
+    a: args::cuStreamSetAttribute,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let st = set_stream_attribute(s, a.hStream_id, a.attr, a.value_bytes, |h, v| {
+        // SAFETY: a live stream (or NULL), a 64-byte value.
+        unsafe { ffi::cuStreamSetAttribute(h, a.attr, v) }
+    });
+    w.i32(st);
+    Ok(())
+}
+
+/// `cuStreamSetAttribute_ptsz`: as `cuStreamSetAttribute`.
+pub fn cuStreamSetAttribute_ptsz(
+    s: &Call<'_>,
+    a: args::cuStreamSetAttribute_ptsz,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let st = set_stream_attribute(s, a.hStream_id, a.attr, a.value_bytes, |h, v| {
+        // SAFETY: a live stream (or NULL), a 64-byte value.
+        unsafe { ffi::cuStreamSetAttribute_ptsz(h, a.attr, v) }
+    });
+    w.i32(st);
+    Ok(())
+}
+
+fn set_stream_attribute(
+    s: &Call<'_>,
+    stream: u64,
+    attr: u32,
+    value: Option<Vec<u8>>,
+    set: impl FnOnce(Handle, *const c_void) -> i32,
+) -> i32 {
+    if !is_stream_attribute(attr) {
+        tracing::warn!("cuStreamSetAttribute of launch attribute {attr}, not a stream's");
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let Some(value) = value.filter(|v| v.len() == 64) else {
+        return CUDA_ERROR_INVALID_VALUE;
+    };
+    let value = aligned(&value);
+    match s.resolve(stream, HandleKind::Stream, true) {
+        Ok(h) => set(h, value.as_ptr().cast()),
+        Err(st) => st,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

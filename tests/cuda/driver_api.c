@@ -547,6 +547,18 @@ int main(int argc, char **argv) {
         CHECK(cuStreamDestroy(other));
     }
 
+    /* The current context's scheduling flags, changed and restored (cudaSetDeviceFlags on an
+       active device). */
+    {
+        unsigned before = 0, during = 0;
+        CHECK(cuCtxGetFlags(&before));
+        CUresult set = cuCtxSetFlags(CU_CTX_SCHED_BLOCKING_SYNC);
+        CHECK(cuCtxGetFlags(&during));
+        CHECK(cuCtxSetFlags(before));
+        printf("context flags: set %d, blocking sync %s\n", (int)set,
+               (during & CU_CTX_SCHED_MASK) == CU_CTX_SCHED_BLOCKING_SYNC ? "yes" : "no");
+    }
+
     /* The deprecated shared memory bank configuration (old libraries still set it). */
     {
 #pragma GCC diagnostic push

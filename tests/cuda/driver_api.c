@@ -559,6 +559,35 @@ int main(int argc, char **argv) {
                (during & CU_CTX_SCHED_MASK) == CU_CTX_SCHED_BLOCKING_SYNC ? "yes" : "no");
     }
 
+    /* The device's default memory pool, as programs using cudaMallocAsync configure it. */
+    {
+        CUmemoryPool pool, current;
+        CHECK(cuDeviceGetDefaultMemPool(&pool, dev));
+        CHECK(cuDeviceGetMemPool(&current, dev));
+        cuuint64_t threshold = UINT64_MAX, back = 0, reserved = 0, trimmed = 1;
+        CHECK(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold));
+        CHECK(cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &back));
+        struct {
+            int value, guard;
+        } reuse = {-1, 0x5a5a5a5a};
+        CHECK(cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &reuse.value));
+        CUdeviceptr pooled;
+        CHECK(cuMemAllocAsync(&pooled, 1 << 20, stream));
+        CHECK(cuMemFreeAsync(pooled, stream));
+        CHECK(cuStreamSynchronize(stream));
+        CHECK(cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved));
+        CHECK(cuMemPoolTrimTo(pool, 0));
+        CHECK(cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &trimmed));
+        threshold = 0;
+        CHECK(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold));
+        printf("default pool: current %s, threshold %s, reuse %d, int written alone %s, kept after "
+               "free %s, after trim %llu, bad attribute %d\n",
+               pool == current ? "yes" : "no", back == UINT64_MAX ? "kept" : "lost", reuse.value,
+               reuse.guard == 0x5a5a5a5a ? "yes" : "no", reserved > 0 ? "yes" : "no",
+               (unsigned long long)trimmed,
+               (int)cuMemPoolGetAttribute(pool, (CUmemPool_attribute)99, &back));
+    }
+
     /* The deprecated shared memory bank configuration (old libraries still set it). */
     {
 #pragma GCC diagnostic push

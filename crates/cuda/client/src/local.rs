@@ -17,8 +17,8 @@ pub use crate::host_memory_pinned::{
 };
 pub use crate::memory::{
     cuMemAllocAsync, cuMemAllocAsync_ptsz, cuMemAllocPitch_v2, cuMemAlloc_v2, cuMemFreeAsync,
-    cuMemFreeAsync_ptsz, cuMemFree_v2, cuMemGetAddressRange_v2, cuMemcpy, cuMemcpyAsync,
-    cuMemcpyAsync_ptsz, cuMemcpy_ptds,
+    cuMemFreeAsync_ptsz, cuMemFree_v2, cuMemGetAddressRange_v2, cuMemPoolGetAttribute,
+    cuMemPoolSetAttribute, cuMemcpy, cuMemcpyAsync, cuMemcpyAsync_ptsz, cuMemcpy_ptds,
 };
 use crate::rt::{self, entry_status, ApiErr};
 use std::collections::HashSet;

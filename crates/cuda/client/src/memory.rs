@@ -407,6 +407,65 @@ pub unsafe fn cuPointerGetAttributes(
     })
 }
 
+/// Bytes of a memory pool attribute's value (cuda.h: the reuse policies are `int`s, the
+/// threshold and the usage figures `cuuint64_t`s); None for an attribute cuda.h 13.0 lacks.
+fn pool_attribute_size(attr: u32) -> Option<usize> {
+    match attr {
+        1..=3 => Some(4),
+        4..=8 => Some(8),
+        _ => None,
+    }
+}
+
+/// `cuMemPoolGetAttribute`: the driver's value, written at the width of the attribute's type
+/// (an `int` attribute's caller gave four bytes).
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuMemPoolGetAttribute(pool: Handle, attr: u32, value: *mut c_void) -> i32 {
+    entry_status(|| {
+        let Some(size) = pool_attribute_size(attr) else {
+            rt::check_initialized()?;
+            return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
+        };
+        if value.is_null() {
+            rt::check_initialized()?;
+            return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
+        }
+        let mut wide = [0u8; 8];
+        // SAFETY: an 8-byte output.
+        let st =
+            unsafe { generated::wire_cuMemPoolGetAttribute(pool, attr, wide.as_mut_ptr().cast()) };
+        if st == CUDA_SUCCESS {
+            // SAFETY: the caller's value has the attribute's type.
+            unsafe { std::ptr::copy_nonoverlapping(wide.as_ptr(), value.cast::<u8>(), size) };
+        }
+        Ok(st)
+    })
+}
+
+/// `cuMemPoolSetAttribute`: the caller's value read at the width of the attribute's type.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuMemPoolSetAttribute(pool: Handle, attr: u32, value: *const c_void) -> i32 {
+    entry_status(|| {
+        let Some(size) = pool_attribute_size(attr) else {
+            rt::check_initialized()?;
+            return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
+        };
+        if value.is_null() {
+            rt::check_initialized()?;
+            return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
+        }
+        let mut wide = [0u8; 8];
+        // SAFETY: the caller's value has the attribute's type.
+        unsafe { std::ptr::copy_nonoverlapping(value.cast::<u8>(), wide.as_mut_ptr(), size) };
+        // SAFETY: an 8-byte input.
+        Ok(unsafe { generated::wire_cuMemPoolSetAttribute(pool, attr, wide.as_ptr().cast()) })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -422,5 +481,23 @@ mod tests {
         assert_eq!(direction(0x7000_0010, 0x1234), Direction::HostToDevice);
         assert_eq!(direction(0x1234, 0x7000_00ff), Direction::DeviceToHost);
         assert_eq!(direction(0x1234, 0x7000_0100), Direction::HostToHost);
+    }
+
+    #[test]
+    fn pool_attributes_have_the_width_of_their_type_in_cuda_h() {
+        assert_eq!(
+            pool_attribute_size(1),
+            Some(4),
+            "reuse: follow event dependencies"
+        );
+        assert_eq!(
+            pool_attribute_size(3),
+            Some(4),
+            "reuse: internal dependencies"
+        );
+        assert_eq!(pool_attribute_size(4), Some(8), "release threshold");
+        assert_eq!(pool_attribute_size(8), Some(8), "used memory high");
+        assert_eq!(pool_attribute_size(0), None);
+        assert_eq!(pool_attribute_size(9), None);
     }
 }

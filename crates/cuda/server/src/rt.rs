@@ -117,8 +117,12 @@ pub fn release(kind: HandleKind, obj: Handle) {
             HandleKind::Graph => ffi::cuGraphDestroy(obj),
             HandleKind::GraphExec => ffi::cuGraphExecDestroy(obj),
             HandleKind::LinkState => ffi::cuLinkDestroy(obj),
-            // A function belongs to its module, a kernel to its library, a node to its graph.
-            HandleKind::Function | HandleKind::Kernel | HandleKind::GraphNode => CUDA_SUCCESS,
+            // A function belongs to its module, a kernel to its library, a node to its graph;
+            // a device's memory pools are its own.
+            HandleKind::Function
+            | HandleKind::Kernel
+            | HandleKind::GraphNode
+            | HandleKind::MemPool => CUDA_SUCCESS,
         }
     };
     if st != CUDA_SUCCESS {

@@ -588,6 +588,26 @@ int main(int argc, char **argv) {
                (int)cuMemPoolGetAttribute(pool, (CUmemPool_attribute)99, &back));
     }
 
+    /* Peer copies (on one device, where cudaMemcpyPeer still works) and peer access to
+       oneself. */
+    {
+        float *src = malloc(bytes);
+        CHECK(cuMemsetD32(dc, 0, n));
+        CHECK(cuMemcpyPeer(dc, ctx, da, ctx, bytes));
+        CHECK(cuMemcpyDtoH(hc, dc, bytes));
+        CHECK(cuMemcpyDtoH(src, da, bytes));
+        int same = memcmp(hc, src, bytes) == 0;
+        CHECK(cuMemsetD32(dc, 0, n));
+        CHECK(cuMemcpyPeerAsync(dc, ctx, db, ctx, bytes, stream));
+        CHECK(cuStreamSynchronize(stream));
+        CHECK(cuMemcpyDtoH(hc, dc, bytes));
+        CHECK(cuMemcpyDtoH(src, db, bytes));
+        printf("peer copies: %s, async %s, peer access to itself %d, disable %d\n",
+               same ? "equal" : "different", memcmp(hc, src, bytes) == 0 ? "equal" : "different",
+               (int)cuCtxEnablePeerAccess(ctx, 0), (int)cuCtxDisablePeerAccess(ctx));
+        free(src);
+    }
+
     /* The deprecated shared memory bank configuration (old libraries still set it). */
     {
 #pragma GCC diagnostic push

@@ -554,9 +554,10 @@ int main(int argc, char **argv) {
         CHECK(cuCtxGetFlags(&before));
         CUresult set = cuCtxSetFlags(CU_CTX_SCHED_BLOCKING_SYNC);
         CHECK(cuCtxGetFlags(&during));
-        CHECK(cuCtxSetFlags(before));
-        printf("context flags: set %d, blocking sync %s\n", (int)set,
-               (during & CU_CTX_SCHED_MASK) == CU_CTX_SCHED_BLOCKING_SYNC ? "yes" : "no");
+        CUresult restored = cuCtxSetFlags(before);
+        printf("context flags: set %d, blocking sync %s, restored %d\n", (int)set,
+               (during & CU_CTX_SCHED_MASK) == CU_CTX_SCHED_BLOCKING_SYNC ? "yes" : "no",
+               (int)restored);
     }
 
     /* The device's default memory pool, as programs using cudaMallocAsync configure it. */
@@ -624,7 +625,7 @@ int main(int argc, char **argv) {
     /* JIT options (cuModuleLoadDataEx): the logs land in this program's buffers, the sizes
        and the wall time in its value slots. */
     {
-        static const char ptx[] = ".version 8.0\n.target sm_52\n.address_size 64\n"
+        static const char ptx[] = ".version 8.0\n.target sm_80\n.address_size 64\n"
                                   ".visible .entry nop() { ret; }\n";
         char info[4096] = "", error[4096] = "untouched";
         CUjit_option opts[] = {CU_JIT_INFO_LOG_BUFFER, CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
@@ -655,7 +656,7 @@ int main(int argc, char **argv) {
     /* JIT linking (cuLink*): the logs of the link's options grow with each step; the linked
        image is loaded and run. */
     {
-        static const char put42[] = ".version 8.0\n.target sm_52\n.address_size 64\n"
+        static const char put42[] = ".version 8.0\n.target sm_80\n.address_size 64\n"
                                     ".visible .entry put42(.param .u64 out) {\n"
                                     ".reg .b64 %rd<2>;\n.reg .b32 %r<1>;\n"
                                     "ld.param.u64 %rd0, [out];\ncvta.to.global.u64 %rd1, %rd0;\n"

@@ -66,6 +66,11 @@ impl JitArrays {
         Ok(arrays)
     }
 
+    /// Bytes of the log buffers.
+    pub fn log_bytes(&self) -> usize {
+        self.logs.iter().map(Vec::len).sum()
+    }
+
     pub fn len(&self) -> u32 {
         self.options.len() as u32
     }
@@ -158,5 +163,38 @@ mod tests {
         assert!(JitArrays::new(&sent).is_err());
         let mut none = JitArrays::new(&[]).unwrap();
         assert_eq!(none.pointers().0, std::ptr::null_mut());
+    }
+
+    #[test]
+    fn a_sessions_link_logs_are_bounded() {
+        let session = crate::session::Session::default();
+        let sent = [
+            JitOption {
+                option: CU_JIT_INFO_LOG_BUFFER,
+                value: 0,
+            },
+            JitOption {
+                option: CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+                value: MAX_JIT_LOG as u64,
+            },
+        ];
+        let fits = crate::session::MAX_LINK_LOGS / MAX_JIT_LOG;
+        for id in 0..fits as u64 {
+            assert!(session
+                .keep_link_options(id, JitArrays::new(&sent).unwrap())
+                .is_ok());
+        }
+        let over = session.keep_link_options(999, JitArrays::new(&sent).unwrap());
+        assert_eq!(over, Err(wormhole_cuda_proto::cu::CUDA_ERROR_OUT_OF_MEMORY));
+        assert!(
+            session
+                .keep_link_options(0, JitArrays::new(&[]).unwrap())
+                .is_err(),
+            "an id's arrays are never replaced"
+        );
+        session.drop_link_options(1);
+        assert!(session
+            .keep_link_options(999, JitArrays::new(&sent).unwrap())
+            .is_ok());
     }
 }

@@ -49,12 +49,18 @@ pub fn cuLinkCreate_v2(
             ..LinkDone::default()
         };
         if st == CUDA_SUCCESS {
-            match s.bind(m.new_id, HandleKind::LinkState, state) {
-                Ok(()) => s.keep_link_options(m.new_id, jit),
-                Err(st) => {
-                    crate::rt::release(HandleKind::LinkState, state);
-                    done.status = st;
-                }
+            // Bound first, so the id is the state's alone when its arrays are filed under it.
+            let kept = s
+                .bind(m.new_id, HandleKind::LinkState, state)
+                .and_then(|()| {
+                    s.keep_link_options(m.new_id, jit).inspect_err(|_| {
+                        s.forget(m.new_id);
+                    })
+                });
+            if let Err(st) = kept {
+                // The driver stops writing into the arrays (dropped by now) with the state.
+                crate::rt::release(HandleKind::LinkState, state);
+                done.status = st;
             }
         }
         Ok::<_, LinkDone>(done)
@@ -185,8 +191,9 @@ pub fn cuLinkDestroy(s: &Call<'_>, r: &mut Reader<'_>, w: &mut Writer) -> Result
             // SAFETY: a live link state, destroyed once (forgotten below).
             let st = unsafe { ffi::cuLinkDestroy(state) };
             if st == CUDA_SUCCESS {
-                s.forget(id);
+                // The arrays before the id: once forgotten, the id may be bound anew.
                 s.drop_link_options(id);
+                s.forget(id);
             }
             st
         }

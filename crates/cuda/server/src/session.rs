@@ -14,6 +14,9 @@ use wormhole_server::worker::Limits;
 
 pub type Handle = *mut c_void;
 
+/// Most bytes of JIT log buffers the session's live link states may hold in the worker.
+pub const MAX_LINK_LOGS: usize = 64 << 20;
+
 #[derive(Default)]
 pub struct Session {
     handles: HandleTable<HandleKind>,
@@ -132,12 +135,24 @@ impl Session {
             .map_err(|e| self.new_id_error(e))
     }
 
-    /// Keeps link state `id`'s JIT options for its life.
-    pub fn keep_link_options(&self, id: u64, jit: crate::jit::JitArrays) {
-        self.links
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, jit);
+    /// Keeps link state `id`'s JIT options for its life, unless the log buffers of the
+    /// session's link states would pass `MAX_LINK_LOGS` (a program could otherwise make the
+    /// worker hold up to a mebibyte per state, for as many states as it may have objects).
+    pub fn keep_link_options(&self, id: u64, jit: crate::jit::JitArrays) -> Result<(), i32> {
+        let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        let held: usize = links.values().map(|j| j.log_bytes()).sum();
+        if held + jit.log_bytes() > MAX_LINK_LOGS {
+            tracing::warn!("link states' JIT logs would exceed {MAX_LINK_LOGS} bytes");
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        match links.entry(id) {
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(jit);
+                Ok(())
+            }
+            // The id was bound just now: never another state's arrays.
+            std::collections::hash_map::Entry::Occupied(_) => Err(CUDA_ERROR_INVALID_VALUE),
+        }
     }
 
     /// What the driver has left so far in link state `id`'s JIT options.

@@ -291,7 +291,7 @@ unsafe fn load(
         if module.is_null() || image.is_null() {
             return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
         }
-        let options = jit.read()?;
+        let jit = jit.read()?;
         let (at, len) = image::locate(image as usize, &read).map_err(|e| {
             crate::connection::log(&format!("module image at {image:?}: {e:?}"));
             ApiErr(match e {
@@ -307,7 +307,7 @@ unsafe fn load(
             new_id,
             digest,
             image: (bytes.len() <= IMAGE_INLINE).then_some(&bytes[..]),
-            jit: options,
+            jit: jit.sent(),
         };
         let mut reply = ModuleLoaded::decode_all(&send(op, &request)?)?;
         if reply.need_image && request.image.is_none() {

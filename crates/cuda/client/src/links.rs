@@ -8,7 +8,7 @@
 // Entry points keep the C names the description gives them.
 #![allow(non_snake_case)]
 
-use crate::jit::ProgramOptions;
+use crate::jit::{ProgramOptions, ReadOptions};
 use crate::objects;
 use crate::rt::{self, entry_status, ApiErr};
 use std::collections::HashMap;
@@ -19,15 +19,12 @@ use wormhole_cuda_proto::requests::{LinkAdd, LinkCreate, LinkDone, Message};
 use wormhole_cuda_proto::{HandleKind, Op};
 use wormhole_session::host_memory;
 
-/// What the client keeps per link state: the program's option arrays, and the linked image.
+/// What the client keeps per link state: its options as read at its creation (what the
+/// driver writes into through the state's life), and the linked image.
 struct Link {
-    options: ProgramOptions,
+    options: ReadOptions,
     image: Option<Vec<u8>>,
 }
-
-// SAFETY: the option arrays are the program's, which it keeps valid for the state's life (the
-// driver's contract); they are only read and written under the table's lock.
-unsafe impl Send for Link {}
 
 fn links() -> MutexGuard<'static, HashMap<u64, Link>> {
     static LINKS: OnceLock<Mutex<HashMap<u64, Link>>> = OnceLock::new();
@@ -76,13 +73,13 @@ pub unsafe fn cuLinkCreate_v2(
             return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
         }
         // SAFETY: per the contract.
-        let jit = unsafe { ProgramOptions::new(n, options, values) };
+        let jit = unsafe { ProgramOptions::new(n, options, values) }.read()?;
         let new_id = objects::alloc_id();
         let done = send(
             Op::cuLinkCreate_v2,
             &LinkCreate {
                 new_id,
-                jit: jit.read()?,
+                jit: jit.sent(),
             },
         )?;
         jit.write_back(&done.link_jit);
@@ -213,7 +210,7 @@ unsafe fn add(
     // SAFETY: per the contract.
     let name = unsafe { rt::cstr_in(name) }.unwrap_or_default();
     // SAFETY: per the contract.
-    let jit = unsafe { ProgramOptions::new(n, options, values) };
+    let jit = unsafe { ProgramOptions::new(n, options, values) }.read()?;
     let done = send(
         Op::cuLinkAddData_v2,
         &LinkAdd {
@@ -221,7 +218,7 @@ unsafe fn add(
             input_type,
             name,
             data,
-            jit: jit.read()?,
+            jit: jit.sent(),
         },
     )?;
     write_back_link(id, &done);
@@ -230,7 +227,7 @@ unsafe fn add(
 }
 
 /// # Safety
-/// `cubin_out` and `size_out` NULL or writable.
+/// `cubin_out` NULL or writable; `size_out` NULL (it is optional) or writable.
 pub unsafe fn cuLinkComplete(
     state: *mut c_void,
     cubin_out: *mut c_void,
@@ -239,7 +236,7 @@ pub unsafe fn cuLinkComplete(
     entry_status(|| {
         // SAFETY: `id_of` dereferences only registered objects.
         let id = unsafe { rt::id_of(state, HandleKind::LinkState, false) }?;
-        if cubin_out.is_null() || size_out.is_null() {
+        if cubin_out.is_null() {
             return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
         }
         let mut w = rt::request(Op::cuLinkComplete);
@@ -258,10 +255,13 @@ pub unsafe fn cuLinkComplete(
             .get_mut(&id)
             .ok_or(ApiErr(CUDA_ERROR_INVALID_HANDLE))?;
         let image = link.image.insert(image);
-        // SAFETY: per the contract; the image stays with the state until its destruction.
+        // SAFETY: per the contract (the size is optional); the image stays with the state
+        // until its destruction.
         unsafe {
             *(cubin_out as *mut *mut c_void) = image.as_mut_ptr().cast();
-            *(size_out as *mut usize) = image.len();
+            if !size_out.is_null() {
+                *(size_out as *mut usize) = image.len();
+            }
         }
         Ok(CUDA_SUCCESS)
     })

@@ -16,8 +16,8 @@ use crate::rt::{self, entry_status, ApiErr};
 use std::ffi::c_void;
 use wormhole_cuda_proto::cu::*;
 use wormhole_cuda_proto::requests::{
-    Message, PointerAttributes, PointerValues, MAX_POINTER_ATTRIBUTES, POINTER_ATTRIBUTE_CONTEXT,
-    POINTER_ATTRIBUTE_DEVICE_POINTER, POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
+    mempool_attribute_size, Message, PointerAttributes, PointerValues, MAX_POINTER_ATTRIBUTES,
+    POINTER_ATTRIBUTE_CONTEXT, POINTER_ATTRIBUTE_DEVICE_POINTER, POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
 };
 use wormhole_cuda_proto::{HandleKind, Op};
 use wormhole_session::host_memory;
@@ -407,16 +407,6 @@ pub unsafe fn cuPointerGetAttributes(
     })
 }
 
-/// Bytes of a memory pool attribute's value (cuda.h: the reuse policies are `int`s, the
-/// threshold and the usage figures `cuuint64_t`s); None for an attribute cuda.h 13.0 lacks.
-fn pool_attribute_size(attr: u32) -> Option<usize> {
-    match attr {
-        1..=3 => Some(4),
-        4..=8 => Some(8),
-        _ => None,
-    }
-}
-
 /// `cuMemPoolGetAttribute`: the driver's value, written at the width of the attribute's type
 /// (an `int` attribute's caller gave four bytes).
 ///
@@ -424,7 +414,7 @@ fn pool_attribute_size(attr: u32) -> Option<usize> {
 /// As the C function.
 pub unsafe fn cuMemPoolGetAttribute(pool: Handle, attr: u32, value: *mut c_void) -> i32 {
     entry_status(|| {
-        let Some(size) = pool_attribute_size(attr) else {
+        let Some(size) = mempool_attribute_size(attr) else {
             rt::check_initialized()?;
             return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
         };
@@ -450,7 +440,7 @@ pub unsafe fn cuMemPoolGetAttribute(pool: Handle, attr: u32, value: *mut c_void)
 /// As the C function.
 pub unsafe fn cuMemPoolSetAttribute(pool: Handle, attr: u32, value: *const c_void) -> i32 {
     entry_status(|| {
-        let Some(size) = pool_attribute_size(attr) else {
+        let Some(size) = mempool_attribute_size(attr) else {
             rt::check_initialized()?;
             return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
         };
@@ -481,23 +471,5 @@ mod tests {
         assert_eq!(direction(0x7000_0010, 0x1234), Direction::HostToDevice);
         assert_eq!(direction(0x1234, 0x7000_00ff), Direction::DeviceToHost);
         assert_eq!(direction(0x1234, 0x7000_0100), Direction::HostToHost);
-    }
-
-    #[test]
-    fn pool_attributes_have_the_width_of_their_type_in_cuda_h() {
-        assert_eq!(
-            pool_attribute_size(1),
-            Some(4),
-            "reuse: follow event dependencies"
-        );
-        assert_eq!(
-            pool_attribute_size(3),
-            Some(4),
-            "reuse: internal dependencies"
-        );
-        assert_eq!(pool_attribute_size(4), Some(8), "release threshold");
-        assert_eq!(pool_attribute_size(8), Some(8), "used memory high");
-        assert_eq!(pool_attribute_size(0), None);
-        assert_eq!(pool_attribute_size(9), None);
     }
 }

@@ -12,6 +12,17 @@ pub const MAX_KERNEL_PARAMS: usize = 1 << 14;
 /// by digest (the server may hold them from an earlier session of the tenant).
 pub const IMAGE_INLINE: usize = 64 << 10;
 
+/// Bytes of a memory pool attribute's value (`CUmemPool_attribute`: the reuse policies are
+/// `int`s, the release threshold and the usage figures `cuuint64_t`s); None for an attribute
+/// cuda.h 13.0 lacks, whose width neither side can know. Both sides hold values in 8 bytes.
+pub fn mempool_attribute_size(attr: u32) -> Option<usize> {
+    match attr {
+        1..=3 => Some(4),
+        4..=8 => Some(8),
+        _ => None,
+    }
+}
+
 /// `cuModuleLoadData(Ex)`, `cuModuleLoadFatBinary`, `cuLibraryLoad*`: a module image (cubin,
 /// PTX or fatbin) by its SHA-256, with its bytes, or without them to ask whether the server has
 /// it already; and the JIT options it is loaded with.

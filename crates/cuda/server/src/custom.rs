@@ -18,12 +18,12 @@ pub use crate::tensor_maps::*;
 use std::ffi::{c_void, CString};
 use wormhole_cuda_proto::cu::*;
 use wormhole_cuda_proto::requests::{
-    launch_attribute_forwarded, Copy2D, CuLaunchAttribute, CuLaunchConfig, CuMemcpy2D, DeviceRange,
-    FunctionOf, GetGlobal, LaunchArgs, LaunchAttribute, LaunchKernel, Message, ModuleGetFunction,
-    ModuleLoad, ModuleLoaded, Name, ParamLayout, PointerAttributes, PointerValues, Reply, Side2D,
-    Value, LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT, LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT,
-    MEMORYTYPE_DEVICE, MEMORYTYPE_HOST, POINTER_ATTRIBUTE_CONTEXT,
-    POINTER_ATTRIBUTE_MEMPOOL_HANDLE, POINTER_VALUE_MAX,
+    launch_attribute_forwarded, mempool_attribute_size, Copy2D, CuLaunchAttribute, CuLaunchConfig,
+    CuMemcpy2D, DeviceRange, FunctionOf, GetGlobal, LaunchArgs, LaunchAttribute, LaunchKernel,
+    Message, ModuleGetFunction, ModuleLoad, ModuleLoaded, Name, ParamLayout, PointerAttributes,
+    PointerValues, Reply, Side2D, Value, LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT,
+    LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT, MEMORYTYPE_DEVICE, MEMORYTYPE_HOST,
+    POINTER_ATTRIBUTE_CONTEXT, POINTER_ATTRIBUTE_MEMPOOL_HANDLE, POINTER_VALUE_MAX,
 };
 use wormhole_cuda_proto::{DecodeError, HandleKind, Op, Reader, Writer};
 
@@ -444,9 +444,11 @@ pub fn cuLibraryLoadFromFile(
 }
 
 /// The bytes of `data` in memory aligned for any type (a driver may read an image's headers
-/// or a parameter as wider types; a frame's bytes have no alignment).
+/// or a parameter as wider types; a frame's bytes have no alignment), followed by at least
+/// one zero byte: PTX is read up to its NUL, which a program (or a malicious client) may have
+/// left out of the bytes it sent.
 pub(crate) fn aligned(data: &[u8]) -> Vec<u64> {
-    let mut v = vec![0u64; data.len().div_ceil(8)];
+    let mut v = vec![0u64; (data.len() + 1).div_ceil(8)];
     // SAFETY: `v` holds at least `data.len()` bytes; u64 has no invalid bit patterns.
     unsafe {
         std::ptr::copy_nonoverlapping(data.as_ptr(), v.as_mut_ptr().cast::<u8>(), data.len())
@@ -527,6 +529,26 @@ fn module_load(
         if let Err(st) = s.bind(m.new_id, kind, module) {
             crate::rt::release(kind, module);
             return loaded(st);
+        }
+        // A library may be loaded lazily, at a function's first use, when the driver may
+        // write the JIT options' logs and slots: their arrays stay with it until it is
+        // unloaded (the logs the program sees are those of the load itself).
+        if matches!(load, Load::Library) && jit.len() > 0 {
+            let outputs = loaded(CUDA_SUCCESS);
+            if let Err((st, jit)) = s.keep_jit_arrays(m.new_id, jit) {
+                s.forget(m.new_id);
+                // The library first: the driver may write into the arrays until it goes.
+                crate::rt::release(kind, module);
+                drop(jit);
+                return ModuleLoaded {
+                    status: st,
+                    ..outputs
+                };
+            }
+            if let Some(bytes) = m.image {
+                s.keep_image(&m.digest, bytes);
+            }
+            return outputs;
         }
         // Kept for the tenant's next sessions once the driver took it.
         if let Some(bytes) = m.image {
@@ -1409,11 +1431,11 @@ fn copy_2d(
 }
 
 /// The attributes cuda.h names for streams (`CU_STREAM_ATTRIBUTE_*`: an access policy window,
-/// the synchronisation policy, the priority, the memory synchronisation domain and its map):
-/// plain values. The other launch attributes share the ids' space and some hold handles of
+/// the synchronisation policy, the priority, the memory synchronisation domain and its map;
+/// and the NVLink-centric scheduling hint, "valid for streams"): plain values. The other launch attributes share the ids' space and some hold handles of
 /// the program's, which the driver must never see.
 fn is_stream_attribute(attr: u32) -> bool {
-    matches!(attr, 1 | 3 | 8 | 9 | 10)
+    matches!(attr, 1 | 3 | 8 | 9 | 10 | 16)
 }
 
 /// `cuStreamSetAttribute`: a stream attribute's value.
@@ -1463,6 +1485,63 @@ fn set_stream_attribute(
         Ok(h) => set(h, value.as_ptr().cast()),
         Err(st) => st,
     }
+}
+
+/// `cuMemPoolGetAttribute`: only the attributes of cuda.h 13.0, whose values fit the 8 bytes
+/// the driver gets (a newer driver's wider attribute would write past them).
+pub fn cuMemPoolGetAttribute(
+    s: &Call<'_>,
+    a: args::cuMemPoolGetAttribute,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let answer = (|| {
+        let pool = s.resolve(a.pool_id, HandleKind::MemPool, false)?;
+        known_pool_attribute(a.attr)?;
+        let mut value = 0u64;
+        let out = crate::rt::out_ptr(a.value_present, &mut value).cast();
+        // SAFETY: a pool of the session's device, an 8-byte output (or NULL).
+        let st = unsafe { ffi::cuMemPoolGetAttribute(pool, a.attr, out) };
+        Ok((st, value))
+    })();
+    match answer {
+        Ok((st, value)) => {
+            w.i32(st);
+            if st == CUDA_SUCCESS && a.value_present {
+                w.bytes(&value.to_le_bytes());
+            }
+        }
+        Err(st) => w.i32(st),
+    }
+    Ok(())
+}
+
+/// `cuMemPoolSetAttribute`: as `cuMemPoolGetAttribute`, the value read from 8 bytes.
+pub fn cuMemPoolSetAttribute(
+    s: &Call<'_>,
+    a: args::cuMemPoolSetAttribute,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let st = (|| {
+        let pool = s.resolve(a.pool_id, HandleKind::MemPool, false)?;
+        known_pool_attribute(a.attr)?;
+        let value = match a.value_bytes.as_deref() {
+            Some(v) if v.len() == 8 => aligned(v),
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        };
+        // SAFETY: a pool of the session's device, an 8-byte value.
+        Ok(unsafe { ffi::cuMemPoolSetAttribute(pool, a.attr, value.as_ptr().cast()) })
+    })()
+    .unwrap_or_else(|st| st);
+    w.i32(st);
+    Ok(())
+}
+
+fn known_pool_attribute(attr: u32) -> Result<(), i32> {
+    if mempool_attribute_size(attr).is_none() {
+        tracing::warn!("memory pool attribute {attr} is not one of cuda.h 13.0's: refused");
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

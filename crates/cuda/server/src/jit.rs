@@ -166,7 +166,7 @@ mod tests {
     }
 
     #[test]
-    fn a_sessions_link_logs_are_bounded() {
+    fn a_sessions_kept_logs_are_bounded() {
         let session = crate::session::Session::default();
         let sent = [
             JitOption {
@@ -178,23 +178,29 @@ mod tests {
                 value: MAX_JIT_LOG as u64,
             },
         ];
-        let fits = crate::session::MAX_LINK_LOGS / MAX_JIT_LOG;
+        let fits = crate::session::MAX_JIT_ARRAYS / MAX_JIT_LOG;
         for id in 0..fits as u64 {
             assert!(session
-                .keep_link_options(id, JitArrays::new(&sent).unwrap())
+                .keep_jit_arrays(id, JitArrays::new(&sent).unwrap())
                 .is_ok());
         }
-        let over = session.keep_link_options(999, JitArrays::new(&sent).unwrap());
-        assert_eq!(over, Err(wormhole_cuda_proto::cu::CUDA_ERROR_OUT_OF_MEMORY));
+        let over = session.keep_jit_arrays(999, JitArrays::new(&sent).unwrap());
+        assert_eq!(
+            over.err().map(|(st, _)| st),
+            Some(wormhole_cuda_proto::cu::CUDA_ERROR_OUT_OF_MEMORY)
+        );
         assert!(
             session
-                .keep_link_options(0, JitArrays::new(&[]).unwrap())
+                .keep_jit_arrays(0, JitArrays::new(&[]).unwrap())
                 .is_err(),
             "an id's arrays are never replaced"
         );
-        session.drop_link_options(1);
-        assert!(session
-            .keep_link_options(999, JitArrays::new(&sent).unwrap())
-            .is_ok());
+        session.forget(1);
+        assert!(
+            session
+                .keep_jit_arrays(999, JitArrays::new(&sent).unwrap())
+                .is_ok(),
+            "an object's arrays go with it"
+        );
     }
 }

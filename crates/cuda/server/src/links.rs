@@ -50,16 +50,14 @@ pub fn cuLinkCreate_v2(
         };
         if st == CUDA_SUCCESS {
             // Bound first, so the id is the state's alone when its arrays are filed under it.
-            let kept = s
-                .bind(m.new_id, HandleKind::LinkState, state)
-                .and_then(|()| {
-                    s.keep_link_options(m.new_id, jit).inspect_err(|_| {
-                        s.forget(m.new_id);
-                    })
-                });
-            if let Err(st) = kept {
-                // The driver stops writing into the arrays (dropped by now) with the state.
+            if let Err(st) = s.bind(m.new_id, HandleKind::LinkState, state) {
                 crate::rt::release(HandleKind::LinkState, state);
+                done.status = st;
+            } else if let Err((st, jit)) = s.keep_jit_arrays(m.new_id, jit) {
+                s.forget(m.new_id);
+                // The state first: the driver may write into the arrays until it goes.
+                crate::rt::release(HandleKind::LinkState, state);
+                drop(jit);
                 done.status = st;
             }
         }
@@ -135,7 +133,7 @@ fn link_add(s: &Call<'_>, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), Deco
         };
         Ok(LinkDone {
             status: st,
-            link_jit: s.link_outputs(m.state),
+            link_jit: s.jit_outputs(m.state),
             call_jit: jit.outputs(),
             image: None,
         })
@@ -172,7 +170,7 @@ pub fn cuLinkComplete(s: &Call<'_>, r: &mut Reader<'_>, w: &mut Writer) -> Resul
         }
         Ok(LinkDone {
             status: st,
-            link_jit: s.link_outputs(id),
+            link_jit: s.jit_outputs(id),
             call_jit: Vec::new(),
             image: bytes,
         })
@@ -191,8 +189,7 @@ pub fn cuLinkDestroy(s: &Call<'_>, r: &mut Reader<'_>, w: &mut Writer) -> Result
             // SAFETY: a live link state, destroyed once (forgotten below).
             let st = unsafe { ffi::cuLinkDestroy(state) };
             if st == CUDA_SUCCESS {
-                // The arrays before the id: once forgotten, the id may be bound anew.
-                s.drop_link_options(id);
+                // Its kept arrays go with it.
                 s.forget(id);
             }
             st

@@ -76,7 +76,7 @@ pub fn check_slot(obj: Handle, op: Op) -> Result<(), i32> {
     };
     if crate::capture::is_capturing(obj, per_thread) {
         tracing::warn!(
-            "an asynchronous copy from pageable host memory on a capturing stream: its bytes              cannot outlive the request in a graph; answering CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED              (copy from page-locked memory, cuMemHostAlloc, to capture it)"
+            "an asynchronous copy from pageable host memory on a capturing stream: its bytes cannot outlive the request in a graph; answering CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (copy from page-locked memory, cuMemHostAlloc, to capture it)"
         );
         return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     }

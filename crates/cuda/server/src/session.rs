@@ -14,8 +14,9 @@ use wormhole_server::worker::Limits;
 
 pub type Handle = *mut c_void;
 
-/// Most bytes of JIT log buffers the session's live link states may hold in the worker.
-pub const MAX_LINK_LOGS: usize = 64 << 20;
+/// Most bytes of JIT log buffers the session's link states and libraries may hold in the
+/// worker.
+pub const MAX_JIT_ARRAYS: usize = 64 << 20;
 
 #[derive(Default)]
 pub struct Session {
@@ -45,9 +46,9 @@ pub struct Session {
     /// Failures of requests the client did not wait for, answered at the next synchronisation
     /// point (CUDA's are the context's: one key for the session).
     pub deferred: wormhole_server::deferred::DeferredErrors,
-    /// The JIT options of each link state (by id): the driver writes their logs until the
-    /// state is destroyed.
-    links: Mutex<HashMap<u64, crate::jit::JitArrays>>,
+    /// The JIT options of each link state and library (by id): the driver may write their
+    /// logs and slots until the object goes (they go with it, in `forget`).
+    jit_arrays: Mutex<HashMap<u64, crate::jit::JitArrays>>,
 }
 
 /// The object (id and kind) another belongs to.
@@ -135,44 +136,47 @@ impl Session {
             .map_err(|e| self.new_id_error(e))
     }
 
-    /// Keeps link state `id`'s JIT options for its life, unless the log buffers of the
-    /// session's link states would pass `MAX_LINK_LOGS` (a program could otherwise make the
-    /// worker hold up to a mebibyte per state, for as many states as it may have objects).
-    pub fn keep_link_options(&self, id: u64, jit: crate::jit::JitArrays) -> Result<(), i32> {
-        let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
-        let held: usize = links.values().map(|j| j.log_bytes()).sum();
-        if held + jit.log_bytes() > MAX_LINK_LOGS {
-            tracing::warn!("link states' JIT logs would exceed {MAX_LINK_LOGS} bytes");
-            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    /// Keeps object `id`'s JIT options for its life (a link state's, a library's), unless the
+    /// log buffers the session holds so would pass `MAX_JIT_ARRAYS` (a program could
+    /// otherwise make the worker hold up to two mebibytes per object, for as many objects as
+    /// it may have).
+    /// On failure the arrays come back, for the caller to drop once the object is gone.
+    pub fn keep_jit_arrays(
+        &self,
+        id: u64,
+        jit: crate::jit::JitArrays,
+    ) -> Result<(), (i32, crate::jit::JitArrays)> {
+        let mut kept = self.jit_arrays.lock().unwrap_or_else(|p| p.into_inner());
+        let held: usize = kept.values().map(|j| j.log_bytes()).sum();
+        if held + jit.log_bytes() > MAX_JIT_ARRAYS {
+            tracing::warn!("kept JIT logs would exceed {MAX_JIT_ARRAYS} bytes");
+            return Err((CUDA_ERROR_OUT_OF_MEMORY, jit));
         }
-        match links.entry(id) {
+        match kept.entry(id) {
             std::collections::hash_map::Entry::Vacant(v) => {
                 v.insert(jit);
                 Ok(())
             }
-            // The id was bound just now: never another state's arrays.
-            std::collections::hash_map::Entry::Occupied(_) => Err(CUDA_ERROR_INVALID_VALUE),
+            // The id was bound just now: never another object's arrays.
+            std::collections::hash_map::Entry::Occupied(_) => Err((CUDA_ERROR_INVALID_VALUE, jit)),
         }
     }
 
-    /// What the driver has left so far in link state `id`'s JIT options.
-    pub fn link_outputs(&self, id: u64) -> Vec<wormhole_cuda_proto::jit::JitOut> {
-        let links = self.links.lock().unwrap_or_else(|p| p.into_inner());
-        links.get(&id).map(|j| j.outputs()).unwrap_or_default()
-    }
-
-    /// Link state `id` was destroyed: its options' buffers go.
-    pub fn drop_link_options(&self, id: u64) {
-        self.links
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&id);
+    /// What the driver has left so far in object `id`'s kept JIT options.
+    pub fn jit_outputs(&self, id: u64) -> Vec<wormhole_cuda_proto::jit::JitOut> {
+        let kept = self.jit_arrays.lock().unwrap_or_else(|p| p.into_inner());
+        kept.get(&id).map(|j| j.outputs()).unwrap_or_default()
     }
 
     /// The object behind `id` was destroyed, and with it what came from it (a module's or a
     /// library's functions and kernels, a kernel's functions): they leave the table, so a
     /// program that loads and unloads modules does not fill it.
     pub fn forget(&self, id: u64) {
+        // Its kept JIT arrays before the id: once forgotten, the id may be bound anew.
+        self.jit_arrays
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
         let kind = self.handles.forget(id).map(|(kind, _)| kind);
         let children: Vec<u64> = {
             let mut parents = self.parents.lock().unwrap_or_else(|p| p.into_inner());

@@ -407,6 +407,23 @@ pub unsafe fn cuPointerGetAttributes(
     })
 }
 
+/// The width of a pool attribute's value, which the program passes at `value`: an attribute
+/// of cuda.h 13.0 and a value are needed (the driver's `CUDA_ERROR_INVALID_VALUE`, after the
+/// initialisation check, otherwise; an unknown attribute with a log line).
+fn pool_value_width(attr: u32, value_is_null: bool) -> Result<usize, ApiErr> {
+    rt::check_initialized()?;
+    let Some(size) = mempool_attribute_size(attr) else {
+        crate::connection::log(&format!(
+            "memory pool attribute {attr} is not one of cuda.h 13.0's; answering CUDA_ERROR_INVALID_VALUE"
+        ));
+        return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
+    };
+    if value_is_null {
+        return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
+    }
+    Ok(size)
+}
+
 /// `cuMemPoolGetAttribute`: the driver's value, written at the width of the attribute's type
 /// (an `int` attribute's caller gave four bytes).
 ///
@@ -414,14 +431,7 @@ pub unsafe fn cuPointerGetAttributes(
 /// As the C function.
 pub unsafe fn cuMemPoolGetAttribute(pool: Handle, attr: u32, value: *mut c_void) -> i32 {
     entry_status(|| {
-        let Some(size) = mempool_attribute_size(attr) else {
-            rt::check_initialized()?;
-            return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
-        };
-        if value.is_null() {
-            rt::check_initialized()?;
-            return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
-        }
+        let size = pool_value_width(attr, value.is_null())?;
         let mut wide = [0u8; 8];
         // SAFETY: an 8-byte output.
         let st =
@@ -440,14 +450,7 @@ pub unsafe fn cuMemPoolGetAttribute(pool: Handle, attr: u32, value: *mut c_void)
 /// As the C function.
 pub unsafe fn cuMemPoolSetAttribute(pool: Handle, attr: u32, value: *const c_void) -> i32 {
     entry_status(|| {
-        let Some(size) = mempool_attribute_size(attr) else {
-            rt::check_initialized()?;
-            return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
-        };
-        if value.is_null() {
-            rt::check_initialized()?;
-            return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
-        }
+        let size = pool_value_width(attr, value.is_null())?;
         let mut wide = [0u8; 8];
         // SAFETY: the caller's value has the attribute's type.
         unsafe { std::ptr::copy_nonoverlapping(value.cast::<u8>(), wide.as_mut_ptr(), size) };

@@ -242,6 +242,29 @@ pub unsafe fn cuLibraryLoadFromFile(
     }
 }
 
+/// The bytes of the file the program named (`what` it is, for the log line): the client reads
+/// it, since the server never opens a tenant's paths. After `cuInit`; a NULL name is the
+/// driver's `CUDA_ERROR_INVALID_VALUE`, an unreadable file its `CUDA_ERROR_FILE_NOT_FOUND`.
+///
+/// # Safety
+/// `name` NULL or a C string.
+pub(crate) unsafe fn read_named_file(name: *const c_char, what: &str) -> Result<Vec<u8>, ApiErr> {
+    rt::check_initialized()?;
+    if name.is_null() {
+        return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
+    }
+    // SAFETY: per the contract.
+    let name = unsafe { CStr::from_ptr(name) };
+    let path = <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(name.to_bytes());
+    std::fs::read(path).map_err(|e| {
+        crate::connection::log(&format!(
+            "cannot read {what} {}: {e}",
+            name.to_string_lossy()
+        ));
+        ApiErr(CUDA_ERROR_FILE_NOT_FOUND)
+    })
+}
+
 /// Loads the image in file `name` (its bytes, NUL-terminated for PTX).
 ///
 /// # Safety
@@ -253,24 +276,10 @@ unsafe fn load_file(
     name: *const c_char,
     jit: ProgramOptions,
 ) -> i32 {
-    if let Err(ApiErr(st)) = rt::check_initialized() {
-        return st;
-    }
-    if name.is_null() {
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-    let path = std::path::Path::new(
-        <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(
-            // SAFETY: per the contract.
-            unsafe { CStr::from_ptr(name) }.to_bytes(),
-        ),
-    );
-    let mut bytes = match std::fs::read(path) {
+    // SAFETY: per the contract.
+    let mut bytes = match unsafe { read_named_file(name, "module file") } {
         Ok(b) => b,
-        Err(e) => {
-            crate::connection::log(&format!("cannot read module file {}: {e}", path.display()));
-            return CUDA_ERROR_FILE_NOT_FOUND;
-        }
+        Err(ApiErr(st)) => return st,
     };
     bytes.push(0);
     // SAFETY: `bytes` is a whole image that lives across the call.

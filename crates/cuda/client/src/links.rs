@@ -12,7 +12,7 @@ use crate::jit::{ProgramOptions, ReadOptions};
 use crate::objects;
 use crate::rt::{self, entry_status, ApiErr};
 use std::collections::HashMap;
-use std::ffi::{c_char, c_void, CStr};
+use std::ffi::{c_char, c_void};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use wormhole_cuda_proto::cu::*;
 use wormhole_cuda_proto::requests::{LinkAdd, LinkCreate, LinkDone, Message};
@@ -172,20 +172,8 @@ pub unsafe fn cuLinkAddFile_v2(
     values: *mut c_void,
 ) -> i32 {
     entry_status(|| {
-        rt::check_initialized()?;
-        if path.is_null() {
-            return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
-        }
         // SAFETY: per the contract.
-        let name = unsafe { CStr::from_ptr(path) };
-        let file = <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(name.to_bytes());
-        let bytes = std::fs::read(file).map_err(|e| {
-            crate::connection::log(&format!(
-                "cuLinkAddFile: cannot read {}: {e}",
-                name.to_string_lossy()
-            ));
-            ApiErr(CUDA_ERROR_FILE_NOT_FOUND)
-        })?;
+        let bytes = unsafe { crate::custom::read_named_file(path, "link input") }?;
         if bytes.is_empty() {
             return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
         }

@@ -530,31 +530,24 @@ fn module_load(
             crate::rt::release(kind, module);
             return loaded(st);
         }
+        let done = loaded(CUDA_SUCCESS);
         // A library may be loaded lazily, at a function's first use, when the driver may
         // write the JIT options' logs and slots: their arrays stay with it until it is
         // unloaded (the logs the program sees are those of the load itself).
         if matches!(load, Load::Library) && jit.len() > 0 {
-            let outputs = loaded(CUDA_SUCCESS);
             if let Err((st, jit)) = s.keep_jit_arrays(m.new_id, jit) {
                 s.forget(m.new_id);
                 // The library first: the driver may write into the arrays until it goes.
                 crate::rt::release(kind, module);
                 drop(jit);
-                return ModuleLoaded {
-                    status: st,
-                    ..outputs
-                };
+                return ModuleLoaded { status: st, ..done };
             }
-            if let Some(bytes) = m.image {
-                s.keep_image(&m.digest, bytes);
-            }
-            return outputs;
         }
         // Kept for the tenant's next sessions once the driver took it.
         if let Some(bytes) = m.image {
             s.keep_image(&m.digest, bytes);
         }
-        loaded(CUDA_SUCCESS)
+        done
     })();
     answer.encode(w);
     Ok(())

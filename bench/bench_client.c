@@ -5,6 +5,8 @@
  *   idle    connect, create a context, then stay idle for WH_IDLE_SECONDS (default 5)
  *   flood   keep the device busy with heavy kernels for WH_FLOOD_SECONDS (default 5)
  *   light   a latency-sensitive tenant: 300 tiny kernels + finish, 2 ms apart
+ *   builds  10 programs no cache has seen (a nonce in each source), each built, one of its
+ *           two kernels run and read back: what a test suite of one-off programs waits for
  *   rtt     WH_RTT_CALLS (default 1000) synchronous round trips only. In a benchmark guest
  *           (WH_CTL_TTY set, see tests/guest.py) the calls are bracketed as the phase
  *           WH_PHASE, so that the host counts the device events of exactly these calls. */
@@ -143,6 +145,46 @@ static void calls(void) {
     printf("client_cpu_s %.3f\n", cpu_seconds());
 }
 
+/* Ten one-off programs: built, a kernel run, the result read. The sources carry this run's
+ * nonce in a kernel name (comments do not survive the preprocessor), so no cache (the driver's, Wormhole's) has them; the figure is the wall time. */
+static void builds(void) {
+    enum { PROGRAMS = 10 };
+    struct timespec t0, t1;
+    unsigned long nonce = (unsigned long)getpid() * 1000003ul ^ (unsigned long)time(NULL);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 0; i < PROGRAMS; i++) {
+        char src[1024];
+        snprintf(src, sizeof src,
+                 "__kernel void poly_%lu_%d(__global float *x) { size_t i = get_global_id(0);\n"
+                 "  float a = x[i]; for (int k = 0; k < %d; k++) a = a * 0.5f + sin(a);\n"
+                 "  x[i] = a; }\n"
+                 "__kernel void add(__global int *x, int v) { x[get_global_id(0)] += v; }\n",
+                 nonce, i, i + 2);
+        const char *s = src;
+        cl_int err;
+        cl_program p = clCreateProgramWithSource(ctx, 1, &s, NULL, &err);
+        CHECK(err);
+        CHECK(clBuildProgram(p, 1, &dev, "", NULL, NULL));
+        cl_kernel kk = clCreateKernel(p, "add", &err);
+        CHECK(err);
+        int v = i + 1, out = 0;
+        CHECK(clEnqueueWriteBuffer(q, buf, CL_TRUE, 0, sizeof out, &out, 0, NULL, NULL));
+        CHECK(clSetKernelArg(kk, 0, sizeof buf, &buf));
+        CHECK(clSetKernelArg(kk, 1, sizeof v, &v));
+        size_t one = 1;
+        CHECK(clEnqueueNDRangeKernel(q, kk, 1, NULL, &one, NULL, 0, NULL, NULL));
+        CHECK(clEnqueueReadBuffer(q, buf, CL_TRUE, 0, sizeof out, &out, 0, NULL, NULL));
+        if (out != v) {
+            fprintf(stderr, "builds: program %d gave %d, not %d\n", i, out, v);
+            exit(1);
+        }
+        CHECK(clReleaseKernel(kk));
+        CHECK(clReleaseProgram(p));
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    printf("oneoff_builds_s %.3f\n", (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9);
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "calls";
     if (!strcmp(mode, "platform")) {
@@ -165,6 +207,10 @@ int main(int argc, char **argv) {
         CHECK(clEnqueueReadBuffer(q, buf, CL_TRUE, 0, sizeof out, &out, 0, NULL, NULL));
         printf("start_result %d\n", out);
         return out == 42 ? 0 : 1;
+    }
+    if (!strcmp(mode, "builds")) {
+        builds();
+        return 0;
     }
     if (!strcmp(mode, "flood")) {
         const char *s = getenv("WH_FLOOD_SECONDS");

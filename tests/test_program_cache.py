@@ -7,9 +7,10 @@ import os
 import stat
 import struct
 import subprocess
+import sys
 
 import pytest
-from conftest import Server
+from conftest import Server, wait_for
 
 
 @pytest.fixture
@@ -21,7 +22,8 @@ def cache_server(tmp_path):
 
 
 def counts(server, client, steps=("a", "b", "c", "d")):
-    """Runs the cache client in one session and returns its (hits, misses)."""
+    """Runs the cache client in one session and returns its (hits, misses), once the session's
+    worker is gone: on PoCL, stores run in the background and finish before the worker exits."""
     p = server.popen([client, "hold"])
     try:
         for step in steps:
@@ -34,6 +36,7 @@ def counts(server, client, steps=("a", "b", "c", "d")):
     finally:
         p.stdin.close()
         assert p.wait(timeout=60) == 0, p.stderr.read()
+        wait_for(lambda: server.status()["sessions"] == [], timeout=60, what="the worker's exit")
 
 
 def test_next_sessions_build_from_the_cache(cache_server, c_programs):
@@ -123,3 +126,43 @@ def test_builds_whose_binary_forgets_kernel_attributes_are_not_served(cache_serv
         r = cache_server.run([client], timeout=120)
         assert r.returncode == 0, r.stderr
         assert r.stdout == native
+
+
+ONE_BUILD = r"""
+import sys
+import numpy as np
+import pyopencl as cl
+
+ctx = cl.Context([cl.get_platforms()[0].get_devices()[0]])
+q = cl.CommandQueue(ctx)
+prg = cl.Program(ctx, "__kernel void twice(__global int *a) { a[get_global_id(0)] *= 2; }").build()
+a = np.arange(16, dtype=np.int32)
+buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=a)
+prg.twice(q, a.shape, None, buf)
+cl.enqueue_copy(q, a, buf)
+assert (a == 2 * np.arange(16)).all(), a
+print("built", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_build_is_stored_once_the_session_is_quiet(cache_server):
+    """On a CPU device the store is a second build, in a context of the worker's own, at a
+    moment the session is quiet (`wh bench` measures what that saves the build's reply): an
+    idle session's build is stored while the session is still open, and the next session is
+    served the stored program (the kernel's result checked)."""
+    entries = lambda: list((cache_server.dir / "programs").glob("*.bin"))
+    for session in range(2):
+        p = cache_server.popen([sys.executable, "-c", ONE_BUILD])
+        try:
+            assert p.stdout.readline() == "built\n", p.stderr.read()
+            # The session holds still: its store runs now, while the session is open.
+            wait_for(lambda: len(entries()) == 1, timeout=60, what="the store of the build")
+            (s,) = cache_server.status()["sessions"]
+            d = s["detail"]
+            assert (d["program_cache_hits"], d["program_cache_misses"]) == (session, 1 - session)
+            assert d["program_cache_stores_skipped"] == 0
+        finally:
+            p.stdin.close()
+            assert p.wait(timeout=60) == 0, p.stderr.read()
+        wait_for(lambda: cache_server.status()["sessions"] == [], timeout=60, what="the worker's exit")

@@ -417,6 +417,25 @@ pub fn run(icd_lib: &Path, part: Part) -> Result<(), BenchError> {
         figs[i].insert("start_warm_ms".into(), warm);
         figs[i].insert("start_cold_ms".into(), cold);
     }
+    eprintln!("wh bench: one-off program builds...");
+    let mut builds: Vec<Figures> = vec![Figures::new(); modes.len()];
+    for round in 0..3 {
+        for (i, m) in modes.iter().enumerate() {
+            let f = run_mode(&client, *m, server_for(*m), &icd, "builds", &[])?;
+            let secs = f.get("oneoff_builds_s").copied().unwrap_or(f64::NAN);
+            builds[i].insert(format!("round {round}"), secs);
+            if *m != Mode::Native {
+                // A worker stores the session's new programs after its client has gone (for
+                // at most 2 s): the next figure must not share the CPU with that.
+                std::thread::sleep(Duration::from_millis(2500));
+            }
+        }
+    }
+    for (f, b) in figs.iter_mut().zip(&builds) {
+        let mut v: Vec<f64> = b.values().copied().collect();
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+        f.insert("oneoff_builds_s".into(), v[v.len() / 2]);
+    }
     eprintln!("wh bench: fairness (a light tenant while a heavy one floods the device)...");
     for (i, m) in modes.iter().enumerate().take(2) {
         let server = server_for(*m);
@@ -481,6 +500,11 @@ pub fn run(icd_lib: &Path, part: Part) -> Result<(), BenchError> {
         (
             "start_warm_ms",
             "new process → first result, warm program cache, ms",
+            false,
+        ),
+        (
+            "oneoff_builds_s",
+            "10 one-off programs: build + first run, s (median of 3)",
             false,
         ),
         (

@@ -38,6 +38,12 @@ fn order() -> &'static crate::order::LaneOrder {
     ORDER.get_or_init(|| crate::order::LaneOrder::new(0))
 }
 
+/// Requests the session has made so far: a backend that defers its own work to quiet moments
+/// watches this stand still.
+pub fn calls_served() -> u64 {
+    CALLS.load(Ordering::Relaxed)
+}
+
 /// One more call served: counted for `wh status`, and it wakes a parked slice review.
 fn count_call() {
     CALLS.fetch_add(1, Ordering::Relaxed);

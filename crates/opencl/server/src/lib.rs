@@ -233,6 +233,10 @@ impl wormhole_server::Backend for OpenCl {
         Self::run(session(), h.opcode, h.flags & FLAG_ASYNC != 0, r, w)
     }
 
+    fn end(&self) {
+        program_cache::finish();
+    }
+
     fn answers_later(&self, opcode: u16) -> bool {
         opcode == Op::clFinish as u16
     }
@@ -295,6 +299,10 @@ impl wormhole_server::Backend for OpenCl {
             ("program_cache_hits", &program_cache::HITS),
             ("program_cache_misses", &program_cache::MISSES),
             ("program_cache_uncacheable", &program_cache::UNCACHEABLE),
+            (
+                "program_cache_stores_skipped",
+                &program_cache::STORES_SKIPPED,
+            ),
         ] {
             put(k, counter.load(Ordering::Relaxed));
         }

@@ -147,6 +147,7 @@ pub fn clBuildProgram(
             CL_INVALID_DEVICE,
         )?;
         crate::rt::check_slot(program, Op::clBuildProgram)?;
+        let _building = crate::program_cache::Building::start();
         let (notify, user_data) =
             crate::callbacks::make(CallbackKind::ProgramNotify, notify_cb, program_id);
         let options_ptr = options.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
@@ -200,7 +201,7 @@ struct BuildRequest<'a> {
 /// its binaries and logs are stored for the next session.
 fn build_through_cache(
     s: &Session,
-    cache: &ProgramCache,
+    cache: &'static ProgramCache,
     req: &BuildRequest<'_>,
     build: impl FnOnce(Handle) -> i32,
 ) -> i32 {
@@ -249,16 +250,21 @@ fn build_through_cache(
     let st = build(source_program);
     if st == CL_SUCCESS {
         if let Some(plan) = plan {
-            store(cache, source_program, &plan);
+            if builds_cheaply_aside(&plan.devices) {
+                store_later(cache, plan, req.options);
+            } else {
+                store(cache, source_program, &plan);
+            }
         }
     }
     st
 }
 
-/// The devices of a build the cache can serve and the key of each.
+/// The devices of a build the cache can serve, the key of each, and the source they cover.
 struct Plan {
     devices: Vec<Handle>,
     keys: Vec<Key>,
+    source: Vec<u8>,
 }
 
 fn plan(source_program: Handle, requested: Option<&[Handle]>, options: &[u8]) -> Option<Plan> {
@@ -299,7 +305,11 @@ fn plan(source_program: Handle, requested: Option<&[Handle]>, options: &[u8]) ->
             &source,
         ));
     }
-    Some(Plan { devices, keys })
+    Some(Plan {
+        devices,
+        keys,
+        source,
+    })
 }
 
 /// What decides whether a binary fits a device: the platform's and device's names and
@@ -325,6 +335,7 @@ fn from_cache(
     source_program: Handle,
     plan: &Plan,
 ) -> Option<i32> {
+    cache.wait_for_stores(&plan.keys);
     let entries: Vec<Entry> = plan
         .keys
         .iter()
@@ -484,6 +495,120 @@ fn kernels_have_attributes(program: Handle) -> bool {
 
 /// The longest kernel name of a program the cache stores (see `store`).
 const MAX_CACHED_KERNEL_NAME: usize = 128;
+
+/// Whether the cache's entries for these devices are made by building the program again, in
+/// a context of the worker's own, on the background thread (`store_later`), rather than by
+/// asking the application's program for its binaries before the build returns (`store`).
+///
+/// On a CPU device the binaries cost as much as the build (PoCL generates code for every
+/// kernel when asked for them: one-off builds took ~45% longer with the store in the reply's
+/// path), a context costs nothing but host memory, and the compiler takes one lock per
+/// context, so the two builds do not wait for each other. A GPU context holds device memory
+/// no quota counts, and a GPU driver's binaries are what its build made: those devices keep
+/// the store in the build. Sub-devices too (a context of ours would hold a reference to them
+/// that the application could see).
+fn builds_cheaply_aside(devices: &[Handle]) -> bool {
+    devices.iter().all(|&d| {
+        let ty = crate::rt::device_info(d, CL_DEVICE_TYPE).ok();
+        let parent = crate::rt::device_info(d, CL_DEVICE_PARENT_DEVICE).ok();
+        let is_cpu = ty
+            .and_then(|t| t.get(..8).and_then(|b| b.try_into().ok()))
+            .is_some_and(|t: [u8; 8]| u64::from_le_bytes(t) & CL_DEVICE_TYPE_CPU != 0);
+        let is_root = parent
+            .and_then(|p| crate::rt::handle_value(&p))
+            .is_some_and(|p| p.is_null());
+        is_cpu && is_root
+    })
+}
+
+/// Queues the store of a successful build: the background thread builds the same source with
+/// the same options for the same devices, in a context of its own, and stores that program's
+/// binaries. Nothing the application holds is touched after this returns.
+fn store_later(cache: &'static ProgramCache, plan: Plan, options: &[u8]) {
+    let keys = plan.keys.clone();
+    let devices: Vec<usize> = plan.devices.iter().map(|&d| d as usize).collect();
+    let (source, options) = (plan.source, options.to_vec());
+    let work = move |cache: &ProgramCache| {
+        let plan = Plan {
+            devices: devices.iter().map(|&d| d as Handle).collect(),
+            keys: plan.keys,
+            source,
+        };
+        let Some(context) = own_context(&plan.devices) else {
+            return;
+        };
+        let program = match program_from_source(context, &plan.source) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::debug!(
+                    "program cache: the source did not make a program again ({e}); not stored"
+                );
+                return;
+            }
+        };
+        let st = rebuild(program, Some(&plan.devices), &options);
+        if st == CL_SUCCESS {
+            store(cache, program, &plan);
+        } else {
+            tracing::debug!("program cache: the build aside failed ({st}); not stored");
+        }
+        release_program(program);
+    };
+    cache.store_later(keys, Box::new(work));
+}
+
+/// The worker's own context for a list of (root) devices, made once and kept for the worker's
+/// life: a context's first build loads the compiler's libraries (~0.4 s on PoCL).
+fn own_context(devices: &[Handle]) -> Option<Handle> {
+    static CONTEXTS: std::sync::Mutex<Vec<(Vec<usize>, usize)>> = std::sync::Mutex::new(Vec::new());
+    let wanted: Vec<usize> = devices.iter().map(|&d| d as usize).collect();
+    let mut contexts = CONTEXTS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, c)) = contexts.iter().find(|(d, _)| *d == wanted) {
+        return Some(*c as Handle);
+    }
+    let mut err = CL_SUCCESS;
+    // SAFETY: `devices` holds live root devices; no properties, no callback.
+    let c = unsafe {
+        ffi::clCreateContext(
+            std::ptr::null(),
+            devices.len() as u32,
+            devices.as_ptr(),
+            std::ptr::null(),
+            std::ptr::null_mut(),
+            &mut err,
+        )
+    };
+    if c.is_null() || err != CL_SUCCESS {
+        tracing::warn!("program cache: no context of the worker's own ({err}); not stored");
+        return None;
+    }
+    contexts.push((wanted, c as usize));
+    Some(c)
+}
+
+/// A program made from one source string in `context`, or the driver's error.
+fn program_from_source(context: Handle, source: &[u8]) -> Result<Handle, i32> {
+    // CL_PROGRAM_SOURCE ends with its NUL: the length given is the text's.
+    let text = source.strip_suffix(&[0]).unwrap_or(source);
+    let ptr = text.as_ptr() as *const c_char;
+    let len = text.len();
+    let mut err = CL_SUCCESS;
+    // SAFETY: one string with its length, borrowed for the call.
+    let p = unsafe {
+        ffi::clCreateProgramWithSource(
+            context,
+            1,
+            &ptr as *const *const c_char as *mut c_void,
+            &len as *const usize as *mut c_void,
+            &mut err,
+        )
+    };
+    match (p.is_null(), err) {
+        (false, CL_SUCCESS) => Ok(p),
+        (_, CL_SUCCESS) => Err(CL_OUT_OF_RESOURCES),
+        (_, e) => Err(e),
+    }
+}
 
 /// Stores what a successful build produced, one entry per device.
 fn store(cache: &ProgramCache, program: Handle, plan: &Plan) {

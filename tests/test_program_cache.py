@@ -166,3 +166,34 @@ def test_a_build_is_stored_once_the_session_is_quiet(cache_server):
             p.stdin.close()
             assert p.wait(timeout=60) == 0, p.stderr.read()
         wait_for(lambda: cache_server.status()["sessions"] == [], timeout=60, what="the worker's exit")
+
+
+WITH_HEADER = r"""
+import sys
+import numpy as np
+import pyopencl as cl
+
+ctx = cl.Context([cl.get_platforms()[0].get_devices()[0]])
+q = cl.CommandQueue(ctx)
+src = '#include "value.h"\n__kernel void put(__global int *a) { a[get_global_id(0)] = VALUE; }\n'
+prg = cl.Program(ctx, src).build(options=["-I", sys.argv[1]])
+a = np.zeros(4, dtype=np.int32)
+buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, a.nbytes)
+prg.put(q, a.shape, None, buf)
+cl.enqueue_copy(q, a, buf)
+print(int(a[0]))
+"""
+
+
+def test_a_build_that_includes_a_file_is_never_served_stale(cache_server, tmp_path):
+    """The key covers the source and options, not the files a build includes: such builds
+    compile every time, so a changed header changes the program."""
+    include = tmp_path / "include"
+    include.mkdir()
+    for value in (3, 5):
+        (include / "value.h").write_text(f"#define VALUE {value}\n")
+        r = cache_server.run([sys.executable, "-c", WITH_HEADER, str(include)], timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == str(value)
+        wait_for(lambda: cache_server.status()["sessions"] == [], timeout=60, what="the worker's exit")
+    assert not list((cache_server.dir / "programs").glob("*.bin"))

@@ -289,6 +289,11 @@ fn plan(source_program: Handle, requested: Option<&[Handle]>, options: &[u8]) ->
     if source.iter().all(|&b| b == 0) {
         return None; // built from a binary or IL, or linked: nothing to key by
     }
+    if reads_files(&source, options) {
+        crate::program_cache::UNCACHEABLE.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!("program cache: the build reads files (#include); not cached");
+        return None;
+    }
     let mut keys = Vec::with_capacity(devices.len());
     for &d in &devices {
         let status =
@@ -310,6 +315,45 @@ fn plan(source_program: Handle, requested: Option<&[Handle]>, options: &[u8]) ->
         keys,
         source,
     })
+}
+
+/// Whether a build may read files beside its source: the key covers the source and the
+/// options, not what a file holds, so a program built with a header that has changed since
+/// would be served stale. Errs on the safe side: any identifier a file-reading directive or
+/// operator is spelled with (a directive may be spliced over lines or follow `%:`), and the
+/// options that name a file to read.
+fn reads_files(source: &[u8], options: &[u8]) -> bool {
+    const DIRECTIVES: [&[u8]; 7] = [
+        b"include",
+        b"include_next",
+        b"import",
+        b"embed",
+        b"__has_include",
+        b"__has_include_next",
+        b"__has_embed",
+    ];
+    let joined: Vec<u8> = {
+        // Line splices (backslash, newline) vanish before the preprocessor sees words.
+        let mut out = Vec::with_capacity(source.len());
+        let mut i = 0;
+        while i < source.len() {
+            match source[i..] {
+                [b'\\', b'\n', ..] => i += 2,
+                [b'\\', b'\r', b'\n', ..] => i += 3,
+                _ => {
+                    out.push(source[i]);
+                    i += 1;
+                }
+            }
+        }
+        out
+    };
+    let word = |c: &u8| c.is_ascii_alphanumeric() || *c == b'_';
+    let in_source = joined.split(|c| !word(c)).any(|w| DIRECTIVES.contains(&w));
+    let in_options = options
+        .split(|c| c.is_ascii_whitespace())
+        .any(|o| o.starts_with(b"-include") || o.starts_with(b"-imacros") || o.starts_with(b"@"));
+    in_source || in_options
 }
 
 /// What decides whether a binary fits a device: the platform's and device's names and
@@ -670,4 +714,36 @@ pub(crate) fn cached_program_answer(s: &Session, program: Handle, param: u32) ->
 pub(crate) fn release_program(p: Handle) {
     // SAFETY: the caller owns a reference to the live program `p`.
     unsafe { ffi::clReleaseProgram(p) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reads_files;
+
+    #[test]
+    fn builds_that_may_read_files_are_recognised() {
+        let plain = b"__kernel void k(__global int *a) { a[0] = 1; }";
+        assert!(!reads_files(plain, b"-DN=3 -cl-fast-relaxed-math"));
+        // A kernel's own words that merely contain a directive's name are not one.
+        assert!(!reads_files(b"int included_count; int reimport;", b""));
+        for source in [
+            &b"#include \"a.h\"\n"[..],
+            b"  #  include <a.h>\n",
+            b"%:include \"a.h\"\n",
+            b"#inc\\\nlude \"a.h\"\n",
+            b"#define F \"a.h\"\n#include F\n",
+            b"#if __has_include(\"a.h\")\n#endif\n",
+            b"#embed \"blob\"\n",
+            b"#include_next <a.h>\n",
+        ] {
+            assert!(
+                reads_files(source, b""),
+                "{}",
+                String::from_utf8_lossy(source)
+            );
+        }
+        for options in [&b"-include a.h"[..], b"-imacros m.h", b"@opts.txt"] {
+            assert!(reads_files(plain, options));
+        }
+    }
 }

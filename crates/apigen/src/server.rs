@@ -428,12 +428,18 @@ fn emit_handler(s: &mut String, api: &Api, f: &Func) {
         return;
     }
     let args: Vec<String> = f.params.iter().map(arg).collect();
-    let _ = writeln!(
-        s,
-        "        // SAFETY: every pointer argument points into a buffer above that lives across the call\n        // and is at least as large as the size argument that goes with it.\n        let ret = unsafe {{ ffi::{}({}) }};",
-        f.name,
-        args.join(", ")
-    );
+    let safety = "// SAFETY: every pointer argument points into a buffer above that lives across the call\n        // and is at least as large as the size argument that goes with it.";
+    let call = format!("unsafe {{ ffi::{}({}) }}", f.name, args.join(", "));
+    if f.compiles {
+        // Through the build sandbox: it may read what the program names (`@compiles`).
+        let _ = writeln!(
+            s,
+            "        let ret = crate::custom::compiling(|| {{\n            {}\n            {call}\n        }});",
+            safety.replace("\n        //", "\n            //")
+        );
+    } else {
+        let _ = writeln!(s, "        {safety}\n        let ret = {call};");
+    }
     match &f.ret {
         Ret::Handle(k) => {
             let e = f

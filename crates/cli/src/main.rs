@@ -150,6 +150,9 @@ enum Cmd {
         /// Leave every thread at the kernel's default time slice (`short_slices = false`).
         #[arg(long)]
         no_short_slices: bool,
+        /// Let every build read what the worker may (`build_sandbox = false`).
+        #[arg(long)]
+        no_build_sandbox: bool,
     },
 }
 
@@ -350,6 +353,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             program_cache,
             program_cache_mib,
             no_short_slices,
+            no_build_sandbox,
         } => {
             let backend = *BACKENDS
                 .iter()
@@ -371,6 +375,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 build_cache: program_cache,
                 build_cache_bytes: program_cache_mib << 20,
                 short_slices: !no_short_slices,
+                build_sandbox: !no_build_sandbox,
             };
             wormhole_server::worker::main(args, backend)?;
             Ok(())

@@ -55,6 +55,10 @@ pub struct Config {
     /// their local client's CPU, so that their hand-offs neither wait for a scheduler tick
     /// nor cross CPUs busy with others' work (see `slices`). Default: true.
     pub short_slices: bool,
+    /// Whether builds of tenants that could not read the server's files themselves (other
+    /// users, containers, remote hosts, VM guests) may read only the system's and the
+    /// driver's files (see `build_sandbox`). Default: true.
+    pub build_sandbox: bool,
     /// Serve tenant administration (`wh tenant ...`) on this socket only (mode 0600: root and
     /// the server's user); the session socket then refuses it. For servers whose session
     /// socket is handed to containers, where uid 0 is a tenant's root, not the operator.
@@ -189,6 +193,7 @@ impl Default for Config {
             cgroup: None,
             state_dir: None,
             short_slices: true,
+            build_sandbox: true,
             admin_socket: None,
             tokens_only: false,
         }
@@ -387,6 +392,8 @@ mod tests {
         assert_eq!(Config::default().cgroup, None);
         assert!(Config::default().short_slices);
         assert!(!parse("short_slices = false").unwrap().short_slices);
+        assert!(Config::default().build_sandbox);
+        assert!(!parse("build_sandbox = false").unwrap().build_sandbox);
         assert_eq!(
             parse("cgroup = false").unwrap().cgroup,
             Some(CgroupSetting::On(false))

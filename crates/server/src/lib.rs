@@ -7,6 +7,7 @@
 
 pub mod admin;
 pub mod backend;
+pub mod build_sandbox;
 pub mod callbacks;
 pub mod cgroup;
 pub mod config;

@@ -1210,6 +1210,9 @@ fn spawn_worker(
     if !config.short_slices {
         cmd.arg("--no-short-slices");
     }
+    if !config.build_sandbox {
+        cmd.arg("--no-build-sandbox");
+    }
     if let Some(d) = config.program_cache_dir() {
         cmd.arg("--program-cache")
             .arg(d)

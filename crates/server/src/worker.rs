@@ -1338,6 +1338,9 @@ pub struct WorkerArgs {
     pub build_cache_bytes: u64,
     /// Short time slices for lanes and brief driver threads (see `slices`).
     pub short_slices: bool,
+    /// Builds of tenants that could not read the server's files run confined
+    /// (`build_sandbox`).
+    pub build_sandbox: bool,
 }
 
 /// A worker process's life: take the descriptors the supervisor passed, set the tenant's
@@ -1390,6 +1393,7 @@ pub fn main(args: WorkerArgs, backend: &'static dyn Backend) -> Result<(), Worke
         let region = args.region.ok_or_else(|| {
             WorkerError::Io(std::io::Error::other("transport guest needs --region"))
         })?;
+        crate::build_sandbox::configure(args.build_sandbox, None);
         return run_guest(backend, build_cache, &region, layout, Some(stats));
     }
     // SAFETY: as above, fd 3 is the session's socket or stream (a Unix socket, a TCP stream, or
@@ -1408,6 +1412,12 @@ pub fn main(args: WorkerArgs, backend: &'static dyn Backend) -> Result<(), Worke
     } else {
         (args.transport, fd3, None)
     };
+    // A TLS session's socket leads to the supervisor's proxy, not to the client.
+    let local = !matches!(transport.as_str(), "tcp" | "tls");
+    let peer = local
+        .then(|| crate::build_sandbox::peer_of(std::os::fd::AsFd::as_fd(&session)))
+        .flatten();
+    crate::build_sandbox::configure(args.build_sandbox, peer);
     match transport.as_str() {
         "tcp" => run_tcp(
             backend,

@@ -3,6 +3,7 @@
 
 pub const CL_SUCCESS: i32 = 0;
 pub const CL_DEVICE_NOT_FOUND: i32 = -1;
+pub const CL_COMPILER_NOT_AVAILABLE: i32 = -3;
 pub const CL_OUT_OF_RESOURCES: i32 = -5;
 pub const CL_OUT_OF_HOST_MEMORY: i32 = -6;
 pub const CL_MEM_OBJECT_ALLOCATION_FAILURE: i32 = -4;

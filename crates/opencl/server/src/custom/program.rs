@@ -153,18 +153,20 @@ pub fn clBuildProgram(
         let options_ptr = options.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
         // The application's own build, of whichever real program the id names by then.
         let build = |p: Handle| {
-            // SAFETY: the device list holds `num_devices` live devices (or is NULL), the
-            // options are a C string (or NULL); both live across the call.
-            unsafe {
-                ffi::clBuildProgram(
-                    p,
-                    num_devices,
-                    list_ptr(&devices),
-                    options_ptr,
-                    notify,
-                    user_data,
-                )
-            }
+            compiling(|| {
+                // SAFETY: the device list holds `num_devices` live devices (or is NULL), the
+                // options are a C string (or NULL); both live across the call.
+                unsafe {
+                    ffi::clBuildProgram(
+                        p,
+                        num_devices,
+                        list_ptr(&devices),
+                        options_ptr,
+                        notify,
+                        user_data,
+                    )
+                }
+            })
         };
         let Some(cache) = crate::program_cache::get() else {
             return Ok(build(program));
@@ -466,17 +468,26 @@ fn rebuild(program: Handle, devices: Option<&[Handle]>, options: &[u8]) -> i32 {
         return CL_INVALID_BUILD_OPTIONS;
     };
     let (n, list) = devices.map_or((0, std::ptr::null()), |d| (d.len() as u32, d.as_ptr()));
-    // SAFETY: `list` holds `n` live devices or is NULL; `options` is a C string.
-    unsafe {
-        ffi::clBuildProgram(
-            program,
-            n,
-            list,
-            options.as_ptr(),
-            std::ptr::null(),
-            std::ptr::null_mut(),
-        )
-    }
+    compiling(|| {
+        // SAFETY: `list` holds `n` live devices or is NULL; `options` is a C string.
+        unsafe {
+            ffi::clBuildProgram(
+                program,
+                n,
+                list,
+                options.as_ptr(),
+                std::ptr::null(),
+                std::ptr::null_mut(),
+            )
+        }
+    })
+}
+
+/// Runs a driver call that compiles (and so may read files a program names) under the
+/// session's build sandbox (`wormhole_server::build_sandbox`); a build the sandbox cannot
+/// run answers as a driver without a compiler.
+pub(crate) fn compiling(call: impl FnOnce() -> i32) -> i32 {
+    wormhole_server::build_sandbox::run(call).unwrap_or(CL_COMPILER_NOT_AVAILABLE)
 }
 
 /// Points `id` from program `from` to program `to`, moving the application's references with

@@ -4,6 +4,7 @@ server's files itself (another user, a remote host) builds in the build sandbox:
 and the driver's files only. The server's own user builds as natively."""
 
 import pathlib
+import re
 import shutil
 import subprocess
 import tempfile
@@ -36,8 +37,8 @@ def as_nobody(argv):
     return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"] + [str(a) for a in argv]
 
 
-def probe(server, place, header=None, user=None, **env):
-    argv = [place / "include_probe"] + ([place / header] if header else [])
+def probe(server, place, header=None, user=None, argv=None, **env):
+    argv = [place / "include_probe"] + (argv or ([place / header] if header else []))
     cmd = server.cmd(argv)
     r = subprocess.run(as_nobody(cmd) if user == "nobody" else cmd, env=server.env(HOME=str(place), **env),
                        cwd=place, capture_output=True, text=True, timeout=120)
@@ -45,8 +46,8 @@ def probe(server, place, header=None, user=None, **env):
     return r.stdout
 
 
-def native(place, header=None, user=None):
-    argv = [place / "include_probe"] + ([place / header] if header else [])
+def native(place, header=None, user=None, argv=None):
+    argv = [place / "include_probe"] + (argv or ([place / header] if header else []))
     # PoCL needs a cache directory its user may write.
     cache = place / f"pocl-{user}"
     cache.mkdir(exist_ok=True)
@@ -104,3 +105,40 @@ def test_the_sandbox_can_be_turned_off(place):
         assert "build sandbox off" in s.log.read_text()
     finally:
         s.stop()
+
+
+def test_a_confined_build_reads_the_applications_own_headers(place):
+    """The headers a build finds through its -I options are read on the application's side,
+    with its rights, as natively, and the confined build reads those copies."""
+    inc = place / "inc"
+    (inc / "sub").mkdir(parents=True)
+    (inc / "top.h").write_text('#include "sub/deep.h"\n')
+    (inc / "sub" / "deep.h").write_text("#define VALUE 11\n")
+    (inc / "private.h").write_text("#define VALUE 13 /* TOPSECRET-c7 */\n")
+    for p in [inc, inc / "sub", inc / "top.h", inc / "sub" / "deep.h"]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    (inc / "private.h").chmod(0o600)
+    (inc / "bad.h").write_text("#error wormhole-header-error\n")
+    (inc / "bad.h").chmod(0o644)
+    # The driver's own temporary file names differ from build to build.
+    same = lambda out: re.sub(r"tempfile_\w+", "tempfile", re.sub(r"/\S*/kcache/", "", out))
+    for server in [Server(place), Server(place, tcp=True)]:
+        server.start()
+        try:
+            for user in ["nobody", None]:
+                want = native(place, user=user, argv=["-I", inc, "top.h"])
+                assert want == f"options -I {inc}\nvalue 11\n"
+                assert probe(server, place, user=user, argv=["-I", inc, "top.h"]) == want
+                # The log names the application's directories, the options are its own.
+                want = native(place, user=user, argv=["-I", "inc", "bad.h"])
+                assert "error: inc/bad.h:1:2: wormhole-header-error" in want, want
+                assert same(probe(server, place, user=user, argv=["-I", "inc", "bad.h"])) == same(want)
+            # A header the application's user may not read stays unread, as natively (the
+            # copies lack it: "file not found" where natively "Permission denied").
+            assert "\nbuild -11\n" in native(place, user="nobody", argv=["-I", inc, "private.h"])
+            out = probe(server, place, user="nobody", argv=["-I", inc, "private.h"])
+            assert "\nbuild -11\n" in out and "TOPSECRET" not in out, out
+            # Relative to the application's working directory.
+            assert probe(server, place, argv=["-I", "inc", "top.h"]) == "options -I inc\nvalue 11\n"
+        finally:
+            server.stop()

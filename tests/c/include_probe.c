@@ -1,8 +1,10 @@
 /* Builds a kernel whose VALUE comes from a header the source includes by its path, and runs
  * it: what a build may read through Wormhole (the build sandbox) against natively.
  *
- * Usage: include_probe [HEADER]. Prints "value N" where the build and the kernel ran
- * (without HEADER the source defines VALUE itself), else "build STATUS" and the build log. */
+ * Usage: include_probe [HEADER] | include_probe -I DIR NAME. Prints "value N" where the build
+ * and the kernel ran (without HEADER the source defines VALUE itself), else "build STATUS"
+ * and the build log. With -I the source includes NAME, found through the option "-I DIR",
+ * and the build options the program reports are printed first. */
 #include "common.h"
 #include <string.h>
 
@@ -14,14 +16,23 @@ int main(int argc, char **argv) {
     CHECK(clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, 1, &dev, NULL));
     cl_context ctx = clCreateContext(NULL, 1, &dev, NULL, NULL, &err);
     CHECK(err);
-    char src[4096];
+    char src[4096], options[4096] = "";
+    const char *header = argc > 1 ? argv[1] : NULL;
+    if (argc > 3 && strcmp(argv[1], "-I") == 0) {
+        snprintf(options, sizeof options, "-I %s", argv[2]);
+        header = argv[3];
+    }
     snprintf(src, sizeof src, "%s%s%s\n__kernel void probe(__global int *a) { a[0] = VALUE; }\n",
-             argc > 1 ? "#include \"" : "#define VALUE 7", argc > 1 ? argv[1] : "",
-             argc > 1 ? "\"" : "");
+             header ? "#include \"" : "#define VALUE 7", header ? header : "", header ? "\"" : "");
     const char *s = src;
     cl_program prog = clCreateProgramWithSource(ctx, 1, &s, NULL, &err);
     CHECK(err);
-    cl_int built = clBuildProgram(prog, 1, &dev, "", NULL, NULL);
+    cl_int built = clBuildProgram(prog, 1, &dev, options, NULL, NULL);
+    if (options[0]) {
+        char given[4096];
+        CHECK(clGetProgramBuildInfo(prog, dev, CL_PROGRAM_BUILD_OPTIONS, sizeof given, given, NULL));
+        printf("options %s\n", given);
+    }
     if (built != CL_SUCCESS) {
         static char log[65536];
         CHECK(clGetProgramBuildInfo(prog, dev, CL_PROGRAM_BUILD_LOG, sizeof log, log, NULL));

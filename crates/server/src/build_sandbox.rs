@@ -105,6 +105,12 @@ pub struct Refused(pub String);
 /// Runs `build` (a driver call that may read files a program names) under the session's
 /// policy; the calling thread waits for it.
 pub fn run<T>(build: impl FnOnce() -> T) -> Result<T, Refused> {
+    run_reading(&[], build)
+}
+
+/// As `run`, the sandbox letting the build read `extra` too (the worker's copies of the
+/// tenant's own headers).
+pub fn run_reading<T>(extra: &[PathBuf], build: impl FnOnce() -> T) -> Result<T, Refused> {
     if policy() == Policy::Open {
         return Ok(build());
     }
@@ -120,7 +126,7 @@ pub fn run<T>(build: impl FnOnce() -> T) -> Result<T, Refused> {
             .name("build".into())
             .spawn_scoped(scope, move || {
                 let build = build;
-                restrict_reads().map(|()| Across((build.0)()))
+                restrict_reads(extra).map(|()| Across((build.0)()))
             });
         match worker {
             Ok(handle) => match handle.join() {
@@ -133,8 +139,8 @@ pub fn run<T>(build: impl FnOnce() -> T) -> Result<T, Refused> {
     .inspect_err(|Refused(why)| tracing::error!("build refused: {why}"))
 }
 
-/// Confines the calling thread (and what it starts) to reading `read_paths()`.
-fn restrict_reads() -> Result<(), Refused> {
+/// Confines the calling thread (and what it starts) to reading `read_paths()` and `extra`.
+fn restrict_reads(extra: &[PathBuf]) -> Result<(), Refused> {
     use landlock::{
         path_beneath_rules, AccessFs, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus,
     };
@@ -144,7 +150,10 @@ fn restrict_reads() -> Result<(), Refused> {
         .map_err(|e| refused(&e))?
         .create()
         .map_err(|e| refused(&e))?
-        .add_rules(path_beneath_rules(read_paths(), AccessFs::ReadFile))
+        .add_rules(path_beneath_rules(
+            read_paths().iter().chain(extra),
+            AccessFs::ReadFile,
+        ))
         .map_err(|e| refused(&e))?
         .restrict_self()
         .map_err(|e| refused(&e))?;

@@ -59,6 +59,10 @@ pub mod control {
     /// kept under an id until the request that names it (body: id, total, offset, length, then
     /// the bytes; reply: status).
     pub const STAGE: u16 = 0xF00D;
+    /// Client → worker, before a build: the headers the build includes from the directories its
+    /// options name with `-I`, as the application's side found and read them (body: program
+    /// id, then per file its directory's index, relative path and bytes; reply: status).
+    pub const INCLUDES: u16 = 0xF00E;
 }
 
 /// `magic u16 | version u8 | flags u8 | opcode u16 | lane u16 | len u32 | seq u32`,

@@ -8,6 +8,7 @@
 
 mod connection;
 mod custom;
+mod includes;
 mod local;
 mod objects;
 pub mod rt;

@@ -98,6 +98,7 @@ pub unsafe extern "C" fn clGetExtensionFunctionAddressForPlatform(
 }
 
 /// Pipelined when it repeats a launch the driver accepted (custom/kernel.rs).
+pub use crate::custom::clBuildProgram;
 pub use crate::custom::clCreateSubBuffer;
 pub use crate::custom::clEnqueueNDRangeKernel;
 

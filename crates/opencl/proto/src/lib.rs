@@ -7,6 +7,7 @@
 pub mod cl;
 /// The status codes under the name generated code uses for every API.
 pub use cl as codes;
+pub mod build_options;
 pub mod geometry;
 pub mod info;
 mod kinds;

@@ -69,6 +69,15 @@ fn rewrite(s: &Session, op: Op, param: u32, obj: Handle, kind: InfoValue, buf: &
             if let Some(v) = crate::custom::cached_program_answer(s, obj, param) {
                 *buf = v;
             }
+            // A build that read its headers elsewhere names the application's directories.
+            if let Some(v) = crate::custom::build_paths_answer(s, obj, param, buf) {
+                *buf = v;
+            }
+        }
+        (Op::clGetProgramBuildInfo, CL_PROGRAM_BUILD_OPTIONS) => {
+            if let Some(v) = crate::custom::build_paths_answer(s, obj, param, buf) {
+                *buf = v;
+            }
         }
         // The worker's pinned staging holds references the application never made.
         (Op::clGetContextInfo, CL_CONTEXT_REFERENCE_COUNT) if buf.len() == 4 => {

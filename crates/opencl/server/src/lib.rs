@@ -11,6 +11,7 @@ mod callbacks;
 mod custom;
 mod deferred;
 mod driver;
+pub mod includes;
 mod info;
 mod later;
 mod output;
@@ -81,6 +82,7 @@ impl OpenCl {
         match opcode {
             control::COLLECT => custom::collect(s, r, w),
             control::STAGE => custom::stage(s, r, w),
+            control::INCLUDES => custom::includes(s, r, w),
             control::SVM_PUSH => custom::svm_push(s, r, w),
             control::SVM_PULL => custom::svm_pull(s, r, w),
             control::DIRECT => arena::direct(s, r, w),

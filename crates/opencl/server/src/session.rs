@@ -79,6 +79,12 @@ pub struct Session {
     pub deferred: wormhole_server::deferred::DeferredErrors,
     /// Builds that may swap the object behind a program id take turns.
     pub build_lock: Mutex<()>,
+    /// Where the next build of a program looks for headers, as the application's side said
+    /// (INCLUDES), by program id (see `includes`).
+    pub includes: Mutex<HashMap<u64, crate::includes::Sent>>,
+    /// Programs whose build read its headers elsewhere than the application named, by the
+    /// real object: what they answer as natively (see `includes`).
+    pub build_paths: Mutex<HashMap<usize, crate::includes::BuildPaths>>,
     /// The tenant's limit of queued commands, per command queue (`max_queued`).
     pub admission: crate::admission::Admission,
 }
@@ -313,6 +319,10 @@ impl Session {
             if let Some(c) = cached {
                 crate::custom::release_program(c.source_program);
             }
+            self.build_paths
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&p);
         }
     }
 

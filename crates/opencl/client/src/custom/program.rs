@@ -120,3 +120,107 @@ pub unsafe extern "C" fn clCreateProgramWithBinary(
         }
     })
 }
+
+/// `clBuildProgram`, forwarded as generated, after the headers the build includes from the
+/// options' `-I` directories (`crate::includes`): read here, with the application's rights,
+/// as a native build reads them. A server whose build may not read its own files (its build
+/// sandbox) builds from these copies; one that may reads the same files itself.
+pub unsafe extern "C" fn clBuildProgram(
+    program: Handle,
+    num_devices: u32,
+    device_list: *const Handle,
+    options: *const c_char,
+    pfn_notify: *const c_void,
+    user_data: *mut c_void,
+) -> i32 {
+    if !options.is_null() {
+        // SAFETY: per the API, options are a C string.
+        send_includes(program, unsafe { CStr::from_ptr(options) }.to_bytes());
+    }
+    // SAFETY: forwarded with the caller's guarantees; the wire call checks every argument.
+    unsafe {
+        crate::generated::wire_clBuildProgram(
+            program,
+            num_devices,
+            device_list,
+            options,
+            pfn_notify,
+            user_data,
+        )
+    }
+}
+
+/// Sends where a build of `program` with `options` looks for headers: the application's
+/// working directory (relative `-I` directories are relative to it) and the headers found.
+/// Only for builds with `-I` options. Best effort: whatever goes wrong here, the build itself
+/// answers.
+fn send_includes(program: Handle, options: &[u8]) {
+    let dirs = wormhole_opencl_proto::build_options::include_dirs(options);
+    if dirs.is_empty() {
+        return;
+    }
+    // SAFETY: the application's handle, checked.
+    let Ok(obj) = (unsafe { obj(program, HandleKind::Program) }) else {
+        return;
+    };
+    let Some(source) = program_source(program) else {
+        return;
+    };
+    let cwd = std::env::current_dir().unwrap_or_default();
+    let dirs: Vec<std::path::PathBuf> = dirs
+        .iter()
+        .map(|d| cwd.join(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&d.dir)))
+        .collect();
+    let headers = crate::includes::find(&source, &dirs);
+    let files = headers
+        .iter()
+        .map(|h| req::IncludedFile {
+            dir: h.dir,
+            path: std::os::unix::ffi::OsStrExt::as_bytes(h.path.as_os_str()),
+            data: &h.data,
+        })
+        .collect();
+    let mut w = Writer::new(wormhole_opencl_proto::control::INCLUDES);
+    req::Includes {
+        program: obj.id,
+        cwd: std::os::unix::ffi::OsStrExt::as_bytes(cwd.as_os_str()),
+        files,
+    }
+    .encode(&mut w);
+    match rt::call(w).and_then(|r| Ok(Reader::new(&r).i32()?)) {
+        Ok(CL_SUCCESS) => {}
+        Ok(st) | Err(ClErr(st)) => crate::connection::log(&format!(
+            "the headers a build includes were not taken ({st}); the server resolves them"
+        )),
+    }
+}
+
+/// The program's source (empty for programs made from binaries or IL), from the server.
+fn program_source(program: Handle) -> Option<Vec<u8>> {
+    let mut size = 0usize;
+    // SAFETY: a size query into a local.
+    let st = unsafe {
+        crate::generated::wire_clGetProgramInfo(
+            program,
+            CL_PROGRAM_SOURCE,
+            0,
+            std::ptr::null_mut(),
+            &mut size,
+        )
+    };
+    if st != CL_SUCCESS || size <= 1 {
+        return None;
+    }
+    let mut source = vec![0u8; size];
+    // SAFETY: `source` holds `size` bytes.
+    let st = unsafe {
+        crate::generated::wire_clGetProgramInfo(
+            program,
+            CL_PROGRAM_SOURCE,
+            size,
+            source.as_mut_ptr() as *mut c_void,
+            std::ptr::null_mut(),
+        )
+    };
+    (st == CL_SUCCESS).then_some(source)
+}

@@ -155,3 +155,58 @@ mod tests {
         });
     }
 }
+
+/// Most headers one INCLUDES carries, and most bytes of them all.
+pub const MAX_INCLUDED_FILES: usize = 512;
+pub const MAX_INCLUDED_BYTES: usize = 16 << 20;
+
+/// One header a build includes: the index of the `-I` directory it was found in (see
+/// [`crate::build_options::include_dirs`]), its path below that directory, and its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IncludedFile<'a> {
+    pub dir: u32,
+    pub path: &'a [u8],
+    pub data: &'a [u8],
+}
+
+/// INCLUDES: for the next build of `program`, the application's working directory (what its
+/// relative `-I` directories are relative to) and the headers the build includes, read on
+/// the application's side; answered by the status alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Includes<'a> {
+    pub program: u64,
+    pub cwd: &'a [u8],
+    pub files: Vec<IncludedFile<'a>>,
+}
+
+impl<'a> Message<'a> for Includes<'a> {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.program);
+        w.bytes(self.cwd);
+        w.u32(self.files.len() as u32);
+        for f in &self.files {
+            w.u32(f.dir);
+            w.bytes(f.path);
+            w.bytes(f.data);
+        }
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        let program = r.u64()?;
+        let cwd = r.bytes()?;
+        let n = count(r, 20, MAX_INCLUDED_FILES)?;
+        let files = (0..n)
+            .map(|_| {
+                Ok(IncludedFile {
+                    dir: r.u32()?,
+                    path: r.bytes()?,
+                    data: r.bytes()?,
+                })
+            })
+            .collect::<Result<_, DecodeError>>()?;
+        Ok(Includes {
+            program,
+            cwd,
+            files,
+        })
+    }
+}

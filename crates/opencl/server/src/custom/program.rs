@@ -9,6 +9,7 @@ use std::ffi::{c_char, c_void};
 use std::sync::atomic::Ordering;
 use wormhole_opencl_proto::requests::{self as req, Message};
 use wormhole_opencl_proto::{cl::*, CallbackKind, Op, Writer};
+use wormhole_server::build_sandbox::Policy::Sandboxed;
 
 pub fn clCreateProgramWithSource(
     s: &Session,
@@ -125,6 +126,36 @@ pub fn clCreateProgramWithBinary(
     Ok(())
 }
 
+/// Most headers a session keeps for builds still to come (all programs together): a client
+/// sends them right before its build, so more means headers no build took.
+const MAX_KEPT_INCLUDES: usize = 64 << 20;
+
+/// INCLUDES: the headers the next build of a program includes, as the application's side
+/// read them; kept for that build (custom::clBuildProgram).
+pub fn includes(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
+    let req = req::Includes::decode(r)?;
+    r.finish()?;
+    let run = || -> Result<(), i32> {
+        s.resolve(req.program, HandleKind::Program, false)?;
+        let sent = crate::includes::accept(&req)?;
+        let mut kept = s.includes.lock().unwrap_or_else(|p| p.into_inner());
+        kept.remove(&req.program);
+        let size =
+            |s: &crate::includes::Sent| s.headers.iter().map(|h| h.data.len()).sum::<usize>();
+        if kept.values().map(size).sum::<usize>() + size(&sent) > MAX_KEPT_INCLUDES {
+            tracing::warn!(
+                "INCLUDES refused: headers of {} builds not yet built",
+                kept.len()
+            );
+            return Err(CL_OUT_OF_HOST_MEMORY);
+        }
+        kept.insert(req.program, sent);
+        Ok(())
+    };
+    w.i32(run().err().unwrap_or(CL_SUCCESS));
+    Ok(())
+}
+
 /// clBuildProgram, through the program cache (`program_cache`) when the server has one.
 pub fn clBuildProgram(
     s: &Session,
@@ -148,12 +179,41 @@ pub fn clBuildProgram(
         )?;
         crate::rt::check_slot(program, Op::clBuildProgram)?;
         let _building = crate::program_cache::Building::start();
+        let sent = s
+            .includes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&program_id);
+        // The headers where the application sees them: its copies for a confined build, its
+        // own directories (relative to its working directory) for one that may read them.
+        let confined = wormhole_server::build_sandbox::policy() == Sandboxed;
+        let redirect = match (&sent, &options) {
+            (Some(sent), Some(o)) => crate::includes::redirect(sent, o.to_bytes(), confined)
+                .unwrap_or_else(|e| {
+                    tracing::warn!("the build's headers could not be written ({e})");
+                    None
+                }),
+            _ => None,
+        };
+        let mut paths = s.build_paths.lock().unwrap_or_else(|p| p.into_inner());
+        match &redirect {
+            Some(r) => paths.insert(program as usize, r.paths.clone()),
+            None => paths.remove(&(program as usize)),
+        };
+        drop(paths);
         let (notify, user_data) =
             crate::callbacks::make(CallbackKind::ProgramNotify, notify_cb, program_id);
-        let options_ptr = options.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
+        let options_ptr = match &redirect {
+            Some(r) => r.options.as_ptr(),
+            None => options.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
+        };
+        let extra_reads: Vec<std::path::PathBuf> = redirect
+            .iter()
+            .filter_map(|r| r.copies.as_ref().map(|m| m.root.clone()))
+            .collect();
         // The application's own build, of whichever real program the id names by then.
         let build = |p: Handle| {
-            compiling(|| {
+            compiling_reading(&extra_reads, || {
                 // SAFETY: the device list holds `num_devices` live devices (or is NULL), the
                 // options are a C string (or NULL); both live across the call.
                 unsafe {
@@ -487,7 +547,12 @@ fn rebuild(program: Handle, devices: Option<&[Handle]>, options: &[u8]) -> i32 {
 /// session's build sandbox (`wormhole_server::build_sandbox`); a build the sandbox cannot
 /// run answers as a driver without a compiler.
 pub(crate) fn compiling(call: impl FnOnce() -> i32) -> i32 {
-    wormhole_server::build_sandbox::run(call).unwrap_or(CL_COMPILER_NOT_AVAILABLE)
+    compiling_reading(&[], call)
+}
+
+/// As `compiling`, the build allowed to read `extra` too.
+fn compiling_reading(extra: &[std::path::PathBuf], call: impl FnOnce() -> i32) -> i32 {
+    wormhole_server::build_sandbox::run_reading(extra, call).unwrap_or(CL_COMPILER_NOT_AVAILABLE)
 }
 
 /// Points `id` from program `from` to program `to`, moving the application's references with
@@ -711,6 +776,27 @@ fn store(cache: &ProgramCache, program: Handle, plan: &Plan) {
 
 /// The answers a program built from the cache gives as the program built from source would:
 /// its source, and the log of the build the binary came from.
+/// What a program whose build read its headers elsewhere answers as natively (`includes`):
+/// its build options as given, its log naming the application's directories.
+pub(crate) fn build_paths_answer(
+    s: &Session,
+    program: Handle,
+    param: u32,
+    value: &[u8],
+) -> Option<Vec<u8>> {
+    let paths = s.build_paths.lock().unwrap_or_else(|p| p.into_inner());
+    let p = paths.get(&(program as usize))?;
+    match param {
+        CL_PROGRAM_BUILD_LOG => Some(p.log(value)),
+        CL_PROGRAM_BUILD_OPTIONS => {
+            let mut o = p.options.clone();
+            o.push(0);
+            Some(o)
+        }
+        _ => None,
+    }
+}
+
 pub(crate) fn cached_program_answer(s: &Session, program: Handle, param: u32) -> Option<Vec<u8>> {
     let cached = s.cached_programs.lock().unwrap_or_else(|p| p.into_inner());
     let c = cached.get(&(program as usize))?;

@@ -307,6 +307,13 @@ impl Session {
     /// The client dropped its last reference to `id`.
     pub fn forget(&self, id: u64) {
         let forgotten = self.handles.forget(id);
+        if matches!(forgotten, Some((HandleKind::Program, _))) {
+            // Headers sent for a build that never came.
+            self.includes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id);
+        }
         if let Some((HandleKind::Context, c)) = forgotten {
             crate::staging::forget_context(c as Handle);
         }

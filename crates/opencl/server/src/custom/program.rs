@@ -621,9 +621,9 @@ const MAX_CACHED_KERNEL_NAME: usize = 128;
 /// asking the application's program for its binaries before the build returns (`store`).
 ///
 /// On a CPU device the binaries cost as much as the build (PoCL generates code for every
-/// kernel when asked for them: one-off builds took ~45% longer with the store in the reply's
-/// path), a context costs nothing but host memory, and the compiler takes one lock per
-/// context, so the two builds do not wait for each other. A GPU context holds device memory
+/// kernel when asked for them: one-off builds took ~75% longer with the store in the reply's
+/// path) and a context costs nothing but host memory; as PoCL compiles one thing at a time,
+/// the store waits for a quiet moment (`program_cache`). A GPU context holds device memory
 /// no quota counts, and a GPU driver's binaries are what its build made: those devices keep
 /// the store in the build. Sub-devices too (a context of ours would hold a reference to them
 /// that the application could see).
@@ -774,8 +774,6 @@ fn store(cache: &ProgramCache, program: Handle, plan: &Plan) {
     }
 }
 
-/// The answers a program built from the cache gives as the program built from source would:
-/// its source, and the log of the build the binary came from.
 /// What a program whose build read its headers elsewhere answers as natively (`includes`):
 /// its build options as given, its log naming the application's directories.
 pub(crate) fn build_paths_answer(
@@ -797,6 +795,8 @@ pub(crate) fn build_paths_answer(
     }
 }
 
+/// The answers a program built from the cache gives as the program built from source would:
+/// its source, and the log of the build the binary came from.
 pub(crate) fn cached_program_answer(s: &Session, program: Handle, param: u32) -> Option<Vec<u8>> {
     let cached = s.cached_programs.lock().unwrap_or_else(|p| p.into_inner());
     let c = cached.get(&(program as usize))?;

@@ -80,19 +80,7 @@ fn below(path: &Path) -> Option<PathBuf> {
 /// The literal names of a text's include directives (`#include "a.h"`, `%:include <b.h>`,
 /// `#include_next`, `#import`), with whether each was quoted.
 fn directives(text: &[u8]) -> Vec<(Vec<u8>, bool)> {
-    // Line splices vanish before the preprocessor sees directives.
-    let mut joined = Vec::with_capacity(text.len());
-    let mut i = 0;
-    while i < text.len() {
-        match text[i..] {
-            [b'\\', b'\n', ..] => i += 2,
-            [b'\\', b'\r', b'\n', ..] => i += 3,
-            _ => {
-                joined.push(text[i]);
-                i += 1;
-            }
-        }
-    }
+    let joined = wormhole_opencl_proto::build_options::join_line_splices(text);
     let mut out = Vec::new();
     for line in joined.split(|&c| c == b'\n') {
         let line = line.trim_ascii_start();

@@ -1,7 +1,8 @@
-//! The include directories of a build's options (`-I dir`, `-Idir`, quoted or not), found by
-//! the client (which reads the headers a build includes from them, on the application's side)
-//! and by the server (which points them at its copies of those headers): one parser, so the
-//! two sides always agree on which directory is the k-th.
+//! What client and server must read alike of a build. The include directories of its options
+//! (`-I dir`, `-Idir`, quoted or not), found by the client (which reads the headers a build
+//! includes from them, on the application's side) and by the server (which points them at its
+//! copies of those headers): one parser, so the two sides always agree on which directory is
+//! the k-th. And a source's lines as the preprocessor sees them (`join_line_splices`).
 
 use std::ops::Range;
 
@@ -68,6 +69,24 @@ pub fn with_include_dirs(options: &[u8], dirs: &[Vec<u8>]) -> Vec<u8> {
     out
 }
 
+/// `text` without its line splices (a backslash ending a line joins it to the next), as the
+/// preprocessor reads directives and words: `#inc\<newline>lude` is an include.
+pub fn join_line_splices(text: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(text.len());
+    let mut i = 0;
+    while i < text.len() {
+        match text[i..] {
+            [b'\\', b'\n', ..] => i += 2,
+            [b'\\', b'\r', b'\n', ..] => i += 3,
+            _ => {
+                out.push(text[i]);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
 /// Whitespace-separated tokens; a double-quoted stretch belongs to its token, quotes removed.
 fn tokens(options: &[u8]) -> Vec<(Range<usize>, Vec<u8>)> {
     let mut out = Vec::new();
@@ -113,6 +132,14 @@ mod tests {
         assert!(dirs("-DINCLUDE -cl-std=CL2.0").is_empty());
         // A trailing -I with nothing after it names nothing.
         assert!(dirs("-I").is_empty());
+    }
+
+    #[test]
+    fn line_splices_vanish() {
+        assert_eq!(
+            join_line_splices(b"#inc\\\nlude a\\\r\nb\\c"),
+            b"#include ab\\c"
+        );
     }
 
     #[test]

@@ -394,22 +394,7 @@ fn reads_files(source: &[u8], options: &[u8]) -> bool {
         b"__has_include_next",
         b"__has_embed",
     ];
-    let joined: Vec<u8> = {
-        // Line splices (backslash, newline) vanish before the preprocessor sees words.
-        let mut out = Vec::with_capacity(source.len());
-        let mut i = 0;
-        while i < source.len() {
-            match source[i..] {
-                [b'\\', b'\n', ..] => i += 2,
-                [b'\\', b'\r', b'\n', ..] => i += 3,
-                _ => {
-                    out.push(source[i]);
-                    i += 1;
-                }
-            }
-        }
-        out
-    };
+    let joined = wormhole_opencl_proto::build_options::join_line_splices(source);
     let word = |c: &u8| c.is_ascii_alphanumeric() || *c == b'_';
     let in_source = joined.split(|c| !word(c)).any(|w| DIRECTIVES.contains(&w));
     let in_options = options

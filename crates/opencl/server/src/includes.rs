@@ -102,11 +102,13 @@ pub struct BuildPaths {
 }
 
 impl BuildPaths {
-    /// A build log with the driver's directories named as the application named them.
+    /// A build log with the driver's directories named as the application named them (a
+    /// directory as a path's head only: `/app/inc/` is not the start of `/app/include/`).
     pub fn log(&self, log: &[u8]) -> Vec<u8> {
         let mut out = log.to_vec();
         for (theirs, ours) in &self.dirs {
-            out = replace(&out, theirs, ours);
+            let slashed = |d: &[u8]| [d, b"/"].concat();
+            out = replace(&out, &slashed(theirs), &slashed(ours));
         }
         out
     }
@@ -297,6 +299,7 @@ mod tests {
         assert!(r.copies.is_none());
         assert_eq!(r.options.to_str().unwrap(), "-I /abs -I /app/rel");
         assert_eq!(r.paths.log(b"/app/rel/x.h: error"), b"rel/x.h: error");
+        assert_eq!(r.paths.log(b"/app/relative/x.h"), b"/app/relative/x.h");
         // Nothing relative: nothing to change.
         assert!(redirect(&sent(), b"-I /abs", false).unwrap().is_none());
     }

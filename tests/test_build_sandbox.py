@@ -125,14 +125,15 @@ def test_a_confined_build_reads_the_applications_own_headers(place):
     for server in [Server(place), Server(place, tcp=True)]:
         server.start()
         try:
-            for user in ["nobody", None]:
-                want = native(place, user=user, argv=["-I", inc, "top.h"])
+            # clBuildProgram, and clCompileProgram then clLinkProgram.
+            for user, how in [("nobody", []), (None, []), ("nobody", ["-c"]), (None, ["-c"])]:
+                want = native(place, user=user, argv=how + ["-I", inc, "top.h"])
                 assert want == f"options -I {inc}\nvalue 11\n"
-                assert probe(server, place, user=user, argv=["-I", inc, "top.h"]) == want
+                assert probe(server, place, user=user, argv=how + ["-I", inc, "top.h"]) == want
                 # The log names the application's directories, the options are its own.
-                want = native(place, user=user, argv=["-I", "inc", "bad.h"])
+                want = native(place, user=user, argv=how + ["-I", "inc", "bad.h"])
                 assert "error: inc/bad.h:1:2: wormhole-header-error" in want, want
-                assert same(probe(server, place, user=user, argv=["-I", "inc", "bad.h"])) == same(want)
+                assert same(probe(server, place, user=user, argv=how + ["-I", "inc", "bad.h"])) == same(want)
             # A header the application's user may not read stays unread, as natively (the
             # copies lack it: "file not found" where natively "Permission denied").
             assert "\nbuild -11\n" in native(place, user="nobody", argv=["-I", inc, "private.h"])

@@ -1,10 +1,11 @@
 /* Builds a kernel whose VALUE comes from a header the source includes by its path, and runs
  * it: what a build may read through Wormhole (the build sandbox) against natively.
  *
- * Usage: include_probe [HEADER] | include_probe -I DIR NAME. Prints "value N" where the build
- * and the kernel ran (without HEADER the source defines VALUE itself), else "build STATUS"
- * and the build log. With -I the source includes NAME, found through the option "-I DIR",
- * and the build options the program reports are printed first. */
+ * Usage: include_probe [HEADER] | include_probe [-c] -I DIR NAME. Prints "value N" where the
+ * build and the kernel ran (without HEADER the source defines VALUE itself), else "build
+ * STATUS" and the build log. With -I the source includes NAME, found through the option
+ * "-I DIR", and the build options the program reports are printed first. With -c the program
+ * is compiled (clCompileProgram, the -I options its compile options) and then linked. */
 #include "common.h"
 #include <string.h>
 
@@ -17,6 +18,9 @@ int main(int argc, char **argv) {
     cl_context ctx = clCreateContext(NULL, 1, &dev, NULL, NULL, &err);
     CHECK(err);
     char src[4096], options[4096] = "";
+    int compile = argc > 1 && strcmp(argv[1], "-c") == 0;
+    argv += compile;
+    argc -= compile;
     const char *header = argc > 1 ? argv[1] : NULL;
     if (argc > 3 && strcmp(argv[1], "-I") == 0) {
         snprintf(options, sizeof options, "-I %s", argv[2]);
@@ -27,7 +31,8 @@ int main(int argc, char **argv) {
     const char *s = src;
     cl_program prog = clCreateProgramWithSource(ctx, 1, &s, NULL, &err);
     CHECK(err);
-    cl_int built = clBuildProgram(prog, 1, &dev, options, NULL, NULL);
+    cl_int built = compile ? clCompileProgram(prog, 1, &dev, options, 0, NULL, NULL, NULL, NULL)
+                           : clBuildProgram(prog, 1, &dev, options, NULL, NULL);
     if (options[0]) {
         char given[4096];
         CHECK(clGetProgramBuildInfo(prog, dev, CL_PROGRAM_BUILD_OPTIONS, sizeof given, given, NULL));
@@ -38,6 +43,11 @@ int main(int argc, char **argv) {
         CHECK(clGetProgramBuildInfo(prog, dev, CL_PROGRAM_BUILD_LOG, sizeof log, log, NULL));
         printf("build %d\n%s\n", built, log);
         return 0;
+    }
+    if (compile) {
+        cl_program linked = clLinkProgram(ctx, 1, &dev, "", 1, &prog, NULL, NULL, &err);
+        CHECK(err);
+        prog = linked;
     }
     cl_command_queue q = clCreateCommandQueueWithProperties(ctx, dev, NULL, &err);
     CHECK(err);

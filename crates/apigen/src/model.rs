@@ -69,9 +69,6 @@ pub struct Func {
     /// Answered in the client (`local`), but the server calls the real entry point for work of
     /// its own (its ffi table has it).
     pub driver: bool,
-    /// The driver call compiles, and so may read files the program names: the generated server
-    /// handler runs it through the backend's `compiling` (the build sandbox).
-    pub compiles: bool,
     pub retain: Option<String>,
     pub release: Option<String>,
     /// A synchronisation point: data of finished non-blocking reads is collected after it.
@@ -404,7 +401,6 @@ fn parse_func(line: &str) -> Result<Func, String> {
         client_entry: false,
         server_entry: false,
         driver: false,
-        compiles: false,
         retain: None,
         release: None,
         sync: false,
@@ -420,7 +416,6 @@ fn parse_func(line: &str) -> Result<Func, String> {
             "@client_entry" => func.client_entry = true,
             "@server_entry" => func.server_entry = true,
             "@driver" => func.driver = true,
-            "@compiles" => func.compiles = true,
             "@sync" => func.sync = true,
             "@async" => func.asynchronous = true,
             "->" => {
@@ -607,9 +602,6 @@ fn validate(api: &Api, f: &Func) -> Result<(), String> {
             }
             _ => {}
         }
-    }
-    if f.compiles && (f.ret != Ret::Int || f.info || f.server_entry) {
-        return Err("@compiles is for generated handlers of calls that return a status".into());
     }
     if matches!(f.ret, Ret::Handle(_)) && !f.params.iter().any(|p| matches!(p.kind, Kind::Err)) {
         return Err("a function returning a handle needs an `err` parameter".into());

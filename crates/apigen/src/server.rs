@@ -430,16 +430,7 @@ fn emit_handler(s: &mut String, api: &Api, f: &Func) {
     let args: Vec<String> = f.params.iter().map(arg).collect();
     let safety = "// SAFETY: every pointer argument points into a buffer above that lives across the call\n        // and is at least as large as the size argument that goes with it.";
     let call = format!("unsafe {{ ffi::{}({}) }}", f.name, args.join(", "));
-    if f.compiles {
-        // Through the build sandbox: it may read what the program names (`@compiles`).
-        let _ = writeln!(
-            s,
-            "        let ret = crate::custom::compiling(|| {{\n            {}\n            {call}\n        }});",
-            safety.replace("\n        //", "\n            //")
-        );
-    } else {
-        let _ = writeln!(s, "        {safety}\n        let ret = {call};");
-    }
+    let _ = writeln!(s, "        {safety}\n        let ret = {call};");
     match &f.ret {
         Ret::Handle(k) => {
             let e = f

@@ -15,14 +15,15 @@ pub struct Header {
     pub data: Vec<u8>,
 }
 
-/// The headers `source` includes from `dirs`, transitively, in the order they are found,
+/// The headers the `sources` include from `dirs`, transitively, in the order they are found,
 /// within the bounds of one INCLUDES request.
-pub fn find(source: &[u8], dirs: &[PathBuf]) -> Vec<Header> {
+pub fn find(sources: &[Vec<u8>], dirs: &[PathBuf]) -> Vec<Header> {
     let mut found: Vec<Header> = Vec::new();
     let mut seen: HashSet<(u32, PathBuf)> = HashSet::new();
     let mut bytes = 0usize;
     // The texts to scan, each with where it was found (None: the program's own source).
-    let mut todo: Vec<(Option<usize>, Vec<u8>)> = vec![(None, source.to_vec())];
+    let mut todo: Vec<(Option<usize>, Vec<u8>)> =
+        sources.iter().rev().map(|s| (None, s.clone())).collect();
     while let Some((from, text)) = todo.pop() {
         for (name, quoted) in directives(&text) {
             let name =
@@ -143,15 +144,21 @@ mod tests {
             "#include \"../secret\"\n#include <sub/a.h>\n",
         )
         .unwrap();
+        std::fs::write(two.join("d.h"), "#define D 1\n").unwrap();
         std::fs::write(root.join("secret"), "no").unwrap();
-        let src = b"#include <sub/a.h>\n#include \"/etc/passwd\"\n";
-        let found = find(src, &[one.clone(), two.clone()]);
+        let src = b"#include <sub/a.h>\n#include \"/etc/passwd\"\n".to_vec();
+        // An embedded header (clCompileProgram's input headers) is scanned too.
+        let embedded = b"#include \"d.h\"\n".to_vec();
+        let found = find(&[src, embedded], &[one.clone(), two.clone()]);
         let names: Vec<(u32, &str)> = found
             .iter()
             .map(|h| (h.dir, h.path.to_str().unwrap()))
             .collect();
         // Not ../secret (above its directory), not /etc/passwd (absolute), a.h once.
-        assert_eq!(names, [(0, "sub/a.h"), (0, "sub/b.h"), (1, "c.h")]);
+        assert_eq!(
+            names,
+            [(0, "sub/a.h"), (0, "sub/b.h"), (1, "c.h"), (1, "d.h")]
+        );
         assert_eq!(found[1].data, b"#define B 1\n");
         std::fs::remove_dir_all(&root).unwrap();
     }

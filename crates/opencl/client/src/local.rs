@@ -97,10 +97,11 @@ pub unsafe extern "C" fn clGetExtensionFunctionAddressForPlatform(
     unsafe { clGetExtensionFunctionAddress(name) }
 }
 
-/// Pipelined when it repeats a launch the driver accepted (custom/kernel.rs).
-pub use crate::custom::clBuildProgram;
 pub use crate::custom::clCreateSubBuffer;
+/// Pipelined when it repeats a launch the driver accepted (custom/kernel.rs).
 pub use crate::custom::clEnqueueNDRangeKernel;
+/// Builds send the headers their `-I` options name first (custom/program.rs).
+pub use crate::custom::{clBuildProgram, clCompileProgram};
 
 #[cfg(test)]
 mod tests {

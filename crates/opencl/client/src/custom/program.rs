@@ -135,7 +135,7 @@ pub unsafe extern "C" fn clBuildProgram(
 ) -> i32 {
     if !options.is_null() {
         // SAFETY: per the API, options are a C string.
-        send_includes(program, unsafe { CStr::from_ptr(options) }.to_bytes());
+        send_includes(program, unsafe { CStr::from_ptr(options) }.to_bytes(), &[]);
     }
     // SAFETY: forwarded with the caller's guarantees; the wire call checks every argument.
     unsafe {
@@ -150,11 +150,56 @@ pub unsafe extern "C" fn clBuildProgram(
     }
 }
 
+/// `clCompileProgram`, forwarded as generated, after the headers its `-I` options name, as
+/// for `clBuildProgram`; the embedded input headers' own `#include`s are followed too.
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn clCompileProgram(
+    program: Handle,
+    num_devices: u32,
+    device_list: *const Handle,
+    options: *const c_char,
+    num_input_headers: u32,
+    input_headers: *const Handle,
+    header_include_names: *const *const c_char,
+    pfn_notify: *const c_void,
+    user_data: *mut c_void,
+) -> i32 {
+    if !options.is_null() {
+        let embedded: &[Handle] = if input_headers.is_null() {
+            &[]
+        } else {
+            // SAFETY: per the API, `input_headers` holds `num_input_headers` programs.
+            unsafe { std::slice::from_raw_parts(input_headers, num_input_headers as usize) }
+        };
+        // SAFETY: per the API, options are a C string.
+        send_includes(
+            program,
+            unsafe { CStr::from_ptr(options) }.to_bytes(),
+            embedded,
+        );
+    }
+    // SAFETY: forwarded with the caller's guarantees; the wire call checks every argument.
+    unsafe {
+        crate::generated::wire_clCompileProgram(
+            program,
+            num_devices,
+            device_list,
+            options,
+            num_input_headers,
+            input_headers,
+            header_include_names,
+            pfn_notify,
+            user_data,
+        )
+    }
+}
+
 /// Sends where a build of `program` with `options` looks for headers: the application's
 /// working directory (relative `-I` directories are relative to it) and the headers found.
-/// Only for builds with `-I` options. Best effort: whatever goes wrong here, the build itself
-/// answers.
-fn send_includes(program: Handle, options: &[u8]) {
+/// Only for builds with `-I` options. The headers are looked for from the program's source
+/// and from the sources of the `embedded` header programs (clCompileProgram's input headers).
+/// Best effort: whatever goes wrong here, the build itself answers.
+fn send_includes(program: Handle, options: &[u8], embedded: &[Handle]) {
     let dirs = wormhole_opencl_proto::build_options::include_dirs(options);
     if dirs.is_empty() {
         return;
@@ -166,12 +211,15 @@ fn send_includes(program: Handle, options: &[u8]) {
     let Some(source) = program_source(program) else {
         return;
     };
+    let mut sources = vec![source];
+    // A bad handle among them is the compile's own error to give.
+    sources.extend(embedded.iter().filter_map(|&h| program_source(h)));
     let cwd = std::env::current_dir().unwrap_or_default();
     let dirs: Vec<std::path::PathBuf> = dirs
         .iter()
         .map(|d| cwd.join(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&d.dir)))
         .collect();
-    let headers = crate::includes::find(&source, &dirs);
+    let headers = crate::includes::find(&sources, &dirs);
     let files = headers
         .iter()
         .map(|h| req::IncludedFile {

@@ -179,38 +179,11 @@ pub fn clBuildProgram(
         )?;
         crate::rt::check_slot(program, Op::clBuildProgram)?;
         let _building = crate::program_cache::Building::start();
-        let sent = s
-            .includes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&program_id);
-        // The headers where the application sees them: its copies for a confined build, its
-        // own directories (relative to its working directory) for one that may read them.
-        let confined = wormhole_server::build_sandbox::policy() == Sandboxed;
-        let redirect = match (&sent, &options) {
-            (Some(sent), Some(o)) => crate::includes::redirect(sent, o.to_bytes(), confined)
-                .unwrap_or_else(|e| {
-                    tracing::warn!("the build's headers could not be written ({e})");
-                    None
-                }),
-            _ => None,
-        };
-        let mut paths = s.build_paths.lock().unwrap_or_else(|p| p.into_inner());
-        match &redirect {
-            Some(r) => paths.insert(program as usize, r.paths.clone()),
-            None => paths.remove(&(program as usize)),
-        };
-        drop(paths);
+        let headers = Headers::for_build(s, program_id, program, options.as_ref());
         let (notify, user_data) =
             crate::callbacks::make(CallbackKind::ProgramNotify, notify_cb, program_id);
-        let options_ptr = match &redirect {
-            Some(r) => r.options.as_ptr(),
-            None => options.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
-        };
-        let extra_reads: Vec<std::path::PathBuf> = redirect
-            .iter()
-            .filter_map(|r| r.copies.as_ref().map(|m| m.root.clone()))
-            .collect();
+        let options_ptr = headers.options(options.as_ref());
+        let extra_reads = headers.extra_reads();
         // The application's own build, of whichever real program the id names by then.
         let build = |p: Handle| {
             compiling_reading(&extra_reads, || {
@@ -242,6 +215,124 @@ pub fn clBuildProgram(
     };
     w.i32(run().unwrap_or_else(|e| e));
     Ok(())
+}
+
+/// clCompileProgram, in the build sandbox, with the headers its `-I` options name where the
+/// application sees them (as clBuildProgram).
+pub fn clCompileProgram(
+    s: &Session,
+    a: crate::generated::args::clCompileProgram,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let crate::generated::args::clCompileProgram {
+        program_id,
+        num_devices,
+        device_list_ids,
+        options_str: options,
+        num_input_headers,
+        input_headers_ids,
+        header_include_names_strs: names,
+        pfn_notify_cb: notify_cb,
+    } = a;
+    let run = || -> Result<i32, i32> {
+        let program = s.resolve(program_id, HandleKind::Program, false)?;
+        let devices = s.resolve_list(
+            device_list_ids.as_deref(),
+            num_devices as usize,
+            HandleKind::Device,
+            CL_INVALID_DEVICE,
+        )?;
+        let input_headers = s.resolve_list(
+            input_headers_ids.as_deref(),
+            num_input_headers as usize,
+            HandleKind::Program,
+            CL_INVALID_PROGRAM,
+        )?;
+        crate::rt::check_len(
+            names.as_ref().map(|n| n.len()),
+            Some(num_input_headers as usize),
+        )?;
+        let names: Option<Vec<*const c_char>> = names
+            .as_ref()
+            .map(|v| v.iter().map(|c| c.as_ptr()).collect());
+        crate::rt::check_slot(program, Op::clCompileProgram)?;
+        let headers = Headers::for_build(s, program_id, program, options.as_ref());
+        let (notify, user_data) =
+            crate::callbacks::make(CallbackKind::ProgramNotify, notify_cb, program_id);
+        let options_ptr = headers.options(options.as_ref());
+        Ok(compiling_reading(&headers.extra_reads(), || {
+            // SAFETY: the lists hold the counts they go with (or are NULL), the options are a
+            // C string (or NULL), the names C strings; all live across the call.
+            unsafe {
+                ffi::clCompileProgram(
+                    program,
+                    num_devices,
+                    list_ptr(&devices),
+                    options_ptr,
+                    num_input_headers,
+                    list_ptr(&input_headers),
+                    names.as_ref().map_or(std::ptr::null(), |v| v.as_ptr()),
+                    notify,
+                    user_data,
+                )
+            }
+        }))
+    };
+    w.i32(run().unwrap_or_else(|e| e));
+    Ok(())
+}
+
+/// Where a build (or compile) reads the headers its `-I` options name: from what INCLUDES
+/// sent for the program (`crate::includes::redirect`), if anything. The program answers its
+/// options and log as the application gave them (`BuildPaths`) until its next build.
+struct Headers(Option<crate::includes::Redirect>);
+
+impl Headers {
+    fn for_build(
+        s: &Session,
+        program_id: u64,
+        program: Handle,
+        options: Option<&std::ffi::CString>,
+    ) -> Headers {
+        let sent = s
+            .includes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&program_id);
+        // The headers where the application sees them: its copies for a confined build, its
+        // own directories (relative to its working directory) for one that may read them.
+        let confined = wormhole_server::build_sandbox::policy() == Sandboxed;
+        let redirect = match (&sent, options) {
+            (Some(sent), Some(o)) => crate::includes::redirect(sent, o.to_bytes(), confined)
+                .unwrap_or_else(|e| {
+                    tracing::warn!("the build's headers could not be written ({e})");
+                    None
+                }),
+            _ => None,
+        };
+        let mut paths = s.build_paths.lock().unwrap_or_else(|p| p.into_inner());
+        match &redirect {
+            Some(r) => paths.insert(program as usize, r.paths.clone()),
+            None => paths.remove(&(program as usize)),
+        };
+        Headers(redirect)
+    }
+
+    /// The options the driver builds with: the redirected ones, else the application's.
+    fn options(&self, given: Option<&std::ffi::CString>) -> *const c_char {
+        match &self.0 {
+            Some(r) => r.options.as_ptr(),
+            None => given.map_or(std::ptr::null(), |c| c.as_ptr()),
+        }
+    }
+
+    /// What the build may read beyond the sandbox's own list: the worker's copies.
+    fn extra_reads(&self) -> Vec<std::path::PathBuf> {
+        self.0
+            .iter()
+            .filter_map(|r| r.copies.as_ref().map(|m| m.root.clone()))
+            .collect()
+    }
 }
 
 struct BuildRequest<'a> {

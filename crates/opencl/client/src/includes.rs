@@ -7,12 +7,13 @@ use std::collections::HashSet;
 use std::path::{Component, Path, PathBuf};
 use wormhole_opencl_proto::requests::{MAX_INCLUDED_BYTES, MAX_INCLUDED_FILES};
 
-/// A header: the index of the `-I` directory it was found in, its path below it, its bytes.
+/// A header: the index of the `-I` directory it was found in, its path below it, its bytes
+/// (None: it is there, but the application may not read it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Header {
     pub dir: u32,
     pub path: PathBuf,
-    pub data: Vec<u8>,
+    pub data: Option<Vec<u8>>,
 }
 
 /// The headers the `sources` include from `dirs`, transitively, in the order they are found,
@@ -42,15 +43,22 @@ pub fn find(sources: &[Vec<u8>], dirs: &[PathBuf]) -> Vec<Header> {
                 if seen.contains(&(dir, path.clone())) {
                     break;
                 }
-                let Ok(data) = std::fs::read(dirs[dir as usize].join(&path)) else {
-                    continue;
+                // A file the application may not read ends the search as natively, where
+                // the compiler finds it and cannot open it.
+                let data = match std::fs::read(dirs[dir as usize].join(&path)) {
+                    Ok(data) => Some(data),
+                    Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => None,
+                    Err(_) => continue,
                 };
-                if found.len() >= MAX_INCLUDED_FILES || bytes + data.len() > MAX_INCLUDED_BYTES {
+                let size = data.as_ref().map_or(0, |d| d.len());
+                if found.len() >= MAX_INCLUDED_FILES || bytes + size > MAX_INCLUDED_BYTES {
                     return found;
                 }
-                bytes += data.len();
+                bytes += size;
                 seen.insert((dir, path.clone()));
-                todo.push((Some(found.len()), data.clone()));
+                if let Some(data) = &data {
+                    todo.push((Some(found.len()), data.clone()));
+                }
                 found.push(Header { dir, path, data });
                 break;
             }
@@ -159,7 +167,7 @@ mod tests {
             names,
             [(0, "sub/a.h"), (0, "sub/b.h"), (1, "c.h"), (1, "d.h")]
         );
-        assert_eq!(found[1].data, b"#define B 1\n");
+        assert_eq!(found[1].data.as_deref(), Some(&b"#define B 1\n"[..]));
         std::fs::remove_dir_all(&root).unwrap();
     }
 }

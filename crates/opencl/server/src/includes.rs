@@ -13,12 +13,13 @@ use std::path::{Component, Path, PathBuf};
 use wormhole_opencl_proto::cl::*;
 use wormhole_opencl_proto::requests::{Includes, MAX_INCLUDED_BYTES};
 
-/// One header: the index of the `-I` directory it was found in, its path below it, its bytes.
+/// One header: the index of the `-I` directory it was found in, its path below it, its bytes
+/// (None: the application may not read it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Header {
     pub dir: u32,
     pub path: PathBuf,
-    pub data: Vec<u8>,
+    pub data: Option<Vec<u8>>,
 }
 
 /// What INCLUDES said of the next build of a program.
@@ -54,7 +55,7 @@ fn headers(req: &Includes<'_>) -> Result<Vec<Header>, i32> {
                 && path
                     .components()
                     .all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
-            total += f.data.len();
+            total += f.data.map_or(0, |d| d.len());
             if !plain || f.dir >= 4096 || total > MAX_INCLUDED_BYTES {
                 tracing::warn!(
                     path = %path.display(),
@@ -65,7 +66,7 @@ fn headers(req: &Includes<'_>) -> Result<Vec<Header>, i32> {
             Ok(Header {
                 dir: f.dir,
                 path: path.to_path_buf(),
-                data: f.data.to_vec(),
+                data: f.data.map(|d| d.to_vec()),
             })
         })
         .collect()
@@ -74,6 +75,9 @@ fn headers(req: &Includes<'_>) -> Result<Vec<Header>, i32> {
 /// The headers written out for one build; removed when dropped (the build has read them).
 pub struct Materialized {
     pub root: PathBuf,
+    /// The copies the build may read: not the stand-ins for headers the application may not
+    /// read, which the build finds and cannot open, as natively.
+    pub readable: Vec<PathBuf>,
 }
 
 impl Drop for Materialized {
@@ -180,7 +184,10 @@ pub fn redirect(sent: &Sent, options: &[u8], confined: bool) -> std::io::Result<
 fn materialize(headers: &[Header], dirs: usize) -> std::io::Result<Materialized> {
     let root = private_dir()?;
     // Removed again if anything below fails.
-    let made = Materialized { root: root.clone() };
+    let mut made = Materialized {
+        root: root.clone(),
+        readable: Vec::new(),
+    };
     let sub = |k: usize| root.join(k.to_string());
     for k in 0..dirs {
         std::fs::DirBuilder::new().mode(0o700).create(sub(k))?;
@@ -201,7 +208,10 @@ fn materialize(headers: &[Header], dirs: usize) -> std::io::Result<Materialized>
             .create_new(true)
             .mode(0o600)
             .open(&file)?
-            .write_all(&h.data)?;
+            .write_all(h.data.as_deref().unwrap_or_default())?;
+        if h.data.is_some() {
+            made.readable.push(file);
+        }
     }
     Ok(made)
 }
@@ -238,7 +248,7 @@ mod tests {
                 files: vec![IncludedFile {
                     dir: 0,
                     path: bad,
-                    data: b"",
+                    data: Some(b""),
                 }],
             };
             assert_eq!(accept(&req), Err(CL_INVALID_VALUE), "{bad:?}");
@@ -258,12 +268,17 @@ mod tests {
                 Header {
                     dir: 1,
                     path: "sub/a.h".into(),
-                    data: b"#define A 1\n".to_vec(),
+                    data: Some(b"#define A 1\n".to_vec()),
+                },
+                Header {
+                    dir: 0,
+                    path: "private.h".into(),
+                    data: None,
                 },
                 Header {
                     dir: 7,
                     path: "stray.h".into(),
-                    data: vec![],
+                    data: Some(vec![]),
                 },
             ],
         }
@@ -284,6 +299,11 @@ mod tests {
             b"#define A 1\n"
         );
         assert!(!root.join("7").exists());
+        // The build may read the copies, and finds a header the application may not read
+        // without being let read it.
+        let copies = r.copies.as_ref().unwrap();
+        assert_eq!(copies.readable, [root.join("1/sub/a.h")]);
+        assert!(root.join("0/private.h").is_file());
         assert_eq!(r.paths.options, options);
         let log = format!("{}/sub/a.h:1: warning", d(1));
         assert_eq!(r.paths.log(log.as_bytes()), b"two/sub/a.h:1: warning");

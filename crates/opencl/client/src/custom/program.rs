@@ -225,7 +225,7 @@ fn send_includes(program: Handle, options: &[u8], embedded: &[Handle]) {
         .map(|h| req::IncludedFile {
             dir: h.dir,
             path: std::os::unix::ffi::OsStrExt::as_bytes(h.path.as_os_str()),
-            data: &h.data,
+            data: h.data.as_deref(),
         })
         .collect();
     let mut w = Writer::new(wormhole_opencl_proto::control::INCLUDES);

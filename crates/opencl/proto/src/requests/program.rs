@@ -161,12 +161,14 @@ pub const MAX_INCLUDED_FILES: usize = 512;
 pub const MAX_INCLUDED_BYTES: usize = 16 << 20;
 
 /// One header a build includes: the index of the `-I` directory it was found in (see
-/// [`crate::build_options::include_dirs`]), its path below that directory, and its bytes.
+/// [`crate::build_options::include_dirs`]), its path below that directory, and its bytes;
+/// None where the file is there but the application may not read it (natively the build
+/// then says "Permission denied").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IncludedFile<'a> {
     pub dir: u32,
     pub path: &'a [u8],
-    pub data: &'a [u8],
+    pub data: Option<&'a [u8]>,
 }
 
 /// INCLUDES: for the next build of `program`, the application's working directory (what its
@@ -187,19 +189,19 @@ impl<'a> Message<'a> for Includes<'a> {
         for f in &self.files {
             w.u32(f.dir);
             w.bytes(f.path);
-            w.bytes(f.data);
+            w.opt_bytes(f.data);
         }
     }
     fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
         let program = r.u64()?;
         let cwd = r.bytes()?;
-        let n = count(r, 20, MAX_INCLUDED_FILES)?;
+        let n = count(r, 13, MAX_INCLUDED_FILES)?;
         let files = (0..n)
             .map(|_| {
                 Ok(IncludedFile {
                     dir: r.u32()?,
                     path: r.bytes()?,
-                    data: r.bytes()?,
+                    data: r.opt_bytes_ref()?,
                 })
             })
             .collect::<Result<_, DecodeError>>()?;

@@ -140,8 +140,12 @@ pub fn includes(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), D
         let sent = crate::includes::accept(&req)?;
         let mut kept = s.includes.lock().unwrap_or_else(|p| p.into_inner());
         kept.remove(&req.program);
-        let size =
-            |s: &crate::includes::Sent| s.headers.iter().map(|h| h.data.len()).sum::<usize>();
+        let size = |s: &crate::includes::Sent| {
+            s.headers
+                .iter()
+                .map(|h| h.data.as_ref().map_or(0, |d| d.len()))
+                .sum::<usize>()
+        };
         if kept.values().map(size).sum::<usize>() + size(&sent) > MAX_KEPT_INCLUDES {
             tracing::warn!(
                 "INCLUDES refused: headers of {} builds not yet built",
@@ -330,7 +334,8 @@ impl Headers {
     fn extra_reads(&self) -> Vec<std::path::PathBuf> {
         self.0
             .iter()
-            .filter_map(|r| r.copies.as_ref().map(|m| m.root.clone()))
+            .filter_map(|r| r.copies.as_ref())
+            .flat_map(|m| m.readable.iter().cloned())
             .collect()
     }
 }

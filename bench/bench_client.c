@@ -119,7 +119,7 @@ static void calls(void) {
         fprintf(stderr, "pipelined result %d, expected %d\n", last, PIPE - 1);
         exit(1);
     }
-    /* blocking transfers */
+    /* blocking and non-blocking transfers */
     size_t sizes[] = {4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20};
     for (int s = 0; s < 5; s++) {
         size_t n = sizes[s];
@@ -139,6 +139,18 @@ static void calls(void) {
         for (int i = 0; i < reps; i++) CHECK(clEnqueueReadBuffer(q, b, CL_TRUE, 0, n, host, 0, NULL, NULL));
         tr = now() - tr;
         printf("write_%zuKiB_GBps %.3f\nread_%zuKiB_GBps %.3f\n", n >> 10, n * (double)reps / tw / 1e9, n >> 10, n * (double)reps / tr / 1e9);
+        /* non-blocking transfers, reps of them then clFinish (the queue idle before) */
+        if (s >= 1 && s <= 3) {
+            tw = now();
+            for (int i = 0; i < reps; i++) CHECK(clEnqueueWriteBuffer(q, b, CL_FALSE, 0, n, host, 0, NULL, NULL));
+            CHECK(clFinish(q));
+            tw = now() - tw;
+            tr = now();
+            for (int i = 0; i < reps; i++) CHECK(clEnqueueReadBuffer(q, b, CL_FALSE, 0, n, host, 0, NULL, NULL));
+            CHECK(clFinish(q));
+            tr = now() - tr;
+            printf("nbwrite_%zuKiB_GBps %.3f\nnbread_%zuKiB_GBps %.3f\n", n >> 10, n * (double)reps / tw / 1e9, n >> 10, n * (double)reps / tr / 1e9);
+        }
         free(host);
         clReleaseMemObject(b);
     }

@@ -104,6 +104,7 @@ pub const CL_EVENT_COMMAND_QUEUE: u32 = 0x11D0;
 pub const CL_EVENT_CONTEXT: u32 = 0x11D4;
 pub const CL_EVENT_COMMAND_EXECUTION_STATUS: u32 = 0x11D3;
 pub const CL_COMPLETE: i32 = 0x0;
+pub const CL_SUBMITTED: i32 = 0x2;
 pub const CL_DEVICE_TYPE_ALL: u64 = 0xFFFF_FFFF;
 pub const CL_MEM_READ_WRITE: u64 = 1 << 0;
 pub const CL_MEM_WRITE_ONLY: u64 = 1 << 1;

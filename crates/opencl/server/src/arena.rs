@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
-use wormhole_opencl_proto::requests::{Direct, Message};
+use wormhole_opencl_proto::requests::{Direct, Message, WAIT_ALL};
 use wormhole_opencl_proto::{cl::*, DecodeError, HandleKind, Reader, Writer};
 use wormhole_transport::{Arena, ArenaSpace};
 
@@ -315,12 +315,17 @@ pub fn visible_flags(mem: Handle, flags: u64) -> u64 {
     }
 }
 
-/// `DIRECT` (queue, mem): the client is about to copy a windowed buffer's bytes itself, for a
-/// blocking read or write without a wait list or event. Waits as the native call would (an
-/// in-order queue: for every command before it), then answers CL_SUCCESS; anything unusual
-/// answers DIRECT_DECLINED and the client takes the ordinary path.
+/// `DIRECT` (queue, mem, wait): the client is about to copy a windowed buffer's bytes itself,
+/// for a read or write without a wait list or event. Waits as a blocking call would (an
+/// in-order queue: for every command before it), then answers CL_SUCCESS; a non-blocking
+/// call's wait is bounded (`Direct::wait_ns`), so that one behind a busy queue is queued as
+/// natively. Anything unusual answers DIRECT_DECLINED and the client takes the ordinary path.
 pub fn direct(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
-    let Direct { queue, mem } = Direct::decode(r)?;
+    let Direct {
+        queue,
+        mem,
+        wait_ns,
+    } = Direct::decode(r)?;
     r.finish()?;
     let ready = (|| -> Option<()> {
         let shared = SHARED.get()?;
@@ -361,10 +366,19 @@ pub fn direct(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), Dec
         }
         // Out of order, a transfer with no wait list waits for nothing.
         if props & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE == 0 {
-            // SAFETY: live queue.
-            if unsafe { ffi::clFinish(q) } != CL_SUCCESS {
+            // Read first: an enqueue from here on makes the answer stale.
+            let enqueues = s.enqueues.load(Ordering::Acquire);
+            let done = s.queue_known_idle(queue)
+                || match wait_ns {
+                    // SAFETY: live queue.
+                    WAIT_ALL => (unsafe { ffi::clFinish(q) }) == CL_SUCCESS,
+                    0 => false,
+                    ns => finished_within(q, std::time::Duration::from_nanos(ns)),
+                };
+            if !done {
                 return None;
             }
+            s.queue_idle(queue, enqueues);
         }
         Some(())
     })();
@@ -375,6 +389,48 @@ pub fn direct(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), Dec
         DIRECT_DECLINED
     });
     Ok(())
+}
+
+/// Whether every command enqueued on in-order queue `q` so far finishes within `budget`: a
+/// marker behind them, polled (a non-blocking transfer must not hold the application longer).
+fn finished_within(q: Handle, budget: std::time::Duration) -> bool {
+    let mut marker: Handle = std::ptr::null_mut();
+    // SAFETY: live queue; the event goes to a local.
+    if unsafe { ffi::clEnqueueMarkerWithWaitList(q, 0, std::ptr::null(), &mut marker) }
+        != CL_SUCCESS
+        || marker.is_null()
+    {
+        return false;
+    }
+    // SAFETY: live queue.
+    unsafe { ffi::clFlush(q) };
+    let deadline = std::time::Instant::now() + budget;
+    let done = loop {
+        let mut status: i32 = CL_SUBMITTED;
+        // SAFETY: a live event; the status goes to a local of its size.
+        let st = unsafe {
+            ffi::clGetEventInfo(
+                marker,
+                CL_EVENT_COMMAND_EXECUTION_STATUS,
+                4,
+                &mut status as *mut i32 as *mut c_void,
+                std::ptr::null_mut(),
+            )
+        };
+        if st != CL_SUCCESS || status < 0 {
+            break false;
+        }
+        if status == CL_COMPLETE {
+            break true;
+        }
+        if std::time::Instant::now() >= deadline {
+            break false;
+        }
+        std::thread::yield_now();
+    };
+    // SAFETY: created above, released once.
+    unsafe { ffi::clReleaseEvent(marker) };
+    done
 }
 
 #[cfg(test)]

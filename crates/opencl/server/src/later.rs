@@ -29,6 +29,9 @@ struct Pending {
     queue: u64,
     real: usize,
     marker: usize,
+    /// The session's enqueue count before the marker: the queue is idle as of it once the
+    /// marker completes.
+    enqueues: u64,
     since: Instant,
     /// Taken by whichever answers first: the marker's callback, or the watch.
     completion: Mutex<Option<Completion>>,
@@ -62,6 +65,7 @@ pub fn finish(
             return Ok(Some(c));
         }
     }
+    let enqueues = s.enqueues.load(Ordering::Acquire);
     let mut ev: Handle = std::ptr::null_mut();
     // SAFETY: `real` is a live queue of this session's table; no wait list; `ev` receives the
     // new event.
@@ -81,6 +85,7 @@ pub fn finish(
         queue,
         real: real as usize,
         marker: ev as usize,
+        enqueues,
         since: Instant::now(),
         completion: Mutex::new(Some(c)),
     });
@@ -134,6 +139,9 @@ fn ask_the_driver(p: Arc<Pending>, c: Completion) {
 
 /// Sends the reply as the ordinary path would (output, admission, deferred failures).
 fn answer(p: &Pending, c: Completion, status: i32) {
+    if status == CL_SUCCESS {
+        p.session.queue_idle(p.queue, p.enqueues);
+    }
     let request = p.queue.to_le_bytes();
     let s = Call::new(p.session);
     c.complete(|w| {

@@ -70,8 +70,15 @@ impl OpenCl {
         let op = Op::from_u16(opcode);
         // The tenant's limit of queued commands: one relaxed load when there is none.
         let limit = session.limits().max_queued();
+        let enqueues = op.is_some_and(|op| op.name().starts_with("clEnqueue"));
+        if enqueues {
+            // Before the command is queued: no queue is known idle past this point.
+            session
+                .enqueues
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
         let enqueue_on = match op {
-            Some(op) if limit > 0 && op.name().starts_with("clEnqueue") => {
+            Some(_) if limit > 0 && enqueues => {
                 // Every enqueue request begins with its queue's id.
                 let queue = request.clone().u64().unwrap_or(0);
                 session.admission.before(queue, limit);
@@ -79,6 +86,11 @@ impl OpenCl {
             }
             _ => None,
         };
+        // A queue the application finished is idle until the next enqueue (`arena::direct`).
+        let finishing = (op == Some(Op::clFinish)).then(|| {
+            let queue = request.clone().u64().unwrap_or(0);
+            (queue, session.enqueues.load(std::sync::atomic::Ordering::Acquire))
+        });
         match opcode {
             control::COLLECT => custom::collect(s, r, w),
             control::STAGE => custom::stage(s, r, w),
@@ -91,6 +103,11 @@ impl OpenCl {
                 None => Err(DecodeError::UnknownOp(other)),
             },
         }?;
+        if let Some((queue, enqueues)) = finishing {
+            if w.body().get(..4) == Some(&CL_SUCCESS.to_le_bytes()[..]) {
+                session.queue_idle(queue, enqueues);
+            }
+        }
         Ok(Self::answer(
             s,
             opcode,

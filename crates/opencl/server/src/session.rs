@@ -87,9 +87,26 @@ pub struct Session {
     pub build_paths: Mutex<HashMap<usize, crate::includes::BuildPaths>>,
     /// The tenant's limit of queued commands, per command queue (`max_queued`).
     pub admission: crate::admission::Admission,
+    /// Enqueue requests so far (any queue): what `idle_queue` is as of.
+    pub enqueues: std::sync::atomic::AtomicU64,
+    /// A queue (id) seen with every command finished, and `enqueues` then: still idle while
+    /// nothing was enqueued since (see `arena::direct`).
+    pub idle_queue: Mutex<Option<(u64, u64)>>,
 }
 
 impl Session {
+    /// Every command enqueued on `queue` by the time `enqueues` was read has finished: the
+    /// queue is idle until the next enqueue (see `arena::direct`).
+    pub fn queue_idle(&self, queue: u64, enqueues: u64) {
+        *self.idle_queue.lock().unwrap_or_else(|p| p.into_inner()) = Some((queue, enqueues));
+    }
+
+    /// Whether `queue` is known idle (`queue_idle`, and nothing enqueued since).
+    pub fn queue_known_idle(&self, queue: u64) -> bool {
+        let enqueues = self.enqueues.load(std::sync::atomic::Ordering::Acquire);
+        *self.idle_queue.lock().unwrap_or_else(|p| p.into_inner()) == Some((queue, enqueues))
+    }
+
     /// Keeps a non-blocking read's bytes (or where they will be) until the client collects
     /// them under `id`.
     pub fn defer_read(&self, id: u64, from: ReadFrom, event: Handle) {

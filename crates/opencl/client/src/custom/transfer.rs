@@ -32,6 +32,9 @@ fn finish_read_into(
     scatter: Scatter,
     direct: Option<&mut [u8]>,
 ) -> Result<i32, ClErr> {
+    // Reads still pending may land in the same memory; they ran first, so they must land
+    // first: this one's bytes then wait for them (below) instead of landing in place.
+    let direct = direct.filter(|_| !pending::any());
     let want = direct.as_ref().map(|d| d.len() as u64);
     let (reply, filled) =
         rt::call_bulk(w, &[], direct.map(|d| (req::ReadReply::INLINE_HEAD_LEN, d)))?;
@@ -56,15 +59,16 @@ fn finish_read_into(
     let data = head.data(&mut r)?;
     r.finish()?;
     match data {
+        // Complete (a blocking read): the reads before it land first.
         Some(data) => {
+            rt::after_sync();
             // SAFETY: the scatter addresses are the application's buffer for this read.
             unsafe { pending::scatter(&scatter, data) };
-            rt::after_sync();
         }
         // A blocking read too large for its reply: complete on the server, fetched now.
         None if blocking != 0 => {
-            pending::fetch(read_id, &scatter)?;
             rt::after_sync();
+            pending::fetch(read_id, &scatter)?;
         }
         None => pending::defer(read_id, scatter),
     }
@@ -196,9 +200,23 @@ fn within_image(
     }
 }
 
-/// A blocking read or write of a windowed buffer (see the server's `arena` module): the server
-/// waits as the native call would, then the bytes are copied here, between the application's
-/// memory and the buffer's own storage in the shared arena. One copy and no driver command.
+/// How long a non-blocking transfer may wait for its queue to go the direct way, per byte: the
+/// ordinary path (through the rings and a staging buffer the driver copies) costs about 1 ns
+/// per byte on PoCL, so waiting as long never loses much.
+const NON_BLOCKING_WAIT_NS_PER_BYTE: u64 = 1;
+
+/// Smaller non-blocking transfers go the direct way only when the server knows their queue is
+/// idle (nothing enqueued since it last saw it finish): looking (a marker, polled) costs tens
+/// of µs, as much as the ordinary path takes for them.
+const NON_BLOCKING_LOOK_MIN: usize = 64 << 10;
+
+/// A read or write of a windowed buffer (see the server's `arena` module): the server waits as
+/// the native call would, then the bytes are copied here, between the application's memory
+/// and the buffer's own storage in the shared arena. One copy and no driver command.
+/// A non-blocking call is copied so only when the commands before it have finished, or finish
+/// within the time the ordinary path would take: it must not keep the application waiting for
+/// a busy queue. Copied at once, its bytes are where they must be when it completes, as
+/// natively (the application may not touch them before).
 /// `None`: the ordinary path must run (no window, out of range, a wait list or an event, or
 /// the server declined), and it then answers exactly as the driver does.
 ///
@@ -217,7 +235,7 @@ unsafe fn direct_copy(
 ) -> Option<i32> {
     let m = b.mem()?;
     let (off, len) = m.window?;
-    if blocking == 0 || !plain || app.is_null() || size == 0 || m.flags & HOST_ACCESS_FLAGS != 0 {
+    if !plain || app.is_null() || size == 0 || m.flags & HOST_ACCESS_FLAGS != 0 {
         return None;
     }
     if offset.checked_add(size)? > len {
@@ -230,11 +248,23 @@ unsafe fn direct_copy(
     req::Direct {
         queue: q.id,
         mem: b.id,
+        wait_ns: match blocking {
+            0 if size < NON_BLOCKING_LOOK_MIN => 0,
+            0 => (size as u64).saturating_mul(NON_BLOCKING_WAIT_NS_PER_BYTE),
+            _ => req::WAIT_ALL,
+        },
     }
     .encode(&mut w);
     let reply = rt::call(w).ok()?;
     if Reader::new(&reply).i32().ok()? != CL_SUCCESS {
         return None;
+    }
+    // The queue's earlier commands have finished: the non-blocking reads among them land
+    // first, as natively they ran first (this copy may read or write the same memory).
+    if blocking != 0 {
+        rt::after_sync();
+    } else {
+        pending::collect();
     }
     // SAFETY: `at` holds `size` bytes of the buffer, which nothing else touches now (the server
     // waited for the queue); `app` holds `size` bytes per the caller.
@@ -246,7 +276,6 @@ unsafe fn direct_copy(
             copy_bulk(app, at, size);
         }
     }
-    rt::after_sync();
     Some(CL_SUCCESS)
 }
 

@@ -45,6 +45,11 @@ pub fn defer(read_id: u64, s: Scatter) {
         });
 }
 
+/// Whether some non-blocking read has not landed yet.
+pub fn any() -> bool {
+    !PENDING.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
+}
+
 /// Drops a read that must not land any more (its destination is going away); returns whether
 /// it was still pending (its bytes never reached the application).
 pub fn forget(read_id: u64) -> bool {

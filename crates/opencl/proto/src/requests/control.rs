@@ -192,11 +192,19 @@ impl<'a> Message<'a> for SvmPulled<'a> {
 
 /// DIRECT: wait as a blocking transfer of this windowed buffer would, then let the client copy
 /// its bytes in the shared arena itself; answered by CL_SUCCESS or [`DIRECT_DECLINED`].
+/// `wait_ns` bounds the wait: [`WAIT_ALL`] for a blocking transfer; a non-blocking one may not
+/// keep the application waiting for its queue, so it is declined (and queued as usual) when
+/// the commands before it have not finished within that time (0: unless the server knows
+/// they have).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Direct {
     pub queue: u64,
     pub mem: u64,
+    pub wait_ns: u64,
 }
+
+/// `Direct::wait_ns` of a blocking transfer: as long as the commands before it take.
+pub const WAIT_ALL: u64 = u64::MAX;
 
 /// A `DIRECT` answer meaning "use the ordinary path" (which then reports any error exactly as
 /// the driver does).
@@ -206,11 +214,13 @@ impl Message<'_> for Direct {
     fn encode(&self, w: &mut Writer) {
         w.u64(self.queue);
         w.u64(self.mem);
+        w.u64(self.wait_ns);
     }
     fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
         Ok(Direct {
             queue: r.u64()?,
             mem: r.u64()?,
+            wait_ns: r.u64()?,
         })
     }
 }
@@ -277,6 +287,10 @@ mod tests {
             ranges: vec![b"ab", b"", b"c"],
         }));
         roundtrip(&Err::<SvmPulled, _>(-30));
-        roundtrip(&Direct { queue: 1, mem: 2 });
+        roundtrip(&Direct {
+            queue: 1,
+            mem: 2,
+            wait_ns: WAIT_ALL,
+        });
     }
 }

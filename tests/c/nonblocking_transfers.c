@@ -3,6 +3,9 @@
  * once, and one after a kernel enqueued since the queue was last seen idle waits for it.
  * Through Wormhole, large buffers of a CPU device are copied by the client itself when their
  * queue is idle (`arena::direct`), so each case runs where that applies and where it must not.
+ * Reads land in the application's memory at synchronisation points: a later read into the
+ * same memory must stay, and a write from memory a read fills must send what the read
+ * brought (as natively, where the driver reads that memory when the write runs).
  *
  * Usage: nonblocking_transfers [hold]. Prints "nonblocking transfers OK"; with "hold", then
  * waits for stdin to close (the session stays open for a look at the server's status). */
@@ -45,6 +48,8 @@ int main(int argc, char **argv) {
     cl_context ctx;
     cl_int err;
     open_queue(&dev, &ctx, &q);
+    cl_command_queue q2 = clCreateCommandQueueWithProperties(ctx, dev, NULL, &err);
+    CHECK(err);
     cl_program prog = clCreateProgramWithSource(ctx, 1, &SRC, NULL, &err);
     CHECK(err);
     CHECK(clBuildProgram(prog, 1, &dev, "", NULL, NULL));
@@ -54,6 +59,8 @@ int main(int argc, char **argv) {
     for (int s = 0; s < 3; s++) {
         size_t bytes = sizes[s], n = bytes / sizeof(int);
         cl_mem b = clCreateBuffer(ctx, CL_MEM_READ_WRITE, bytes, NULL, &err);
+        CHECK(err);
+        cl_mem b2 = clCreateBuffer(ctx, CL_MEM_READ_WRITE, bytes, NULL, &err);
         CHECK(err);
         int *h = malloc(bytes), *got = malloc(bytes);
         EXPECT(h && got);
@@ -98,10 +105,33 @@ int main(int argc, char **argv) {
             CHECK(clEnqueueReadBuffer(q, b, round == 0, 0, bytes, got, 0, NULL, NULL));
             CHECK(clFinish(q));
             expect_all(got, n, 9, "read after a read into the same memory", bytes);
+            /* A write from memory a read before it fills sends what the read brought. */
+            slow_fill(b, n, 10);
+            CHECK(clEnqueueReadBuffer(q, b, CL_FALSE, 0, bytes, h, 0, NULL, NULL));
+            CHECK(clEnqueueWriteBuffer(q, b, round == 0, 0, bytes, h, 0, NULL, NULL));
+            CHECK(clEnqueueReadBuffer(q, b, CL_TRUE, 0, bytes, got, 0, NULL, NULL));
+            expect_all(got, n, 10, "write from a read's memory", bytes);
+            /* The same on another queue, ordered by the read's event (a copy between devices
+             * through the host), and from memory two reads fill. */
+            slow_fill(b, n, 11);
+            cl_event read_done;
+            CHECK(clEnqueueReadBuffer(q, b, CL_FALSE, 0, bytes, h, 0, NULL, &read_done));
+            CHECK(clEnqueueWriteBuffer(q2, b2, CL_FALSE, 0, bytes, h, 1, &read_done, NULL));
+            CHECK(clFinish(q2));
+            CHECK(clReleaseEvent(read_done));
+            CHECK(clEnqueueReadBuffer(q2, b2, CL_TRUE, 0, bytes, got, 0, NULL, NULL));
+            expect_all(got, n, 11, "write on another queue after a read", bytes);
+            slow_fill(b, n, 12);
+            CHECK(clEnqueueReadBuffer(q, b, CL_FALSE, 0, bytes / 2, h, 0, NULL, NULL));
+            CHECK(clEnqueueReadBuffer(q, b, CL_FALSE, bytes / 2, bytes / 2, (char *)h + bytes / 2, 0, NULL, NULL));
+            CHECK(clEnqueueWriteBuffer(q, b2, round == 0, 0, bytes, h, 0, NULL, NULL));
+            CHECK(clEnqueueReadBuffer(q, b2, CL_TRUE, 0, bytes, got, 0, NULL, NULL));
+            expect_all(got, n, 12, "write from two reads' memory", bytes);
         }
         free(h);
         free(got);
         CHECK(clReleaseMemObject(b));
+        CHECK(clReleaseMemObject(b2));
     }
     printf("nonblocking transfers OK\n");
     fflush(stdout);

@@ -492,12 +492,32 @@ pub fn run(icd_lib: &Path, part: Part) -> Result<(), BenchError> {
         ("read_16384KiB_GBps", "blocking read 16 MiB, GB/s", true),
         ("write_262144KiB_GBps", "blocking write 256 MiB, GB/s", true),
         ("read_262144KiB_GBps", "blocking read 256 MiB, GB/s", true),
-        ("nbwrite_64KiB_GBps", "non-blocking writes 64 KiB, GB/s", true),
+        (
+            "nbwrite_64KiB_GBps",
+            "non-blocking writes 64 KiB, GB/s",
+            true,
+        ),
         ("nbread_64KiB_GBps", "non-blocking reads 64 KiB, GB/s", true),
-        ("nbwrite_1024KiB_GBps", "non-blocking writes 1 MiB, GB/s", true),
-        ("nbread_1024KiB_GBps", "non-blocking reads 1 MiB, GB/s", true),
-        ("nbwrite_16384KiB_GBps", "non-blocking writes 16 MiB, GB/s", true),
-        ("nbread_16384KiB_GBps", "non-blocking reads 16 MiB, GB/s", true),
+        (
+            "nbwrite_1024KiB_GBps",
+            "non-blocking writes 1 MiB, GB/s",
+            true,
+        ),
+        (
+            "nbread_1024KiB_GBps",
+            "non-blocking reads 1 MiB, GB/s",
+            true,
+        ),
+        (
+            "nbwrite_16384KiB_GBps",
+            "non-blocking writes 16 MiB, GB/s",
+            true,
+        ),
+        (
+            "nbread_16384KiB_GBps",
+            "non-blocking reads 16 MiB, GB/s",
+            true,
+        ),
         (
             "start_cold_ms",
             "new process → first result, cold program cache, ms",

@@ -89,7 +89,10 @@ impl OpenCl {
         // A queue the application finished is idle until the next enqueue (`arena::direct`).
         let finishing = (op == Some(Op::clFinish)).then(|| {
             let queue = request.clone().u64().unwrap_or(0);
-            (queue, session.enqueues.load(std::sync::atomic::Ordering::Acquire))
+            (
+                queue,
+                session.enqueues.load(std::sync::atomic::Ordering::Acquire),
+            )
         });
         match opcode {
             control::COLLECT => custom::collect(s, r, w),

@@ -24,8 +24,9 @@ pub struct PendingRead {
 
 /// Where a pending read's bytes are.
 pub enum ReadFrom {
-    /// A staging buffer the driver reads into.
-    Staging(Vec<u8>),
+    /// A staging buffer the driver reads into (shared with the writes that take their bytes
+    /// from it: `WriteData::FromRead`).
+    Staging(Arc<Vec<u8>>),
     /// The driver's own mapping (a non-blocking map), read out when collected; the mapping's
     /// unmap drops the pending read first, so the range is mapped whenever it is read.
     Mapping { ptr: usize, len: usize },
@@ -105,6 +106,35 @@ impl Session {
     pub fn queue_known_idle(&self, queue: u64) -> bool {
         let enqueues = self.enqueues.load(std::sync::atomic::Ordering::Acquire);
         *self.idle_queue.lock().unwrap_or_else(|p| p.into_inner()) == Some((queue, enqueues))
+    }
+
+    /// `len` bytes from `offset` of what pending read `id` brings into its staging buffer, for
+    /// a write that takes them from there (`WriteData::FromRead`): the buffer, shared, and
+    /// where they start in it.
+    pub fn staged_read(
+        &self,
+        id: u64,
+        offset: u64,
+        len: u64,
+    ) -> Result<(Arc<Vec<u8>>, usize), i32> {
+        let reads = self.pending_reads.lock().unwrap_or_else(|p| p.into_inner());
+        let found = match reads.get(&id).map(|p| &p.from) {
+            Some(ReadFrom::Staging(data))
+                if offset
+                    .checked_add(len)
+                    .is_some_and(|end| end <= data.len() as u64) =>
+            {
+                Some((data.clone(), offset as usize))
+            }
+            _ => None,
+        };
+        found.ok_or_else(|| {
+            tracing::warn!(
+                read = id,
+                "a write's bytes named a read that does not bring them"
+            );
+            CL_INVALID_VALUE
+        })
     }
 
     /// Keeps a non-blocking read's bytes (or where they will be) until the client collects

@@ -484,7 +484,11 @@ pub unsafe extern "C" fn clEnqueueSVMMemcpy(
         r.finish()?;
         if deferred {
             // The bytes land at the next synchronisation point, as a non-blocking read's.
-            rt::pending::defer(read, rt::pending::Scatter::Plain { dst: dst as usize });
+            let to = rt::pending::Scatter::Plain {
+                dst: dst as usize,
+                len: size,
+            };
+            rt::pending::defer(read, to, true);
         } else if to_host {
             let data = data.ok_or(ClErr(CL_OUT_OF_RESOURCES))?;
             // SAFETY: `dst` holds `size` bytes; the server sent exactly `size`.
@@ -581,7 +585,11 @@ pub unsafe extern "C" fn clEnqueueSVMMap(
         };
         if mapped.deferred {
             // A non-blocking map: the bytes land at the next synchronisation point.
-            rt::pending::defer(read, rt::pending::Scatter::Plain { dst: ptr as usize });
+            let to = rt::pending::Scatter::Plain {
+                dst: ptr as usize,
+                len: size,
+            };
+            rt::pending::defer(read, to, false);
         }
         let data = mapped.data;
         // SAFETY: the mirror covers [ptr, ptr+size) (checked above).

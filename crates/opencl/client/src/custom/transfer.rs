@@ -70,7 +70,7 @@ fn finish_read_into(
             rt::after_sync();
             pending::fetch(read_id, &scatter)?;
         }
-        None => pending::defer(read_id, scatter),
+        None => pending::defer(read_id, scatter, true),
     }
     // SAFETY: the application's `cl_event *` or NULL.
     unsafe { set_event(event, ev_id) };
@@ -129,15 +129,28 @@ pub(super) fn call_with_data(
     Ok(reply)
 }
 
-/// Sends a write (see `call_with_data`) and finishes it.
+/// Sends a write (see `call_with_data`) and finishes it. Natively the driver reads the
+/// application's memory when the write runs, after the reads before it filled it: reads
+/// still to land there are waited for, or (`from_read`: a buffer write, whose request may
+/// say so) the write takes its bytes from the one read that fills them, on the server.
 fn finish_write(
     encode: impl Fn(req::WriteData) -> Writer,
     data: Option<&[u8]>,
     event: *mut Handle,
     ev_id: u64,
     blocking: u32,
+    from_read: bool,
 ) -> Result<i32, ClErr> {
-    let st = Reader::new(&call_with_data(encode, data)?).i32()?;
+    let (src, len) = data.map_or((0, 0), |d| (d.as_ptr() as usize, d.len()));
+    let reply = pending::write_source(src, len, from_read, |source| match source {
+        pending::WriteSource::Read { read, offset } => rt::call(encode(req::WriteData::FromRead {
+            read,
+            offset,
+            len: len as u64,
+        })),
+        pending::WriteSource::Memory => call_with_data(encode, data),
+    })?;
+    let st = Reader::new(&reply).i32()?;
     if st == CL_SUCCESS {
         // SAFETY: as above.
         unsafe { set_event(event, ev_id) };
@@ -334,7 +347,10 @@ pub unsafe extern "C" fn clEnqueueReadBuffer(
             read_id,
             event,
             ev_id,
-            Scatter::Plain { dst: ptr as usize },
+            Scatter::Plain {
+                dst: ptr as usize,
+                len: size,
+            },
             direct,
         )
     })
@@ -387,7 +403,7 @@ pub unsafe extern "C" fn clEnqueueWriteBuffer(
                 },
             )
         };
-        finish_write(head, data, event, ev_id, blocking)
+        finish_write(head, data, event, ev_id, blocking, true)
     })
 }
 
@@ -537,7 +553,7 @@ pub unsafe extern "C" fn clEnqueueWriteBufferRect(
                 },
             )
         };
-        finish_write(head, Some(data), event, ev_id, blocking)
+        finish_write(head, Some(data), event, ev_id, blocking, false)
     })
 }
 
@@ -713,7 +729,7 @@ pub unsafe extern "C" fn clEnqueueWriteImage(
                 },
             )
         };
-        finish_write(head, Some(data), event, ev_id, blocking)
+        finish_write(head, Some(data), event, ev_id, blocking, false)
     })
 }
 
@@ -838,7 +854,11 @@ fn finish_map(
     }
     if mapped.deferred && blocking != 0 {
         // A blocking map's bytes too large for one reply: complete on the server, fetched now.
-        let fetched = rt::pending::fetch(token, &rt::pending::Scatter::Plain { dst: ptr as usize });
+        let to = rt::pending::Scatter::Plain {
+            dst: ptr as usize,
+            len,
+        };
+        let fetched = rt::pending::fetch(token, &to);
         if let Err(e) = fetched {
             if let Some(layout) = owned {
                 // SAFETY: allocated just above with this layout; never handed out.
@@ -848,7 +868,11 @@ fn finish_map(
         }
     } else if mapped.deferred {
         // The mapping (and so `ptr`) lives until the unmap, which forgets an uncollected one.
-        rt::pending::defer(token, rt::pending::Scatter::Plain { dst: ptr as usize });
+        let to = rt::pending::Scatter::Plain {
+            dst: ptr as usize,
+            len,
+        };
+        rt::pending::defer(token, to, false);
     }
     let writes = flags & (CL_MAP_WRITE | CL_MAP_WRITE_INVALIDATE_REGION) != 0;
     MAPS.lock()

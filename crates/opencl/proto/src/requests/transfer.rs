@@ -101,11 +101,16 @@ pub enum WriteData {
     /// `len` bytes staged before the request under `id` (STAGE requests): data too large to
     /// travel in one frame with it.
     Staged { id: u64, len: u64 },
+    /// `len` bytes that the session's pending non-blocking read `read` brings, from `offset`
+    /// of its data: the application writes from memory that read has not filled yet, and the
+    /// driver, as natively, reads them only when the write runs (after the read).
+    FromRead { read: u64, offset: u64, len: u64 },
 }
 
 const DATA_ABSENT: u8 = 0;
 const DATA_INLINE: u8 = 1;
 const DATA_STAGED: u8 = 2;
+const DATA_FROM_READ: u8 = 3;
 
 impl WriteData {
     /// How `len` bytes travel after a request header of `head` bytes: inline when the frame
@@ -128,7 +133,9 @@ impl WriteData {
     pub fn len(&self) -> u64 {
         match *self {
             WriteData::Absent => 0,
-            WriteData::Inline(n) | WriteData::Staged { len: n, .. } => n,
+            WriteData::Inline(n)
+            | WriteData::Staged { len: n, .. }
+            | WriteData::FromRead { len: n, .. } => n,
         }
     }
 
@@ -159,6 +166,12 @@ impl Message<'_> for WriteData {
                 w.u64(id);
                 w.u64(len);
             }
+            WriteData::FromRead { read, offset, len } => {
+                w.u8(DATA_FROM_READ);
+                w.u64(read);
+                w.u64(offset);
+                w.u64(len);
+            }
         }
     }
     fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
@@ -167,6 +180,11 @@ impl Message<'_> for WriteData {
             DATA_INLINE => Ok(WriteData::Inline(r.u64()?)),
             DATA_STAGED => Ok(WriteData::Staged {
                 id: r.u64()?,
+                len: r.u64()?,
+            }),
+            DATA_FROM_READ => Ok(WriteData::FromRead {
+                read: r.u64()?,
+                offset: r.u64()?,
                 len: r.u64()?,
             }),
             _ => Err(DecodeError::BadValue("write data mode")),
@@ -694,6 +712,11 @@ mod tests {
             WriteData::Inline(0),
             WriteData::Inline(9),
             WriteData::Staged { id: 7, len: 9 },
+            WriteData::FromRead {
+                read: 3,
+                offset: 8,
+                len: 9,
+            },
         ];
         for wait in [None, Some(vec![]), Some(vec![1, 2])] {
             for data in modes {

@@ -249,7 +249,7 @@ pub fn clEnqueueSVMMemcpy(
                     if let Some(v) = staged {
                         crate::callbacks::on_event_complete(event, move || drop(v));
                     }
-                    s.defer_read(read, ReadFrom::Staging(data), event);
+                    s.defer_read(read, ReadFrom::Staging(std::sync::Arc::new(data)), event);
                 } else {
                     let mark = w.mark();
                     Reply::Ok(req::SvmCopied {

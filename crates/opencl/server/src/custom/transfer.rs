@@ -9,6 +9,7 @@ use super::*;
 use crate::generated::ffi;
 use crate::session::{Call, Mapping, ReadFrom};
 use std::ffi::c_void;
+use std::sync::Arc;
 use wormhole_opencl_proto::geometry::{image_span, rect_span};
 use wormhole_opencl_proto::requests::{self as req, Message, Reply};
 use wormhole_opencl_proto::{cl::*, Writer, TRANSFER_CHUNK};
@@ -61,6 +62,71 @@ impl Bytes<'_> {
     }
 }
 
+/// Where a write's driver call reads its bytes.
+pub(crate) enum Source<'a> {
+    Bytes(Bytes<'a>),
+    /// `len` bytes from `offset` of what a pending read brings (`WriteData::FromRead`): the
+    /// driver reads them when the write runs, after the read filled them, as natively.
+    Read {
+        data: Arc<Vec<u8>>,
+        offset: usize,
+        len: usize,
+    },
+}
+
+impl Source<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Source::Bytes(b) => b.as_slice().len(),
+            Source::Read { len, .. } => *len,
+        }
+    }
+
+    /// Where the driver reads them, for as long as `self` lives.
+    fn ptr(&self) -> *const u8 {
+        match self {
+            Source::Bytes(b) => b.as_slice().as_ptr(),
+            // In bounds: checked by `Session::staged_read`.
+            Source::Read { data, offset, .. } => data.as_ptr().wrapping_add(*offset),
+        }
+    }
+
+    /// The bytes kept for a driver that reads them after the request is answered, and where
+    /// they are.
+    fn keep(self) -> (Box<dyn Send>, *const u8) {
+        match self {
+            Source::Bytes(b) => {
+                let owned = b.into_owned();
+                let p = owned.as_ptr();
+                (Box::new(owned), p)
+            }
+            Source::Read { data, offset, .. } => {
+                let p = data.as_ptr().wrapping_add(offset);
+                (Box::new(data), p)
+            }
+        }
+    }
+}
+
+/// The bytes of a buffer write: as `write_bytes`, or what a pending read brings.
+fn write_source<'a>(
+    s: &Session,
+    data: req::WriteData,
+    inline: Option<&'a [u8]>,
+) -> Result<Option<Source<'a>>, i32> {
+    match data {
+        req::WriteData::FromRead { read, offset, len } => {
+            let (data, offset) = s.staged_read(read, offset, len)?;
+            Ok(Some(Source::Read {
+                data,
+                offset,
+                len: len as usize,
+            }))
+        }
+        other => Ok(write_bytes(s, other, inline)?.map(Source::Bytes)),
+    }
+}
+
 /// A write's bytes (None: the application passed NULL, or no data travels): `inline`, decoded
 /// after the request's header, or those staged under the id the request names, taken out of
 /// the session whatever happens next. Staged data that did not all arrive is
@@ -77,6 +143,10 @@ pub(crate) fn write_bytes<'a>(
             .take_staged(id, len)
             .map(|v| Some(Bytes::Staged(v)))
             .ok_or(CL_INVALID_VALUE),
+        req::WriteData::FromRead { .. } => {
+            tracing::warn!("only a buffer write may take its bytes from a read");
+            Err(CL_INVALID_VALUE)
+        }
     }
 }
 
@@ -308,7 +378,7 @@ fn read_common(
         return Err(st);
     }
     let event = ev.finish(s);
-    s.defer_read(read_id, ReadFrom::Staging(data), event);
+    s.defer_read(read_id, ReadFrom::Staging(Arc::new(data)), event);
     Reply::Ok(req::ReadReply::Deferred).encode(w);
     Ok(())
 }
@@ -320,16 +390,15 @@ fn write_common(
     blocking: u32,
     wl: &WaitList,
     event_id: u64,
-    data: Bytes<'_>,
+    data: Source<'_>,
     call: &WriteCall<'_>,
 ) -> Result<i32, i32> {
     let (n, list) = wl.resolve(s)?;
     let mut ev = EventOut::new(s, event_id)?;
     if blocking != 0 {
-        let data = data.as_slice();
         let st = call(
             CL_TRUE,
-            data.as_ptr() as *const c_void,
+            data.ptr() as *const c_void,
             n,
             list_ptr(&list),
             ev.ptr(false),
@@ -339,10 +408,10 @@ fn write_common(
         }
         return Ok(st);
     }
-    let staging = data.into_owned();
+    let (staging, at) = data.keep();
     let st = call(
         CL_FALSE,
-        staging.as_ptr() as *const c_void,
+        at as *const c_void,
         n,
         list_ptr(&list),
         ev.ptr(true),
@@ -438,10 +507,10 @@ pub fn clEnqueueWriteBuffer(
     } = head;
     let wl = WaitList(wait);
     let run = || -> Result<i32, i32> {
-        let data = write_bytes(s, data, inline)?;
+        let data = write_source(s, data, inline)?;
         let t = target(s, queue, mem)?;
         let data = match data {
-            Some(d) if d.as_slice().len() == size => d,
+            Some(d) if d.len() == size => d,
             Some(_) => return Err(CL_INVALID_VALUE),
             None => {
                 // The application passed NULL: let the driver say what it says about that.
@@ -569,28 +638,35 @@ pub fn clEnqueueWriteBufferRect(
         if data.as_slice().len() != span.len {
             return Err(CL_INVALID_VALUE);
         }
-        write_common(s, blocking, &wl, event_id, data, &|b, p, n, l, e| {
-            let zero = [0usize; 3];
-            // SAFETY: `p` holds the span's bytes, as for reads.
-            unsafe {
-                ffi::clEnqueueWriteBufferRect(
-                    t.queue,
-                    t.mem,
-                    b,
-                    a.buffer_origin.as_ptr() as *mut c_void,
-                    zero.as_ptr() as *mut c_void,
-                    a.region.as_ptr() as *mut c_void,
-                    a.pitches[0],
-                    a.pitches[1],
-                    span.row,
-                    span.slice,
-                    p as *mut c_void,
-                    n,
-                    l as *mut c_void,
-                    e as *mut c_void,
-                )
-            }
-        })
+        write_common(
+            s,
+            blocking,
+            &wl,
+            event_id,
+            Source::Bytes(data),
+            &|b, p, n, l, e| {
+                let zero = [0usize; 3];
+                // SAFETY: `p` holds the span's bytes, as for reads.
+                unsafe {
+                    ffi::clEnqueueWriteBufferRect(
+                        t.queue,
+                        t.mem,
+                        b,
+                        a.buffer_origin.as_ptr() as *mut c_void,
+                        zero.as_ptr() as *mut c_void,
+                        a.region.as_ptr() as *mut c_void,
+                        a.pitches[0],
+                        a.pitches[1],
+                        span.row,
+                        span.slice,
+                        p as *mut c_void,
+                        n,
+                        l as *mut c_void,
+                        e as *mut c_void,
+                    )
+                }
+            },
+        )
     };
     w.i32(run().unwrap_or_else(|e| e));
     Ok(())
@@ -721,24 +797,31 @@ pub fn clEnqueueWriteImage(
         if data.as_slice().len() != span.len {
             return Err(CL_INVALID_VALUE);
         }
-        write_common(s, blocking, &wl, event_id, data, &|b, p, n, l, e| {
-            // SAFETY: `p` holds the region's host footprint.
-            unsafe {
-                ffi::clEnqueueWriteImage(
-                    t.queue,
-                    t.mem,
-                    b,
-                    origin.as_ptr() as *mut c_void,
-                    region.as_ptr() as *mut c_void,
-                    row_pitch,
-                    slice_pitch,
-                    p as *mut c_void,
-                    n,
-                    l as *mut c_void,
-                    e as *mut c_void,
-                )
-            }
-        })
+        write_common(
+            s,
+            blocking,
+            &wl,
+            event_id,
+            Source::Bytes(data),
+            &|b, p, n, l, e| {
+                // SAFETY: `p` holds the region's host footprint.
+                unsafe {
+                    ffi::clEnqueueWriteImage(
+                        t.queue,
+                        t.mem,
+                        b,
+                        origin.as_ptr() as *mut c_void,
+                        region.as_ptr() as *mut c_void,
+                        row_pitch,
+                        slice_pitch,
+                        p as *mut c_void,
+                        n,
+                        l as *mut c_void,
+                        e as *mut c_void,
+                    )
+                }
+            },
+        )
     };
     w.i32(run().unwrap_or_else(|e| e));
     Ok(())
@@ -1041,7 +1124,12 @@ pub fn clEnqueueUnmapMemObject(
 fn read_piece(s: &Session, from: &mut ReadFrom, at: usize, n: usize) -> Option<Vec<u8>> {
     let end = at.checked_add(n).filter(|&end| end <= from.len())?;
     match from {
-        ReadFrom::Staging(data) if at == 0 && end == data.len() => Some(std::mem::take(data)),
+        // Whole, and no write takes its bytes from it: handed over.
+        ReadFrom::Staging(data) if at == 0 && end == data.len() => Some(
+            Arc::get_mut(data)
+                .map(std::mem::take)
+                .unwrap_or_else(|| data.to_vec()),
+        ),
         ReadFrom::Staging(data) => Some(data[at..end].to_vec()),
         ReadFrom::Mapping { ptr, .. } => {
             // SAFETY: the map completed and is still mapped (an unmap takes the pending read
@@ -1354,10 +1442,14 @@ mod tests {
             .map(|i| (i % 251) as u8)
             .collect();
         // Complete already (a blocking read's): no event.
-        s.defer_read(1, ReadFrom::Staging(big.clone()), std::ptr::null_mut());
+        s.defer_read(
+            1,
+            ReadFrom::Staging(Arc::new(big.clone())),
+            std::ptr::null_mut(),
+        );
         s.defer_read(
             2,
-            ReadFrom::Staging(b"small".to_vec()),
+            ReadFrom::Staging(Arc::new(b"small".to_vec())),
             std::ptr::null_mut(),
         );
         let mut got = Vec::new();

@@ -102,6 +102,14 @@ impl Session {
         *self.idle_queue.lock().unwrap_or_else(|p| p.into_inner()) = Some((queue, enqueues));
     }
 
+    /// For an enqueue request being handled: whether `queue` was known idle before it, with
+    /// nothing else enqueued since (the request counted itself first); Some(the count now).
+    pub fn queue_idle_but_for_this(&self, queue: u64) -> Option<u64> {
+        let enqueues = self.enqueues.load(std::sync::atomic::Ordering::Acquire);
+        let idle = *self.idle_queue.lock().unwrap_or_else(|p| p.into_inner());
+        (idle == Some((queue, enqueues.wrapping_sub(1)))).then_some(enqueues)
+    }
+
     /// Whether `queue` is known idle (`queue_idle`, and nothing enqueued since).
     pub fn queue_known_idle(&self, queue: u64) -> bool {
         let enqueues = self.enqueues.load(std::sync::atomic::Ordering::Acquire);

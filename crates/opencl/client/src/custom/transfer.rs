@@ -53,7 +53,9 @@ fn finish_read_into(
         r.finish()?;
         // SAFETY: the application's `cl_event *` or NULL.
         unsafe { set_event(event, ev_id) };
-        rt::after_sync();
+        if blocking != 0 {
+            rt::after_sync();
+        }
         return Ok(CL_SUCCESS);
     }
     let data = head.data(&mut r)?;
@@ -338,9 +340,9 @@ pub unsafe extern "C" fn clEnqueueReadBuffer(
                 read_id,
             },
         );
-        // SAFETY: the application promises `size` writable bytes at `ptr`.
-        let direct = (blocking != 0)
-            .then(|| unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, size) });
+        // SAFETY: the application promises `size` writable bytes at `ptr`. (A non-blocking
+        // read's bytes come with the reply too when the server ran it at once.)
+        let direct = Some(unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, size) });
         finish_read_into(
             w,
             blocking,

@@ -336,6 +336,7 @@ type ReadCall<'a> = dyn Fn(u32, *mut c_void, u32, *const Handle, *mut Handle) ->
 fn read_common(
     s: &Session,
     w: &mut Writer,
+    queue: u64,
     blocking: u32,
     wl: &WaitList,
     event_id: u64,
@@ -345,6 +346,8 @@ fn read_common(
 ) -> Result<(), i32> {
     let (n, list) = wl.resolve(s)?;
     let mut ev = EventOut::new(s, event_id)?;
+    let now = at_once(s, queue, blocking, n, len);
+    let blocking = if now.is_some() { CL_TRUE } else { blocking };
     if blocking != 0 && len <= MAX_TRANSFER {
         let mark = w.mark();
         Reply::Ok(req::ReadReply::Inline { len: len as u64 }).encode(w);
@@ -362,6 +365,9 @@ fn read_common(
         }
         let own = ev.finish(s);
         release_own(event_id, own);
+        if let Some(enqueues) = now {
+            s.queue_idle(queue, enqueues);
+        }
         return Ok(());
     }
     // A blocking read too large for its reply is complete when the reply goes (no event is
@@ -383,10 +389,24 @@ fn read_common(
     Ok(())
 }
 
+/// Whether a non-blocking transfer of `len` bytes (`waits` events in its wait list) runs at
+/// once, as a blocking one: its queue has nothing else to run (nothing was enqueued since it
+/// was seen idle but this request), so natively too it would be done about as soon, and its
+/// bytes then travel with the reply, not through a staging buffer and a later COLLECT (or a
+/// copy kept until the write completes). Some(the enqueue count the queue is idle as of
+/// after it) if so.
+fn at_once(s: &Session, queue: u64, blocking: u32, waits: u32, len: usize) -> Option<u64> {
+    (blocking == 0 && waits == 0 && len <= MAX_TRANSFER)
+        .then(|| s.queue_idle_but_for_this(queue))
+        .flatten()
+}
+
 type WriteCall<'a> = dyn Fn(u32, *const c_void, u32, *const Handle, *mut Handle) -> i32 + 'a;
 
+#[allow(clippy::too_many_arguments)]
 fn write_common(
     s: &Session,
+    queue: u64,
     blocking: u32,
     wl: &WaitList,
     event_id: u64,
@@ -395,7 +415,8 @@ fn write_common(
 ) -> Result<i32, i32> {
     let (n, list) = wl.resolve(s)?;
     let mut ev = EventOut::new(s, event_id)?;
-    if blocking != 0 {
+    let now = at_once(s, queue, blocking, n, data.len());
+    if blocking != 0 || now.is_some() {
         let st = call(
             CL_TRUE,
             data.ptr() as *const c_void,
@@ -405,6 +426,9 @@ fn write_common(
         );
         if st == CL_SUCCESS {
             release_own(event_id, ev.finish(s));
+            if let Some(enqueues) = now {
+                s.queue_idle(queue, enqueues);
+            }
         }
         return Ok(st);
     }
@@ -456,6 +480,7 @@ pub fn clEnqueueReadBuffer(
         read_common(
             s,
             w,
+            queue,
             blocking,
             &wl,
             event_id,
@@ -532,7 +557,7 @@ pub fn clEnqueueWriteBuffer(
                 });
             }
         };
-        write_common(s, blocking, &wl, event_id, data, &|b, p, n, l, e| {
+        write_common(s, queue, blocking, &wl, event_id, data, &|b, p, n, l, e| {
             // SAFETY: `p` holds `size` bytes that live until the write completes.
             unsafe {
                 ffi::clEnqueueWriteBuffer(
@@ -576,6 +601,7 @@ pub fn clEnqueueReadBufferRect(
         read_common(
             s,
             w,
+            queue,
             blocking,
             &wl,
             event_id,
@@ -640,6 +666,7 @@ pub fn clEnqueueWriteBufferRect(
         }
         write_common(
             s,
+            queue,
             blocking,
             &wl,
             event_id,
@@ -733,6 +760,7 @@ pub fn clEnqueueReadImage(
         read_common(
             s,
             w,
+            queue,
             blocking,
             &wl,
             event_id,
@@ -799,6 +827,7 @@ pub fn clEnqueueWriteImage(
         }
         write_common(
             s,
+            queue,
             blocking,
             &wl,
             event_id,

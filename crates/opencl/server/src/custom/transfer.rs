@@ -504,10 +504,35 @@ pub fn clEnqueueReadBuffer(
             },
         )
     };
-    if let Err(e) = run(w) {
-        Reply::<req::ReadReply>::Err(e).encode(w);
+    let enqueues = s.enqueues.load(std::sync::atomic::Ordering::Acquire);
+    match run(w) {
+        Err(e) => Reply::<req::ReadReply>::Err(e).encode(w),
+        Ok(()) if blocking != 0 => finished_blocking(s, queue, enqueues),
+        Ok(()) => {}
     }
     Ok(())
+}
+
+/// After a blocking transfer on `queue` succeeded: on an in-order queue every command before
+/// it has finished too, so the queue is idle as of `enqueues` (read before the transfer ran).
+fn finished_blocking(s: &Session, queue: u64, enqueues: u64) {
+    let Ok(q) = s.resolve(queue, HandleKind::Queue, false) else {
+        return;
+    };
+    let mut props = 0u64;
+    // SAFETY: a live queue of the session; the value goes to a local of its size.
+    let st = unsafe {
+        ffi::clGetCommandQueueInfo(
+            q,
+            CL_QUEUE_PROPERTIES,
+            8,
+            &mut props as *mut u64 as *mut c_void,
+            std::ptr::null_mut(),
+        )
+    };
+    if st == CL_SUCCESS && props & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE == 0 {
+        s.queue_idle(queue, enqueues);
+    }
 }
 
 pub fn clEnqueueWriteBuffer(
@@ -574,7 +599,12 @@ pub fn clEnqueueWriteBuffer(
             }
         })
     };
-    w.i32(run().unwrap_or_else(|e| e));
+    let enqueues = s.enqueues.load(std::sync::atomic::Ordering::Acquire);
+    let st = run().unwrap_or_else(|e| e);
+    if st == CL_SUCCESS && blocking != 0 {
+        finished_blocking(s, queue, enqueues);
+    }
+    w.i32(st);
     Ok(())
 }
 

@@ -335,7 +335,6 @@ pub fn direct(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), Dec
             return None;
         }
         let (mut qctx, mut mctx): (Handle, Handle) = (std::ptr::null_mut(), std::ptr::null_mut());
-        let mut props = 0u64;
         let hsize = std::mem::size_of::<Handle>();
         // SAFETY: live handles from the session's table; outputs are locals of the right size.
         let ok = unsafe {
@@ -353,19 +352,12 @@ pub fn direct(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), Dec
                     &mut mctx as *mut Handle as *mut c_void,
                     std::ptr::null_mut(),
                 ) == CL_SUCCESS
-                && ffi::clGetCommandQueueInfo(
-                    q,
-                    CL_QUEUE_PROPERTIES,
-                    8,
-                    &mut props as *mut u64 as *mut c_void,
-                    std::ptr::null_mut(),
-                ) == CL_SUCCESS
         };
         if !ok || qctx != mctx {
             return None;
         }
         // Out of order, a transfer with no wait list waits for nothing.
-        if props & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE == 0 {
+        if crate::rt::queue_in_order(q)? {
             // Read first: an enqueue from here on makes the answer stale.
             let enqueues = s.enqueues.load(Ordering::Acquire);
             let done = s.queue_known_idle(queue)

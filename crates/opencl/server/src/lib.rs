@@ -73,9 +73,7 @@ impl OpenCl {
         let enqueues = op.is_some_and(|op| op.name().starts_with("clEnqueue"));
         if enqueues {
             // Before the command is queued: no queue is known idle past this point.
-            session
-                .enqueues
-                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            session.enqueues.fetch_add(1, Ordering::AcqRel);
         }
         let enqueue_on = match op {
             Some(_) if limit > 0 && enqueues => {
@@ -89,10 +87,7 @@ impl OpenCl {
         // A queue the application finished is idle until the next enqueue (`arena::direct`).
         let finishing = (op == Some(Op::clFinish)).then(|| {
             let queue = request.clone().u64().unwrap_or(0);
-            (
-                queue,
-                session.enqueues.load(std::sync::atomic::Ordering::Acquire),
-            )
+            (queue, session.enqueues.load(Ordering::Acquire))
         });
         match opcode {
             control::COLLECT => custom::collect(s, r, w),

@@ -68,6 +68,22 @@ pub fn platform_info(platform: Handle, param: u32) -> Result<Vec<u8>, i32> {
     info_bytes(|n, p, r| unsafe { ffi::clGetPlatformInfo(platform, param, n, p, r) })
 }
 
+/// Whether live queue `q` runs its commands in order (None: the driver would not say).
+pub fn queue_in_order(q: Handle) -> Option<bool> {
+    let mut props = 0u64;
+    // SAFETY: a live queue; the value goes to a local of its size.
+    let st = unsafe {
+        ffi::clGetCommandQueueInfo(
+            q,
+            CL_QUEUE_PROPERTIES,
+            8,
+            &mut props as *mut u64 as *mut c_void,
+            std::ptr::null_mut(),
+        )
+    };
+    (st == CL_SUCCESS).then_some(props & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE == 0)
+}
+
 /// An info value that is one handle (CL_PROGRAM_CONTEXT, CL_DEVICE_PLATFORM, ...).
 pub fn handle_value(v: &[u8]) -> Option<Handle> {
     Some(u64::from_le_bytes(v.get(..8)?.try_into().ok()?) as Handle)

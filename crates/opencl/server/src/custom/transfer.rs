@@ -516,21 +516,11 @@ pub fn clEnqueueReadBuffer(
 /// After a blocking transfer on `queue` succeeded: on an in-order queue every command before
 /// it has finished too, so the queue is idle as of `enqueues` (read before the transfer ran).
 fn finished_blocking(s: &Session, queue: u64, enqueues: u64) {
-    let Ok(q) = s.resolve(queue, HandleKind::Queue, false) else {
-        return;
-    };
-    let mut props = 0u64;
-    // SAFETY: a live queue of the session; the value goes to a local of its size.
-    let st = unsafe {
-        ffi::clGetCommandQueueInfo(
-            q,
-            CL_QUEUE_PROPERTIES,
-            8,
-            &mut props as *mut u64 as *mut c_void,
-            std::ptr::null_mut(),
-        )
-    };
-    if st == CL_SUCCESS && props & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE == 0 {
+    let in_order = s
+        .resolve(queue, HandleKind::Queue, false)
+        .ok()
+        .and_then(crate::rt::queue_in_order);
+    if in_order == Some(true) {
         s.queue_idle(queue, enqueues);
     }
 }

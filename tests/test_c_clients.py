@@ -11,7 +11,7 @@ PROGRAMS = [
     "vector_add", "multithread", "callbacks", "gated_callbacks", "errors", "svm", "svm_fine", "bulk", "windows",
     "host_ptr_maps", "empty_source_part", "long_kernel_name", "big_image", "bad_ranges",
     "bad_rect_ranges", "bad_sizes", "finish_waits", "cross_thread_order", "gated_write",
-    "nonblocking_transfers",
+    "nonblocking_transfers", "immutable_info",
 ]
 
 
@@ -162,3 +162,22 @@ def test_call_counts_say_which_calls_were_round_trips(server, c_programs):
     assert rows.get("direct transfer", (0, 0))[0] >= 1, r.stderr
     quiet = server.run([c_programs["vector_add"]])
     assert "wormhole call counts" not in quiet.stderr
+
+
+def test_info_that_never_changes_is_asked_for_once(server, c_programs):
+    """A program's context, devices and source, and an event's context, queue and command type,
+    never change: repeats are answered in the client (clFFT asks its program for the context at
+    every transform, which cost a round trip behind each pipelined launch). What changes (a
+    reference count, an event's status, the kernels after a build) is still asked for, and the
+    output is native's."""
+    native = subprocess.run([c_programs["immutable_info"], "300"], capture_output=True, text=True, timeout=120)
+    assert native.returncode == 0, native.stderr
+    r = server.run([c_programs["immutable_info"], "300"], WORMHOLE_CALL_COUNTS="1")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == native.stdout
+    rows = dict((m.group(1), int(m.group(2))) for m in re.finditer(
+        r"^wormhole call counts:   (.+?) waited=(\d+) pipelined=\d+$", r.stderr, re.M))
+    # 300 rounds of three program queries: the first of each, the source's, the changing ones.
+    assert rows["clGetProgramInfo"] < 20, r.stderr
+    # Each round's event is new and asked twice: its three queries go to the server once each.
+    assert rows["clGetEventInfo"] <= 3 * 300 + 10, r.stderr

@@ -47,7 +47,8 @@ pub fn info_value(op: Op, param: u32) -> InfoValue {
 
 /// Whether an info answer can never change for the object, so the client may keep it and
 /// answer repeats without a round trip. Reference and map counts change; programs change when
-/// built; events change as they run.
+/// built; events change as they run. Libraries ask again and again (clFFT asks its program for
+/// the context at every transform: a round trip behind the pipelined launch each time).
 pub fn cacheable(op: Op, param: u32) -> bool {
     match op {
         Op::clGetPlatformInfo
@@ -60,6 +61,20 @@ pub fn cacheable(op: Op, param: u32) -> bool {
         Op::clGetMemObjectInfo => !matches!(param, 0x1104 | 0x1105),
         Op::clGetSamplerInfo => param != 0x1150,
         Op::clGetKernelInfo => param != 0x1192,
+        // What a program was made from; its build, kernels and binaries change when built.
+        Op::clGetProgramInfo => matches!(
+            param,
+            CL_PROGRAM_CONTEXT
+                | CL_PROGRAM_NUM_DEVICES
+                | CL_PROGRAM_DEVICES
+                | CL_PROGRAM_SOURCE
+                | CL_PROGRAM_IL
+        ),
+        // Where and what a command is; not its status.
+        Op::clGetEventInfo => matches!(
+            param,
+            CL_EVENT_CONTEXT | CL_EVENT_COMMAND_QUEUE | CL_EVENT_COMMAND_TYPE
+        ),
         _ => false,
     }
 }

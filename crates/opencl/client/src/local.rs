@@ -98,10 +98,10 @@ pub unsafe extern "C" fn clGetExtensionFunctionAddressForPlatform(
 }
 
 pub use crate::custom::clCreateSubBuffer;
-/// Pipelined when it repeats a launch the driver accepted (custom/kernel.rs).
-pub use crate::custom::clEnqueueNDRangeKernel;
 /// Builds send the headers their `-I` options name first (custom/program.rs).
 pub use crate::custom::{clBuildProgram, clCompileProgram};
+/// Pipelined when they repeat what the driver accepted (custom/kernel.rs).
+pub use crate::custom::{clCreateKernel, clEnqueueNDRangeKernel, clSetEventCallback};
 
 #[cfg(test)]
 mod tests {

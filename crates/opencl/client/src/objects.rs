@@ -41,12 +41,30 @@ pub struct LaunchSig {
     pub dims: Vec<usize>,
 }
 
-/// What the client learned about a kernel from calls the driver accepted: repeats of those
-/// can be pipelined (sent without waiting) with the same outcome guaranteed.
+/// What the driver accepted of the kernels of one program and name (one signature: a program
+/// cannot be built again while it has kernels). Kernels made with the same name share it, so a
+/// library that makes a kernel object per call (OpenCV does) learns once.
+#[derive(Debug, Default)]
+pub struct KernelShape {
+    /// Argument settings accepted, by index.
+    pub args: HashSet<(u32, ArgSig)>,
+    /// Launches accepted: the geometry with every argument setting the kernel had then.
+    pub launches: Vec<(LaunchSig, Vec<(u32, ArgSig)>)>,
+}
+
+/// One kernel object: its current argument settings and what its kind of kernel accepted
+/// (repeats of those can be pipelined, sent without waiting, with the same outcome guaranteed).
 #[derive(Debug, Default)]
 pub struct KernelState {
-    pub args: std::collections::HashMap<u32, ArgSig>,
-    pub launches: Vec<LaunchSig>,
+    pub args: std::collections::BTreeMap<u32, ArgSig>,
+    pub shape: std::sync::Arc<Mutex<KernelShape>>,
+}
+
+impl KernelState {
+    /// The kernel's argument settings, as a launch is remembered with them.
+    pub fn settings(&self) -> Vec<(u32, ArgSig)> {
+        self.args.iter().map(|(i, s)| (*i, *s)).collect()
+    }
 }
 
 #[repr(C)]

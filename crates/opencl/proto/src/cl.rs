@@ -106,6 +106,7 @@ pub const CL_EVENT_CONTEXT: u32 = 0x11D4;
 pub const CL_EVENT_COMMAND_TYPE: u32 = 0x11D1;
 pub const CL_EVENT_COMMAND_EXECUTION_STATUS: u32 = 0x11D3;
 pub const CL_COMPLETE: i32 = 0x0;
+pub const CL_RUNNING: i32 = 0x1;
 pub const CL_SUBMITTED: i32 = 0x2;
 pub const CL_DEVICE_TYPE_ALL: u64 = 0xFFFF_FFFF;
 pub const CL_MEM_READ_WRITE: u64 = 1 << 0;

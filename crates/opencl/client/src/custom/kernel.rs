@@ -1,11 +1,104 @@
 use super::*;
 use crate::generated;
+use objects::KernelShape;
+use std::collections::HashMap;
+use std::ffi::{c_char, CStr};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// How a setting is remembered (with its size) to tell settings the driver accepted before:
-/// NULL, plain bytes, or a handle of a kind.
+/// NULL, plain bytes, a handle of a kind, or an SVM pointer.
 const ARG_NULL: u8 = 0;
 const ARG_BYTES: u8 = 1;
 const ARG_HANDLE: u8 = 2;
+pub const ARG_SVM: u8 = 0xff;
+
+type ShapeKey = (u64, Vec<u8>);
+
+/// The kinds of kernel made so far, by program id and name, until the program is built again.
+fn shapes() -> std::sync::MutexGuard<'static, HashMap<ShapeKey, Arc<Mutex<KernelShape>>>> {
+    static SHAPES: OnceLock<Mutex<HashMap<ShapeKey, Arc<Mutex<KernelShape>>>>> = OnceLock::new();
+    SHAPES
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// A build request for `program`: its kernels may have other signatures after it.
+pub fn forget_program(program: Handle) {
+    // SAFETY: the application's handle, only looked up.
+    if let Some(p) = unsafe { objects::get(program, HandleKind::Program) } {
+        shapes().retain(|(id, _), _| *id != p.id);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A kernel made by name from a program the driver made one of that name from before (and not
+/// built since) succeeds again: pipelined, with the id the client chose. Kernels of one name
+/// share what the driver accepted of their arguments and launches.
+pub unsafe extern "C" fn clCreateKernel(
+    program: Handle,
+    name: *const c_char,
+    errcode_ret: *mut i32,
+) -> Handle {
+    // SAFETY: the application's handle, only looked up; `name` a C string when not NULL.
+    let key = unsafe { objects::get(program, HandleKind::Program) }
+        .filter(|_| !name.is_null())
+        .map(|p| (p.id, unsafe { CStr::from_ptr(name) }.to_bytes().to_vec()));
+    let known = key.as_ref().and_then(|k| shapes().get(k).cloned());
+    if known.is_some() {
+        rt::send_next_async();
+    }
+    // SAFETY: forwarded with the caller's guarantees.
+    let h = unsafe { generated::wire_clCreateKernel(program, name, errcode_ret) };
+    // SAFETY: a handle the call just made, or NULL.
+    let Some(state) =
+        unsafe { objects::get(h, HandleKind::Kernel) }.and_then(|k| k.kernel.as_ref())
+    else {
+        return h;
+    };
+    let shape = match (known, key) {
+        (Some(shape), _) => shape,
+        (None, Some(key)) => {
+            let mut all = shapes();
+            // Programs the application released stay named here; ids are never reused.
+            if all.len() >= 4096 {
+                all.clear();
+            }
+            all.entry(key).or_default().clone()
+        }
+        (None, None) => return h,
+    };
+    lock(state).shape = shape;
+    h
+}
+
+/// Every error `clSetEventCallback` can return is the client's to see (a bad event, no
+/// function, a type other than the three): one it cannot is pipelined.
+pub unsafe extern "C" fn clSetEventCallback(
+    event: Handle,
+    kind: i32,
+    pfn_notify: *const c_void,
+    user_data: *mut c_void,
+) -> i32 {
+    // SAFETY: the application's handle, only looked up.
+    let event_ok = unsafe { objects::get(event, HandleKind::Event) }.is_some();
+    if event_ok && !pfn_notify.is_null() && matches!(kind, CL_COMPLETE | CL_RUNNING | CL_SUBMITTED)
+    {
+        rt::send_next_async();
+    }
+    // SAFETY: forwarded with the caller's guarantees.
+    unsafe { generated::wire_clSetEventCallback(event, kind, pfn_notify, user_data) }
+}
+
+/// Records an argument setting the driver accepted on kernel `k` (an SVM pointer's, say).
+pub fn note_setting(k: &objects::ClObject, index: u32, sig: objects::ArgSig) {
+    if let Some(state) = k.kernel.as_ref() {
+        lock(state).args.insert(index, sig);
+    }
+}
 
 /// A kernel argument may be a memory object, sampler or queue handle (a pointer-sized value
 /// that is the address of a live object of ours): those travel as ids.
@@ -60,33 +153,30 @@ pub unsafe extern "C" fn clSetKernelArg(
             },
         );
         // The driver judges an argument by its index, size and kind of value; a setting it has
-        // accepted for this kernel before is accepted again, so it need not be waited for.
+        // accepted for this kind of kernel before is accepted again, so it need not be waited
+        // for.
         let sig = (size, class);
         let state = k.kernel.as_ref().expect("kernels carry state");
-        let known = state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .args
-            .get(&index)
-            == Some(&sig);
+        let shape = lock(state).shape.clone();
+        let known = lock(&shape).args.contains(&(index, sig));
         if known {
             rt::call_async(w)?;
+            lock(state).args.insert(index, sig);
             return Ok(CL_SUCCESS);
         }
         let reply = rt::call(w)?;
         let st = wormhole_opencl_proto::Reader::new(&reply).i32()?;
         if st == CL_SUCCESS {
-            let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
-            s.args.insert(index, sig);
-            // Launches were validated against the old arguments.
-            s.launches.clear();
+            lock(state).args.insert(index, sig);
+            lock(&shape).args.insert((index, sig));
         }
         Ok(st)
     })
 }
 
-/// Launches repeat the geometry of one the driver accepted with the same arguments: such a
-/// launch is pipelined. Anything new (geometry, wait list) waits for the driver's verdict.
+/// Launches repeat the geometry of one the driver accepted with the same argument settings
+/// (for this kind of kernel): such a launch is pipelined. Anything new (geometry, settings, wait
+/// list) waits for the driver's verdict.
 pub unsafe extern "C" fn clEnqueueNDRangeKernel(
     queue: Handle,
     kernel: Handle,
@@ -115,12 +205,16 @@ pub unsafe extern "C" fn clEnqueueNDRangeKernel(
     // SAFETY: the application's handles and arrays (work_dim entries each).
     let sig = unsafe { launch_sig(queue, kernel, work_dim, offset, global, local) };
     let state = sig.as_ref().and_then(|(k, _)| k.kernel.as_ref());
-    let known = match (&sig, state) {
-        (Some((_, s)), Some(st)) if n == 0 && list.is_null() => st
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+    // The kernel's settings as they are at the launch, and what its kind accepted.
+    let now = state.map(|st| {
+        let st = lock(st);
+        (st.settings(), st.shape.clone())
+    });
+    let known = match (&sig, &now) {
+        (Some((_, s)), Some((settings, shape))) if n == 0 && list.is_null() => lock(shape)
             .launches
-            .contains(s),
+            .iter()
+            .any(|(l, a)| l == s && a == settings),
         _ => false,
     };
     if known {
@@ -133,12 +227,12 @@ pub unsafe extern "C" fn clEnqueueNDRangeKernel(
         )
     };
     if st == CL_SUCCESS && !known {
-        if let (Some((_, s)), Some(state)) = (sig, state) {
-            let mut k = state.lock().unwrap_or_else(|p| p.into_inner());
-            if k.launches.len() >= 64 {
-                k.launches.remove(0);
+        if let (Some((_, s)), Some((settings, shape))) = (sig, now) {
+            let mut shape = lock(&shape);
+            if shape.launches.len() >= 64 {
+                shape.launches.remove(0);
             }
-            k.launches.push(s);
+            shape.launches.push((s, settings));
         }
     }
     st

@@ -137,8 +137,11 @@ pub unsafe extern "C" fn clBuildProgram(
         // SAFETY: per the API, options are a C string.
         send_includes(program, unsafe { CStr::from_ptr(options) }.to_bytes(), &[]);
     }
+    // Its kernels may take other arguments after it: what they accepted is forgotten, before
+    // and after (a kernel made by another thread meanwhile saw either program).
+    super::kernel::forget_program(program);
     // SAFETY: forwarded with the caller's guarantees; the wire call checks every argument.
-    unsafe {
+    let st = unsafe {
         crate::generated::wire_clBuildProgram(
             program,
             num_devices,
@@ -147,7 +150,9 @@ pub unsafe extern "C" fn clBuildProgram(
             pfn_notify,
             user_data,
         )
-    }
+    };
+    super::kernel::forget_program(program);
+    st
 }
 
 /// `clCompileProgram`, forwarded as generated, after the headers its `-I` options name, as
@@ -178,8 +183,9 @@ pub unsafe extern "C" fn clCompileProgram(
             embedded,
         );
     }
+    super::kernel::forget_program(program);
     // SAFETY: forwarded with the caller's guarantees; the wire call checks every argument.
-    unsafe {
+    let st = unsafe {
         crate::generated::wire_clCompileProgram(
             program,
             num_devices,
@@ -191,7 +197,9 @@ pub unsafe extern "C" fn clCompileProgram(
             pfn_notify,
             user_data,
         )
-    }
+    };
+    super::kernel::forget_program(program);
+    st
 }
 
 /// Sends where a build of `program` with `options` looks for headers: the application's

@@ -675,7 +675,12 @@ pub unsafe extern "C" fn clSetKernelArgSVMPointer(
                 ptr: value as u64,
             },
         );
-        Ok(Reader::new(&rt::call(w)?).i32()?)
+        let st = Reader::new(&rt::call(w)?).i32()?;
+        if st == CL_SUCCESS {
+            // A launch is known by every setting the kernel had, this one too.
+            super::kernel::note_setting(k, index, (value as usize, super::kernel::ARG_SVM));
+        }
+        Ok(st)
     })
 }
 

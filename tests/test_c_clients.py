@@ -166,10 +166,10 @@ def test_call_counts_say_which_calls_were_round_trips(server, c_programs):
 
 def test_info_that_never_changes_is_asked_for_once(server, c_programs):
     """A program's context, devices and source, and an event's context, queue and command type,
-    never change: repeats are answered in the client (clFFT asks its program for the context at
+    never change: repeats are answered in the client (a buffer's size even the first time) (clFFT asks its program for the context at
     every transform, which cost a round trip behind each pipelined launch). What changes (a
-    reference count, an event's status, the kernels after a build) is still asked for, and the
-    output is native's."""
+    reference count, an event's status, the kernels after a build, a kernel's local memory after
+    its local arguments were set) is still asked for, and the output is native's."""
     native = subprocess.run([c_programs["immutable_info"], "300"], capture_output=True, text=True, timeout=120)
     assert native.returncode == 0, native.stderr
     r = server.run([c_programs["immutable_info"], "300"], WORMHOLE_CALL_COUNTS="1")
@@ -181,6 +181,8 @@ def test_info_that_never_changes_is_asked_for_once(server, c_programs):
     assert rows["clGetProgramInfo"] < 20, r.stderr
     # Each round's event is new and asked twice: its three queries go to the server once each.
     assert rows["clGetEventInfo"] <= 3 * 300 + 10, r.stderr
+    # A buffer's size is the client's to tell (300 new buffers, a sub-buffer).
+    assert rows.get("clGetMemObjectInfo", 0) < 5, r.stderr
 
 
 def test_a_kernel_object_per_call_is_pipelined(server, c_programs):

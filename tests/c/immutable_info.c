@@ -4,7 +4,11 @@
 #include "common.h"
 #include <string.h>
 
-static const char *SRC = "__kernel void twice(__global int *a) { a[get_global_id(0)] *= 2; }";
+static const char *SRC =
+    "__kernel void twice(__global int *a) { a[get_global_id(0)] *= 2; }\n"
+    "__kernel void staged(__global int *a, __local int *t) {\n"
+    "  t[get_local_id(0)] = a[get_global_id(0)]; barrier(CLK_LOCAL_MEM_FENCE);\n"
+    "  a[get_global_id(0)] = t[0]; }\n";
 
 int main(int argc, char **argv) {
     int rounds = argc > 1 ? atoi(argv[1]) : 200;
@@ -49,6 +53,37 @@ int main(int argc, char **argv) {
         }
         CHECK(clReleaseEvent(ev));
     }
+    /* Every buffer's size (libraries ask it of each buffer they make), a sub-buffer's too. */
+    for (int i = 0; i < rounds; i++) {
+        size_t want = 64 * (size_t)(i + 1), size = 0;
+        cl_mem b = clCreateBuffer(ctx, CL_MEM_READ_WRITE, want, NULL, &err);
+        CHECK(err);
+        CHECK(clGetMemObjectInfo(b, CL_MEM_SIZE, sizeof size, &size, NULL));
+        EXPECT(size == want);
+        size_t small = 0;
+        EXPECT(clGetMemObjectInfo(b, CL_MEM_SIZE, 4, &small, NULL) == CL_INVALID_VALUE);
+        CHECK(clReleaseMemObject(b));
+    }
+    cl_uint align = 0;
+    CHECK(clGetDeviceInfo(d, CL_DEVICE_MEM_BASE_ADDR_ALIGN, sizeof align, &align, NULL));
+    cl_buffer_region region = {align / 8, 32};
+    cl_mem sub = clCreateSubBuffer(buf, CL_MEM_READ_WRITE, CL_BUFFER_CREATE_TYPE_REGION, &region, &err);
+    CHECK(err);
+    size_t sub_size = 0;
+    CHECK(clGetMemObjectInfo(sub, CL_MEM_SIZE, sizeof sub_size, &sub_size, NULL));
+    CHECK(clReleaseMemObject(sub));
+    /* A kernel's local memory counts the local arguments set so far: asked anew each time. */
+    cl_kernel staged = clCreateKernel(prog, "staged", &err);
+    CHECK(err);
+    cl_ulong lm[3] = {0, 0, 0};
+    CHECK(clGetKernelWorkGroupInfo(staged, d, CL_KERNEL_LOCAL_MEM_SIZE, sizeof lm[0], &lm[0], NULL));
+    CHECK(clSetKernelArg(staged, 1, 4096, NULL));
+    CHECK(clGetKernelWorkGroupInfo(staged, d, CL_KERNEL_LOCAL_MEM_SIZE, sizeof lm[1], &lm[1], NULL));
+    CHECK(clSetKernelArg(staged, 1, 64, NULL));
+    CHECK(clGetKernelWorkGroupInfo(staged, d, CL_KERNEL_LOCAL_MEM_SIZE, sizeof lm[2], &lm[2], NULL));
+    CHECK(clReleaseKernel(staged));
+    printf("sub-buffer size %zu, local memory %lu then %lu then %lu\n", sub_size, (unsigned long)lm[0],
+           (unsigned long)lm[1], (unsigned long)lm[2]);
     /* The source, asked for in two steps (size, then value), and too small a buffer. */
     size_t len = 0;
     CHECK(clGetProgramInfo(prog, CL_PROGRAM_SOURCE, 0, NULL, &len));
@@ -65,7 +100,7 @@ int main(int argc, char **argv) {
     EXPECT(refs2 == refs + 1);
     CHECK(clReleaseProgram(prog));
     CHECK(clGetProgramInfo(prog, CL_PROGRAM_NUM_KERNELS, sizeof nk, &nk, NULL));
-    EXPECT(nk == 1);
+    EXPECT(nk == 2);
     cl_event user = clCreateUserEvent(ctx, &err);
     CHECK(err);
     cl_int st = 0;

@@ -301,9 +301,10 @@ fn emit_stub(s: &mut String, api: &Api, f: &Func) {
         );
     }
     if f.info {
+        let obj = first_handle(f).map_or("std::ptr::null_mut()".to_string(), |h| h.name.clone());
         let _ = writeln!(
             s,
-            "        let reply = rt::info::query(Op::{}, param_name, w)?;",
+            "        let reply = rt::info::query(Op::{}, {obj}, param_name, w)?;",
             f.name
         );
     } else if f.asynchronous {

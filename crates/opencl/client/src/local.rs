@@ -103,6 +103,41 @@ pub use crate::custom::{clBuildProgram, clCompileProgram};
 /// Pipelined when they repeat what the driver accepted (custom/kernel.rs).
 pub use crate::custom::{clCreateKernel, clEnqueueNDRangeKernel, clSetEventCallback};
 
+/// Changes a queue's properties (OpenCL 1.0): the kept info answers may name the old ones.
+///
+/// # Safety
+/// As `clSetCommandQueueProperty`.
+#[allow(non_snake_case)]
+pub unsafe extern "C" fn clSetCommandQueueProperty(
+    queue: *mut c_void,
+    properties: u64,
+    enable: u32,
+    old: *mut u64,
+) -> i32 {
+    crate::rt::info::forget_all();
+    // SAFETY: forwarded with the caller's guarantees.
+    let st = unsafe { generated::wire_clSetCommandQueueProperty(queue, properties, enable, old) };
+    crate::rt::info::forget_all();
+    st
+}
+
+/// Changes a device's default queue: the kept info answers may name the old one.
+///
+/// # Safety
+/// As `clSetDefaultDeviceCommandQueue`.
+#[allow(non_snake_case)]
+pub unsafe extern "C" fn clSetDefaultDeviceCommandQueue(
+    context: *mut c_void,
+    device: *mut c_void,
+    queue: *mut c_void,
+) -> i32 {
+    crate::rt::info::forget_all();
+    // SAFETY: forwarded with the caller's guarantees.
+    let st = unsafe { generated::wire_clSetDefaultDeviceCommandQueue(context, device, queue) };
+    crate::rt::info::forget_all();
+    st
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -51,10 +51,9 @@ pub fn info_value(op: Op, param: u32) -> InfoValue {
 /// the context at every transform: a round trip behind the pipelined launch each time).
 pub fn cacheable(op: Op, param: u32) -> bool {
     match op {
-        Op::clGetPlatformInfo
-        | Op::clGetImageInfo
-        | Op::clGetKernelWorkGroupInfo
-        | Op::clGetKernelArgInfo => true,
+        Op::clGetPlatformInfo | Op::clGetImageInfo | Op::clGetKernelArgInfo => true,
+        // A kernel's local memory counts its local arguments' sizes, set at any time.
+        Op::clGetKernelWorkGroupInfo => param != CL_KERNEL_LOCAL_MEM_SIZE,
         Op::clGetDeviceInfo => param != 0x1047,
         Op::clGetContextInfo => param != 0x1080,
         Op::clGetCommandQueueInfo => param != 0x1092,

@@ -11,8 +11,18 @@ use wormhole_opencl_proto::info::{cacheable, info_value, InfoValue};
 static CACHE: Mutex<Option<HashMap<Vec<u8>, Vec<u8>>>> = Mutex::new(None);
 const CACHE_LIMIT: usize = 100_000;
 
-/// Runs an info query, from the cache when the answer is immutable and already known.
-pub fn query(op: Op, param: u32, w: Writer) -> Result<Vec<u8>, ClErr> {
+/// Forgets every kept answer: the few calls that change what was immutable (a queue's
+/// properties, a device's default queue) are rare.
+pub fn forget_all() {
+    *CACHE.lock().unwrap_or_else(|p| p.into_inner()) = None;
+}
+
+/// Runs an info query: answered by the client when it knows the value (`local_answer`), from
+/// the cache when the answer is immutable and already known, else by the server.
+pub fn query(op: Op, obj: *mut c_void, param: u32, w: Writer) -> Result<Vec<u8>, ClErr> {
+    if let Some(reply) = local_answer(op, obj, param) {
+        return Ok(reply);
+    }
     if !cacheable(op, param) {
         return call(w);
     }
@@ -36,6 +46,24 @@ pub fn query(op: Op, param: u32, w: Writer) -> Result<Vec<u8>, ClErr> {
         c.insert(key, reply.clone());
     }
     Ok(reply)
+}
+
+/// What the client knows without asking: a buffer's size (libraries ask it of every buffer
+/// they make; CLBlast's tests did, a round trip per buffer). The reply is the server's form.
+fn local_answer(op: Op, obj: *mut c_void, param: u32) -> Option<Vec<u8>> {
+    if op != Op::clGetMemObjectInfo || param != CL_MEM_SIZE {
+        return None;
+    }
+    // SAFETY: the stub validated the handle before building the request.
+    let mem = unsafe { crate::objects::get(obj, HandleKind::Mem) }?.mem()?;
+    // Images have no size here (0): the driver computes theirs.
+    (mem.size > 0).then(|| {
+        let mut w = Writer::new(0);
+        w.i32(CL_SUCCESS);
+        w.bytes(&mem.size.to_le_bytes());
+        w.usize(std::mem::size_of::<usize>());
+        w.body().to_vec()
+    })
 }
 
 /// # Safety

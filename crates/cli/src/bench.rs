@@ -482,6 +482,11 @@ pub fn run(icd_lib: &Path, part: Part) -> Result<(), BenchError> {
             "100k SetKernelArg+NDRange, calls/s (median of 5)",
             true,
         ),
+        (
+            "kernel_per_op_per_s",
+            "kernel object per op (OpenCV: create, 2 args, launch, callback), ops/s",
+            true,
+        ),
         ("write_4KiB_GBps", "blocking write 4 KiB, GB/s", true),
         ("read_4KiB_GBps", "blocking read 4 KiB, GB/s", true),
         ("write_64KiB_GBps", "blocking write 64 KiB, GB/s", true),

@@ -76,6 +76,9 @@ pub struct ClObject {
     refs: AtomicU32,
     mem: OnceLock<MemInfo>,
     pub kernel: Option<Mutex<KernelState>>,
+    /// References an event's pending callbacks hold (not the application's: its reference
+    /// count is reported without them).
+    pub callback_holds: AtomicU32,
 }
 
 #[derive(Default)]
@@ -122,6 +125,7 @@ pub fn new_object(kind: HandleKind, id: u64, mem: Option<MemInfo>) -> *mut c_voi
         refs: AtomicU32::new(1),
         mem: mem.map_or_else(OnceLock::new, OnceLock::from),
         kernel: (kind == HandleKind::Kernel).then(Mutex::default),
+        callback_holds: AtomicU32::new(0),
     });
     let p = Box::into_raw(obj) as usize;
     let mut r = lock();

@@ -144,6 +144,16 @@ pub unsafe fn deliver(
                     }
                     _ => {}
                 }
+                if (op, param) == (Op::clGetEventInfo, CL_EVENT_REFERENCE_COUNT) && v.len() == 4 {
+                    // Without the references its pending callbacks hold (custom/kernel.rs).
+                    // SAFETY: `obj` is an event validated by the stub.
+                    let holds = unsafe { crate::objects::get(obj, HandleKind::Event) }
+                        .map_or(0, |e| {
+                            e.callback_holds.load(std::sync::atomic::Ordering::Acquire)
+                        });
+                    let n = u32::from_le_bytes(v[..4].try_into().unwrap_or([0; 4]));
+                    v.copy_from_slice(&n.saturating_sub(holds).to_le_bytes());
+                }
                 let n = v.len().min(cap);
                 // SAFETY: n <= cap.
                 unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), value as *mut u8, n) };

@@ -12,6 +12,7 @@ PROGRAMS = [
     "host_ptr_maps", "empty_source_part", "long_kernel_name", "big_image", "bad_ranges",
     "bad_rect_ranges", "bad_sizes", "finish_waits", "cross_thread_order", "gated_write",
     "nonblocking_transfers", "immutable_info", "kernel_per_call", "released_event_callback",
+    "buffer_commands",
 ]
 
 
@@ -199,3 +200,19 @@ def test_a_kernel_object_per_call_is_pipelined(server, c_programs):
         r"^wormhole call counts:   (.+?) waited=(\d+) pipelined=\d+$", r.stderr, re.M))
     for call in ("clCreateKernel", "clSetKernelArg", "clEnqueueNDRangeKernel", "clSetEventCallback"):
         assert waited.get(call, 0) < 12, (call, r.stderr)
+
+
+def test_repeated_buffer_copies_and_fills_are_pipelined(server, c_programs):
+    """A copy or fill on the device repeating the queue and buffers (and pattern size) of one
+    the driver accepted, in a range the client checks against the sizes it knows, no wait list,
+    is sent without waiting; overlaps within one buffer (or two sub-buffers of one) and ranges
+    past the end are still refused at the call, as natively."""
+    native = subprocess.run([c_programs["buffer_commands"], "200"], capture_output=True, text=True, timeout=120)
+    assert native.returncode == 0, native.stderr
+    r = server.run([c_programs["buffer_commands"], "200"], WORMHOLE_CALL_COUNTS="1")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == native.stdout
+    waited = dict((m.group(1), int(m.group(2))) for m in re.finditer(
+        r"^wormhole call counts:   (.+?) waited=(\d+) pipelined=\d+$", r.stderr, re.M))
+    for call in ("clEnqueueCopyBuffer", "clEnqueueFillBuffer"):
+        assert waited.get(call, 0) < 10, (call, r.stderr)

@@ -100,8 +100,12 @@ pub unsafe extern "C" fn clGetExtensionFunctionAddressForPlatform(
 pub use crate::custom::clCreateSubBuffer;
 /// Builds send the headers their `-I` options name first (custom/program.rs).
 pub use crate::custom::{clBuildProgram, clCompileProgram};
-/// Pipelined when they repeat what the driver accepted (custom/kernel.rs).
-pub use crate::custom::{clCreateKernel, clEnqueueNDRangeKernel, clSetEventCallback};
+/// Pipelined when they repeat what the driver accepted (custom/kernel.rs,
+/// custom/buffer_commands.rs).
+pub use crate::custom::{
+    clCreateKernel, clEnqueueCopyBuffer, clEnqueueFillBuffer, clEnqueueNDRangeKernel,
+    clSetEventCallback,
+};
 
 /// Changes a queue's properties (OpenCL 1.0): the kept info answers may name the old ones.
 ///

@@ -28,6 +28,9 @@ pub struct MemInfo {
     /// An image's size along a transfer's three coordinates (see `geometry::image_extent`;
     /// None when unknown), for the same refusal.
     pub extent: Option<[usize; 3]>,
+    /// A sub-buffer's parent (its id) and origin: copies between parts of one buffer must
+    /// not overlap.
+    pub parent: Option<(u64, usize)>,
 }
 
 /// How a kernel argument was set: its size and what its value was (NULL, bytes, a handle of

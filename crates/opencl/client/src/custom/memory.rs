@@ -78,6 +78,7 @@ unsafe fn create_buffer(
                     window,
                     size,
                     extent: None,
+                    parent: None,
                 }),
             ))
         }
@@ -245,6 +246,7 @@ unsafe fn create_image(
                             d.num_mip_levels,
                         )
                     }),
+                    parent: None,
                 }),
             ))
         }
@@ -414,7 +416,9 @@ pub unsafe extern "C" fn clCreateSubBuffer(
         crate::generated::wire_clCreateSubBuffer(buffer, flags, create_type, info, errcode_ret)
     };
     // SAFETY: the application's handle (validated by the wire call, which succeeded).
-    let parent = unsafe { objects::get(buffer, HandleKind::Mem) }.and_then(|o| o.mem());
+    let parent_obj = unsafe { objects::get(buffer, HandleKind::Mem) };
+    let parent_id = parent_obj.map_or(0, |o| o.id);
+    let parent = parent_obj.and_then(|o| o.mem());
     // SAFETY: a handle the wire call just made, or NULL.
     let made = unsafe { objects::get(sub, HandleKind::Mem) };
     if let (Some(parent), Some(made)) = (parent, made) {
@@ -433,6 +437,7 @@ pub unsafe extern "C" fn clCreateSubBuffer(
                 window: None,
                 size,
                 extent: None,
+                parent: Some((parent_id, origin)),
             });
         }
     }

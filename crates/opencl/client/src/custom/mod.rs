@@ -3,12 +3,14 @@
 //! `crates/opencl/server/src/custom` decode: the two sides share one encoding.
 #![allow(non_snake_case, clippy::missing_safety_doc, clippy::too_many_arguments)]
 
+mod buffer_commands;
 mod kernel;
 mod memory;
 mod program;
 mod svm;
 mod transfer;
 
+pub use buffer_commands::*;
 pub use kernel::*;
 pub use memory::*;
 pub use program::*;

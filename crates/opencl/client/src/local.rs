@@ -100,8 +100,8 @@ pub unsafe extern "C" fn clGetExtensionFunctionAddressForPlatform(
 pub use crate::custom::clCreateSubBuffer;
 /// Builds send the headers their `-I` options name first (custom/program.rs).
 pub use crate::custom::{clBuildProgram, clCompileProgram};
-/// Pipelined when they repeat what the driver accepted (custom/kernel.rs,
-/// custom/buffer_commands.rs).
+/// Pipelined when they repeat what the driver accepted or the client can vouch for them
+/// (custom/kernel.rs, custom/buffer_commands.rs, custom/events.rs).
 pub use crate::custom::{
     clCreateKernel, clEnqueueCopyBuffer, clEnqueueFillBuffer, clEnqueueNDRangeKernel,
     clSetEventCallback,

@@ -4,6 +4,7 @@
 #![allow(non_snake_case, clippy::missing_safety_doc, clippy::too_many_arguments)]
 
 mod buffer_commands;
+mod events;
 mod kernel;
 mod memory;
 mod program;
@@ -11,6 +12,7 @@ mod svm;
 mod transfer;
 
 pub use buffer_commands::*;
+pub use events::*;
 pub use kernel::*;
 pub use memory::*;
 pub use program::*;

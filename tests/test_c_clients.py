@@ -165,6 +165,12 @@ def test_call_counts_say_which_calls_were_round_trips(server, c_programs):
     assert "wormhole call counts" not in quiet.stderr
 
 
+def waited_calls(stderr):
+    """Each entry point's waited-for calls, from the client's WORMHOLE_CALL_COUNTS report."""
+    return dict((m.group(1), int(m.group(2))) for m in re.finditer(
+        r"^wormhole call counts:   (.+?) waited=(\d+) pipelined=\d+$", stderr, re.M))
+
+
 def test_info_that_never_changes_is_asked_for_once(server, c_programs):
     """A program's context, devices and source, and an event's context, queue and command type,
     never change: repeats are answered in the client (a buffer's size even the first time) (clFFT asks its program for the context at
@@ -176,8 +182,7 @@ def test_info_that_never_changes_is_asked_for_once(server, c_programs):
     r = server.run([c_programs["immutable_info"], "300"], WORMHOLE_CALL_COUNTS="1")
     assert r.returncode == 0, r.stderr
     assert r.stdout == native.stdout
-    rows = dict((m.group(1), int(m.group(2))) for m in re.finditer(
-        r"^wormhole call counts:   (.+?) waited=(\d+) pipelined=\d+$", r.stderr, re.M))
+    rows = waited_calls(r.stderr)
     # 300 rounds of three program queries: the first of each, the source's, the changing ones.
     assert rows["clGetProgramInfo"] < 20, r.stderr
     # Each round's event is new and asked twice: its three queries go to the server once each.
@@ -196,8 +201,7 @@ def test_a_kernel_object_per_call_is_pipelined(server, c_programs):
     r = server.run([c_programs["kernel_per_call"], "200"], WORMHOLE_CALL_COUNTS="1")
     assert r.returncode == 0, r.stderr
     assert r.stdout == native.stdout
-    waited = dict((m.group(1), int(m.group(2))) for m in re.finditer(
-        r"^wormhole call counts:   (.+?) waited=(\d+) pipelined=\d+$", r.stderr, re.M))
+    waited = waited_calls(r.stderr)
     for call in ("clCreateKernel", "clSetKernelArg", "clEnqueueNDRangeKernel", "clSetEventCallback"):
         assert waited.get(call, 0) < 12, (call, r.stderr)
 
@@ -212,7 +216,6 @@ def test_repeated_buffer_copies_and_fills_are_pipelined(server, c_programs):
     r = server.run([c_programs["buffer_commands"], "200"], WORMHOLE_CALL_COUNTS="1")
     assert r.returncode == 0, r.stderr
     assert r.stdout == native.stdout
-    waited = dict((m.group(1), int(m.group(2))) for m in re.finditer(
-        r"^wormhole call counts:   (.+?) waited=(\d+) pipelined=\d+$", r.stderr, re.M))
+    waited = waited_calls(r.stderr)
     for call in ("clEnqueueCopyBuffer", "clEnqueueFillBuffer"):
         assert waited.get(call, 0) < 10, (call, r.stderr)

@@ -18,13 +18,30 @@ fn accepted() -> std::sync::MutexGuard<'static, HashSet<Accepted>> {
         .unwrap_or_else(|p| p.into_inner())
 }
 
-fn remember(key: Accepted) {
-    let mut a = accepted();
-    // Objects the application released stay named here; ids are never reused.
-    if a.len() >= 4096 {
-        a.clear();
+/// Runs `call`, pipelined when the command repeats an accepted one (`key`) in a range the
+/// client checked and with no wait list; a new combination the driver accepts is remembered.
+fn forward(
+    key: Option<Accepted>,
+    in_range: bool,
+    n: u32,
+    list: *const Handle,
+    call: impl FnOnce() -> i32,
+) -> i32 {
+    let known =
+        in_range && n == 0 && list.is_null() && key.is_some_and(|k| accepted().contains(&k));
+    if known {
+        rt::send_next_async();
     }
-    a.insert(key);
+    let st = call();
+    if let (CL_SUCCESS, false, Some(k)) = (st, known, key) {
+        let mut a = accepted();
+        // Objects the application released stay named here; ids are never reused.
+        if a.len() >= 4096 {
+            a.clear();
+        }
+        a.insert(k);
+    }
+    st
 }
 
 /// A buffer the client made: its id, size, and where it lies (the buffer it is part of, and
@@ -86,23 +103,12 @@ pub unsafe extern "C" fn clEnqueueCopyBuffer(
         }
         _ => false,
     };
-    let known =
-        in_range && n == 0 && list.is_null() && key.is_some_and(|k| accepted().contains(&k));
-    if known {
-        rt::send_next_async();
-    }
     // SAFETY: forwarded with the caller's guarantees.
-    let st = unsafe {
+    forward(key, in_range, n, list, || unsafe {
         generated::wire_clEnqueueCopyBuffer(
             queue, src, dst, src_offset, dst_offset, size, n, list, event,
         )
-    };
-    if st == CL_SUCCESS && !known {
-        if let Some(k) = key {
-            remember(k);
-        }
-    }
-    st
+    })
 }
 
 pub unsafe extern "C" fn clEnqueueFillBuffer(
@@ -133,13 +139,8 @@ pub unsafe extern "C" fn clEnqueueFillBuffer(
             && size.is_multiple_of(pattern_size)
             && within(offset, size, b.size)
     });
-    let known =
-        in_range && n == 0 && list.is_null() && key.is_some_and(|k| accepted().contains(&k));
-    if known {
-        rt::send_next_async();
-    }
     // SAFETY: forwarded with the caller's guarantees.
-    let st = unsafe {
+    forward(key, in_range, n, list, || unsafe {
         generated::wire_clEnqueueFillBuffer(
             queue,
             buffer,
@@ -151,11 +152,5 @@ pub unsafe extern "C" fn clEnqueueFillBuffer(
             list,
             event,
         )
-    };
-    if st == CL_SUCCESS && !known {
-        if let Some(k) = key {
-            remember(k);
-        }
-    }
-    st
+    })
 }

@@ -165,24 +165,26 @@ def test_call_counts_say_which_calls_were_round_trips(server, c_programs):
     assert "wormhole call counts" not in quiet.stderr
 
 
-def waited_calls(stderr):
-    """Each entry point's waited-for calls, from the client's WORMHOLE_CALL_COUNTS report."""
-    return dict((m.group(1), int(m.group(2))) for m in re.finditer(
-        r"^wormhole call counts:   (.+?) waited=(\d+) pipelined=\d+$", stderr, re.M))
+def waited_calls_as_native(server, c_programs, name, *args):
+    """Runs test client `name` natively and through Wormhole, which must print the same; returns
+    the Wormhole run and each entry point's waited-for calls (its WORMHOLE_CALL_COUNTS report)."""
+    native = subprocess.run([c_programs[name], *args], capture_output=True, text=True, timeout=120)
+    assert native.returncode == 0, native.stderr
+    r = server.run([c_programs[name], *args], WORMHOLE_CALL_COUNTS="1")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == native.stdout
+    return r, dict((m.group(1), int(m.group(2))) for m in re.finditer(
+        r"^wormhole call counts:   (.+?) waited=(\d+) pipelined=\d+$", r.stderr, re.M))
 
 
 def test_info_that_never_changes_is_asked_for_once(server, c_programs):
     """A program's context, devices and source, and an event's context, queue and command type,
-    never change: repeats are answered in the client (a buffer's size even the first time) (clFFT asks its program for the context at
-    every transform, which cost a round trip behind each pipelined launch). What changes (a
+    never change: repeats are answered in the client, a buffer's size even the first time
+    (clFFT asks its program for the context at every transform, which cost a round trip behind
+    each pipelined launch). What changes (a
     reference count, an event's status, the kernels after a build, a kernel's local memory after
     its local arguments were set) is still asked for, and the output is native's."""
-    native = subprocess.run([c_programs["immutable_info"], "300"], capture_output=True, text=True, timeout=120)
-    assert native.returncode == 0, native.stderr
-    r = server.run([c_programs["immutable_info"], "300"], WORMHOLE_CALL_COUNTS="1")
-    assert r.returncode == 0, r.stderr
-    assert r.stdout == native.stdout
-    rows = waited_calls(r.stderr)
+    r, rows = waited_calls_as_native(server, c_programs, "immutable_info", "300")
     # 300 rounds of three program queries: the first of each, the source's, the changing ones.
     assert rows["clGetProgramInfo"] < 20, r.stderr
     # Each round's event is new and asked twice: its three queries go to the server once each.
@@ -196,12 +198,7 @@ def test_a_kernel_object_per_call_is_pipelined(server, c_programs):
     launch, ask for a completion callback, release. What the driver accepted of one kernel of a
     program and name holds for the next (one signature until the program is built again), so
     after the first round nothing of that waits; what must be refused still is, as natively."""
-    native = subprocess.run([c_programs["kernel_per_call"], "200"], capture_output=True, text=True, timeout=120)
-    assert native.returncode == 0, native.stderr
-    r = server.run([c_programs["kernel_per_call"], "200"], WORMHOLE_CALL_COUNTS="1")
-    assert r.returncode == 0, r.stderr
-    assert r.stdout == native.stdout
-    waited = waited_calls(r.stderr)
+    r, waited = waited_calls_as_native(server, c_programs, "kernel_per_call", "200")
     for call in ("clCreateKernel", "clSetKernelArg", "clEnqueueNDRangeKernel", "clSetEventCallback"):
         assert waited.get(call, 0) < 12, (call, r.stderr)
 
@@ -211,11 +208,6 @@ def test_repeated_buffer_copies_and_fills_are_pipelined(server, c_programs):
     the driver accepted, in a range the client checks against the sizes it knows, no wait list,
     is sent without waiting; overlaps within one buffer (or two sub-buffers of one) and ranges
     past the end are still refused at the call, as natively."""
-    native = subprocess.run([c_programs["buffer_commands"], "200"], capture_output=True, text=True, timeout=120)
-    assert native.returncode == 0, native.stderr
-    r = server.run([c_programs["buffer_commands"], "200"], WORMHOLE_CALL_COUNTS="1")
-    assert r.returncode == 0, r.stderr
-    assert r.stdout == native.stdout
-    waited = waited_calls(r.stderr)
+    r, waited = waited_calls_as_native(server, c_programs, "buffer_commands", "200")
     for call in ("clEnqueueCopyBuffer", "clEnqueueFillBuffer"):
         assert waited.get(call, 0) < 10, (call, r.stderr)

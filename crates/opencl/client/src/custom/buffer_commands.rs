@@ -54,6 +54,15 @@ struct Sized {
     origin: usize,
 }
 
+/// The id of a live queue of the application's.
+///
+/// # Safety
+/// `h` is the application's handle (NULL or anything: only looked up).
+unsafe fn queue_id(h: Handle) -> Option<u64> {
+    // SAFETY: per the contract.
+    unsafe { objects::get(h, HandleKind::Queue) }.map(|q| q.id)
+}
+
 /// # Safety
 /// `h` is the application's handle (NULL or anything: only looked up).
 unsafe fn sized(h: Handle) -> Option<Sized> {
@@ -85,9 +94,7 @@ pub unsafe extern "C" fn clEnqueueCopyBuffer(
     event: *mut Handle,
 ) -> i32 {
     // SAFETY: the application's handles, only looked up.
-    let q = unsafe { objects::get(queue, HandleKind::Queue) }.map(|q| q.id);
-    // SAFETY: as above.
-    let (s, d) = unsafe { (sized(src), sized(dst)) };
+    let (q, s, d) = unsafe { (queue_id(queue), sized(src), sized(dst)) };
     let key = match (q, s, d) {
         (Some(q), Some(s), Some(d)) => Some((Op::clEnqueueCopyBuffer as u16, q, s.id, d.id)),
         _ => None,
@@ -123,9 +130,7 @@ pub unsafe extern "C" fn clEnqueueFillBuffer(
     event: *mut Handle,
 ) -> i32 {
     // SAFETY: the application's handles, only looked up.
-    let q = unsafe { objects::get(queue, HandleKind::Queue) }.map(|q| q.id);
-    // SAFETY: as above.
-    let b = unsafe { sized(buffer) };
+    let (q, b) = unsafe { (queue_id(queue), sized(buffer)) };
     let key = match (q, b) {
         (Some(q), Some(b)) => Some((Op::clEnqueueFillBuffer as u16, q, b.id, pattern_size as u64)),
         _ => None,

@@ -118,11 +118,10 @@ pub unsafe extern "C" fn clSetCommandQueueProperty(
     enable: u32,
     old: *mut u64,
 ) -> i32 {
-    crate::rt::info::forget_all();
     // SAFETY: forwarded with the caller's guarantees.
-    let st = unsafe { generated::wire_clSetCommandQueueProperty(queue, properties, enable, old) };
-    crate::rt::info::forget_all();
-    st
+    crate::rt::info::changing(|| unsafe {
+        generated::wire_clSetCommandQueueProperty(queue, properties, enable, old)
+    })
 }
 
 /// Changes a device's default queue: the kept info answers may name the old one.
@@ -135,11 +134,10 @@ pub unsafe extern "C" fn clSetDefaultDeviceCommandQueue(
     device: *mut c_void,
     queue: *mut c_void,
 ) -> i32 {
-    crate::rt::info::forget_all();
     // SAFETY: forwarded with the caller's guarantees.
-    let st = unsafe { generated::wire_clSetDefaultDeviceCommandQueue(context, device, queue) };
-    crate::rt::info::forget_all();
-    st
+    crate::rt::info::changing(|| unsafe {
+        generated::wire_clSetDefaultDeviceCommandQueue(context, device, queue)
+    })
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! back to client objects on the client), property lists holding a platform, and values the
 //! server rewrites.
 
-use crate::{cl::*, HandleKind, Op};
+use crate::{cl::*, HandleKind, Op, Writer};
 
 /// What an info value holds, beyond plain bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,4 +76,12 @@ pub fn cacheable(op: Op, param: u32) -> bool {
         ),
         _ => false,
     }
+}
+
+/// An info query's answer as it travels: success, the whole value, the size the driver reported
+/// (the server's answers and those the client gives itself alike).
+pub fn write_answer(w: &mut Writer, value: &[u8], reported: usize) {
+    w.i32(CL_SUCCESS);
+    w.bytes(value);
+    w.u64(reported as u64);
 }

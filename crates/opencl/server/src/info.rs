@@ -4,7 +4,7 @@
 
 use crate::session::{Handle, Session};
 use std::ffi::c_void;
-use wormhole_opencl_proto::info::{info_value, InfoValue};
+use wormhole_opencl_proto::info::{info_value, write_answer, InfoValue};
 use wormhole_opencl_proto::{cl::*, extensions, Op, Writer};
 
 /// Prefix of forwarded device names (`WORMHOLE_NAME_PREFIX` overrides it; empty disables).
@@ -31,9 +31,7 @@ pub fn query(
         let n = buf.len();
         (buf, n)
     };
-    w.i32(CL_SUCCESS);
-    w.bytes(&value);
-    w.u64(reported as u64);
+    write_answer(w, &value, reported);
     Ok(())
 }
 

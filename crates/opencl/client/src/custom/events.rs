@@ -37,9 +37,26 @@ pub unsafe extern "C" fn clSetEventCallback(
     // SAFETY: forwarded with the caller's guarantees.
     let st = unsafe { generated::wire_clSetEventCallback(event, kind, pfn_notify, user_data) };
     if st != CL_SUCCESS {
-        ev.callback_holds.fetch_sub(1, Ordering::AcqRel);
-        // SAFETY: the reference taken above.
-        unsafe { generated::wire_clReleaseEvent(event) };
+        drop_callback_hold(event);
     }
     st
+}
+
+/// Drops the reference one callback of `event` held: once it has run (`rt::callbacks`), or
+/// when the driver refused it.
+pub fn drop_callback_hold(event: Handle) {
+    // SAFETY: the application's handle (kept alive by the hold), only looked up.
+    if let Some(ev) = unsafe { objects::get(event, HandleKind::Event) } {
+        ev.callback_holds.fetch_sub(1, Ordering::AcqRel);
+        // SAFETY: a live event: the hold kept it.
+        unsafe { generated::wire_clReleaseEvent(event) };
+    }
+}
+
+/// How many references of `event` its pending callbacks hold: not the application's, so its
+/// reference count is reported without them.
+pub fn callback_holds(event: Handle) -> u32 {
+    // SAFETY: the application's handle, only looked up.
+    unsafe { objects::get(event, HandleKind::Event) }
+        .map_or(0, |e| e.callback_holds.load(Ordering::Acquire))
 }

@@ -17,10 +17,7 @@ type ShapeKey = (u64, Vec<u8>);
 /// The kinds of kernel made so far, by program id and name, until the program is built again.
 fn shapes() -> std::sync::MutexGuard<'static, HashMap<ShapeKey, Arc<Mutex<KernelShape>>>> {
     static SHAPES: OnceLock<Mutex<HashMap<ShapeKey, Arc<Mutex<KernelShape>>>>> = OnceLock::new();
-    SHAPES
-        .get_or_init(Mutex::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+    lock(SHAPES.get_or_init(Mutex::default))
 }
 
 /// A build request for `program`: its kernels may have other signatures after it.

@@ -109,14 +109,8 @@ pub fn deliver(body: &[u8]) {
             let f: EventFn = unsafe { std::mem::transmute::<usize, EventFn>(e.f) };
             // SAFETY: as above.
             unsafe { f(event, status, ud) };
-            // The reference the callback held since it was asked for (custom/kernel.rs).
-            // SAFETY: the handle is live (that reference kept it), or NULL.
-            if let Some(ev) = unsafe { crate::objects::get(event, HandleKind::Event) } {
-                ev.callback_holds
-                    .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-                // SAFETY: as above.
-                unsafe { crate::generated::wire_clReleaseEvent(event) };
-            }
+            // The reference the callback held since it was asked for (custom/events.rs).
+            crate::custom::drop_callback_hold(event);
         }
         CallbackKind::ObjectNotify => {
             let obj = crate::objects::known_object(owner);

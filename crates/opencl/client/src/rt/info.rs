@@ -4,17 +4,21 @@
 use super::*;
 use std::collections::HashMap;
 use std::sync::Mutex;
-use wormhole_opencl_proto::info::{cacheable, info_value, InfoValue};
+use wormhole_opencl_proto::info::{cacheable, info_value, write_answer, InfoValue};
 
 /// Answers that cannot change, keyed by the request that produced them (opcode, object ids,
 /// parameter). Ids are never reused within a process, so an entry cannot go stale.
 static CACHE: Mutex<Option<HashMap<Vec<u8>, Vec<u8>>>> = Mutex::new(None);
 const CACHE_LIMIT: usize = 100_000;
 
-/// Forgets every kept answer: the few calls that change what was immutable (a queue's
-/// properties, a device's default queue) are rare.
-pub fn forget_all() {
-    *CACHE.lock().unwrap_or_else(|p| p.into_inner()) = None;
+/// Runs `change`, one of the few calls that change what was immutable (a queue's properties,
+/// a device's default queue; rare), forgetting every kept answer before and after it.
+pub fn changing(change: impl FnOnce() -> i32) -> i32 {
+    let forget = || *CACHE.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    forget();
+    let st = change();
+    forget();
+    st
 }
 
 /// Runs an info query: answered by the client when it knows the value (`local_answer`), from
@@ -59,9 +63,11 @@ fn local_answer(op: Op, obj: *mut c_void, param: u32) -> Option<Vec<u8>> {
     // Images have no size here (0): the driver computes theirs.
     (mem.size > 0).then(|| {
         let mut w = Writer::new(0);
-        w.i32(CL_SUCCESS);
-        w.bytes(&mem.size.to_le_bytes());
-        w.usize(std::mem::size_of::<usize>());
+        write_answer(
+            &mut w,
+            &mem.size.to_le_bytes(),
+            std::mem::size_of::<usize>(),
+        );
         w.body().to_vec()
     })
 }
@@ -145,12 +151,8 @@ pub unsafe fn deliver(
                     _ => {}
                 }
                 if (op, param) == (Op::clGetEventInfo, CL_EVENT_REFERENCE_COUNT) && v.len() == 4 {
-                    // Without the references its pending callbacks hold (custom/kernel.rs).
-                    // SAFETY: `obj` is an event validated by the stub.
-                    let holds = unsafe { crate::objects::get(obj, HandleKind::Event) }
-                        .map_or(0, |e| {
-                            e.callback_holds.load(std::sync::atomic::Ordering::Acquire)
-                        });
+                    // Without the references its pending callbacks hold (custom/events.rs).
+                    let holds = crate::custom::callback_holds(obj);
                     let n = u32::from_le_bytes(v[..4].try_into().unwrap_or([0; 4]));
                     v.copy_from_slice(&n.saturating_sub(holds).to_le_bytes());
                 }

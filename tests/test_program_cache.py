@@ -128,6 +128,36 @@ def test_builds_whose_binary_forgets_kernel_attributes_are_not_served(cache_serv
         assert r.stdout == native
 
 
+def test_commands_of_a_required_work_group_size_outlive_the_store(tmp_path, c_programs):
+    """PoCL before 7.0 aborted the worker when the cache asked a program for its binaries while
+    commands of a kernel with a required work-group size ran (PyOpenCL's scans and sorts):
+    the driver's code for the binaries and a running command's code shared its key, and the
+    command gave back the wrong one. Such programs are never stored, so their binaries are
+    never asked for. Each round starts with PoCL's own code cache empty, as on a machine that
+    never built the program (a program PoCL built before comes back without its attribute);
+    before the fix 7 rounds in 8 aborted."""
+    for round in range(3):
+        d = tmp_path / f"round{round}"
+        d.mkdir()
+        s = Server(d, extra_env={"POCL_CACHE_DIR": str(d / "pocl")}).start()
+        try:
+            p = s.popen([c_programs["required_size_store"], "hold"])
+            try:
+                line = p.stdout.readline()
+                assert line == "ok\n", line + p.stderr.read()
+                # The store ran (the session was quiet while the commands ran) and declined;
+                # the program without the attribute was stored.
+                detail = lambda: s.status()["sessions"][0]["detail"]
+                wait_for(lambda: detail()["program_cache_uncacheable"] == 1, timeout=60, what="the store's decision")
+                assert len(list((d / "programs").glob("*.bin"))) == 1
+            finally:
+                p.stdin.close()
+                assert p.wait(timeout=60) == 0, p.stderr.read()
+        finally:
+            s.stop()
+        assert "ref_count" not in s.log.read_text()
+
+
 ONE_BUILD = r"""
 import sys
 import numpy as np

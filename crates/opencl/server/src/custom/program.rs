@@ -661,12 +661,19 @@ fn move_references(s: &Session, id: u64, from: Handle, to: Handle, keep: u32) ->
 }
 
 /// Whether any kernel of `program` carries source attributes (`CL_KERNEL_ATTRIBUTES` not
-/// empty). Some drivers keep only what a kernel does in a binary, not what the source said of
-/// it (PoCL forgets `__attribute__`s), so a build served from a binary would answer
-/// differently from native; such builds are not cached. Asked of the compiled program itself:
-/// building from the binary to compare could crash the worker where the driver cannot build
-/// its own binary back (PoCL aborts on kernel names of 256 characters).
-fn kernels_have_attributes(program: Handle) -> bool {
+/// empty, or a required work-group size on one of `devices`). Some drivers keep only what a
+/// kernel does in a binary, not what the source said of it (PoCL forgets `__attribute__`s),
+/// so a build served from a binary would answer differently from native; such builds are not
+/// cached. Asked of the compiled program itself: building from the binary to compare could
+/// crash the worker where the driver cannot build its own binary back (PoCL aborts on kernel
+/// names of 256 characters).
+///
+/// Asked before the binaries, never after: PoCL before 7.0 makes code for each kernel when
+/// asked for binaries, keyed by build and work-group size like the code of a running command
+/// of the same source, and a command that finishes then may give back that entry instead of
+/// its own, which aborts the worker (`pocl_release_dlhandle_cache: found->ref_count > 0`;
+/// fixed in PoCL by c9ac4c0c3). Only a required work-group size makes the two sizes equal.
+fn kernels_have_attributes(program: Handle, devices: &[Handle]) -> bool {
     let mut n = 0u32;
     // SAFETY: a live, built program; the count goes to a local.
     if unsafe { ffi::clCreateKernelsInProgram(program, 0, std::ptr::null_mut(), &mut n) } != 0 {
@@ -688,6 +695,13 @@ fn kernels_have_attributes(program: Handle) -> bool {
         });
         // An error is as good as attributes: nothing to promise a binary keeps.
         any |= attributes.map_or(true, |a| a.iter().any(|&c| c != 0));
+        for &d in devices {
+            // SAFETY: as above, for one of the program's devices.
+            let size = crate::rt::info_bytes(|n, p, r| unsafe {
+                ffi::clGetKernelWorkGroupInfo(k, d, CL_KERNEL_COMPILE_WORK_GROUP_SIZE, n, p, r)
+            });
+            any |= size.map_or(true, |s| s.iter().any(|&c| c != 0));
+        }
         // SAFETY: created above, released once.
         unsafe { ffi::clReleaseKernel(k) };
     }
@@ -827,15 +841,15 @@ fn store(cache: &ProgramCache, program: Handle, plan: &Plan) {
         );
         return;
     }
+    if kernels_have_attributes(program, &plan.devices) {
+        crate::program_cache::UNCACHEABLE.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!("program cache: kernels with source attributes; not cached");
+        return;
+    }
     let Ok(binaries) = crate::rt::program_binaries(program) else {
         return;
     };
     if binaries.len() != plan.devices.len() {
-        return;
-    }
-    if kernels_have_attributes(program) {
-        crate::program_cache::UNCACHEABLE.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!("program cache: kernels with source attributes; not cached");
         return;
     }
     for ((&d, key), binary) in plan.devices.iter().zip(&plan.keys).zip(binaries) {

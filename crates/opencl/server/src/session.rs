@@ -58,6 +58,23 @@ pub struct Mapping {
     pub mem: Handle,
     pub ptr: *mut c_void,
     pub len: usize,
+    /// What the mapping covers, so its bytes can be read again after the unmap.
+    pub region: MapRegion,
+}
+
+/// The part of a memory object a mapping covers, and how its bytes lie in the mapping.
+#[derive(Clone, Copy)]
+pub enum MapRegion {
+    Buffer {
+        offset: usize,
+    },
+    Image {
+        image_type: u32,
+        origin: [usize; 3],
+        region: [usize; 3],
+        /// The mapping's row and slice pitch.
+        pitches: [usize; 2],
+    },
 }
 
 #[derive(Default)]

@@ -1016,8 +1016,11 @@ pub unsafe extern "C" fn clEnqueueUnmapMemObject(
         // A non-blocking map's bytes not collected yet never land in the range once it is
         // unmapped (and perhaps freed); the server drops them too. Nor does the range go back:
         // it never held the object's bytes, and the application never synchronised with the
-        // map, so it had no right to write there.
-        let uncollected = rt::pending::forget(entry.token);
+        // map, so it had no right to write there. Unless the range is the application's own
+        // memory (CL_MEM_USE_HOST_PTR): native puts the object's bytes there when the map
+        // completes, looked at or not, so they stay due (the server reads them again).
+        let keep_bytes = entry.owned.is_none() && rt::pending::is_due(entry.token);
+        let uncollected = keep_bytes || rt::pending::forget(entry.token);
         // SAFETY: the mapped range holds `len` bytes the application may have written.
         let data = (entry.writes && !uncollected)
             .then(|| unsafe { std::slice::from_raw_parts(entry.ptr as *const u8, entry.len) });
@@ -1034,6 +1037,7 @@ pub unsafe extern "C" fn clEnqueueUnmapMemObject(
                         wait: wait.clone(),
                         event: ev_id,
                         data,
+                        keep_bytes,
                     },
                 )
             };

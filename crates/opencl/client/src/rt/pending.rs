@@ -165,6 +165,15 @@ pub fn any() -> bool {
     !PENDING.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
 }
 
+/// Whether read `read_id` has yet to land.
+pub fn is_due(read_id: u64) -> bool {
+    PENDING
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .any(|e| e.id == read_id)
+}
+
 /// Drops a read that must not land any more (its destination is going away); returns whether
 /// it was still pending (its bytes never reached the application).
 pub fn forget(read_id: u64) -> bool {

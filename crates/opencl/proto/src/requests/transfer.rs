@@ -578,6 +578,10 @@ pub struct UnmapMemObject {
     pub wait: Option<Vec<u64>>,
     pub event: u64,
     pub data: WriteData,
+    /// The client's mapping is the application's own memory (`CL_MEM_USE_HOST_PTR`) and the
+    /// map's bytes are still to be collected: they stay due after the unmap (read again once
+    /// it is done), where otherwise they are dropped.
+    pub keep_bytes: bool,
 }
 
 impl Message<'_> for UnmapMemObject {
@@ -588,6 +592,7 @@ impl Message<'_> for UnmapMemObject {
         w.opt_u64s(self.wait.as_deref());
         w.u64(self.event);
         self.data.encode(w);
+        w.bool(self.keep_bytes);
     }
     fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
         Ok(UnmapMemObject {
@@ -597,6 +602,7 @@ impl Message<'_> for UnmapMemObject {
             wait: r.opt_u64s()?,
             event: r.u64()?,
             data: WriteData::decode(r)?,
+            keep_bytes: r.bool()?,
         })
     }
 }
@@ -879,6 +885,7 @@ mod tests {
             wait: Some(vec![4]),
             event: 5,
             data: WriteData::Inline(4),
+            keep_bytes: false,
         });
         roundtrip(&UnmapMemObject {
             queue: 1,
@@ -887,6 +894,7 @@ mod tests {
             wait: None,
             event: 0,
             data: WriteData::Absent,
+            keep_bytes: true,
         });
     }
 }

@@ -7,7 +7,7 @@
 
 use super::*;
 use crate::generated::ffi;
-use crate::session::{Call, Mapping, ReadFrom};
+use crate::session::{Call, MapRegion, Mapping, PendingRead, ReadFrom};
 use std::ffi::c_void;
 use std::sync::Arc;
 use wormhole_opencl_proto::geometry::{image_span, rect_span};
@@ -900,11 +900,13 @@ struct MapAsk {
 ///   non-blocking read's; so are a blocking map's bytes too large for one reply, which the
 ///   client collects at once;
 /// - none: an invalidating or empty map.
+#[allow(clippy::too_many_arguments)]
 fn map_common(
     s: &Session,
     w: &mut Writer,
     ask: MapAsk,
     mem: Handle,
+    region: MapRegion,
     wl: &WaitList,
     event_id: u64,
     call: &MapCall<'_>,
@@ -927,10 +929,29 @@ fn map_common(
         return Err(CL_OUT_OF_RESOURCES);
     }
     let event = ev.finish(s);
-    s.mappings
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(ask.token, Mapping { mem, ptr, len });
+    let region = match region {
+        MapRegion::Image {
+            image_type,
+            origin,
+            region,
+            ..
+        } => MapRegion::Image {
+            image_type,
+            origin,
+            region,
+            pitches,
+        },
+        buffer => buffer,
+    };
+    s.mappings.lock().unwrap_or_else(|p| p.into_inner()).insert(
+        ask.token,
+        Mapping {
+            mem,
+            ptr,
+            len,
+            region,
+        },
+    );
     let in_place = crate::arena::offset_of(ptr, len).filter(|_| ask.in_place_ok);
     let no_bytes =
         in_place.is_some() || ask.flags & CL_MAP_WRITE_INVALIDATE_REGION != 0 || len == 0;
@@ -997,6 +1018,7 @@ pub fn clEnqueueMapBuffer(
                 in_place_ok,
             },
             t.mem,
+            MapRegion::Buffer { offset },
             &wl,
             event_id,
             &|b, n, l, e, err| {
@@ -1057,6 +1079,12 @@ pub fn clEnqueueMapImage(
                 in_place_ok,
             },
             t.mem,
+            MapRegion::Image {
+                image_type: ty,
+                origin,
+                region,
+                pitches: [0, 0],
+            },
             &wl,
             event_id,
             &|b, n, l, e, err| {
@@ -1105,6 +1133,7 @@ pub fn clEnqueueUnmapMemObject(
         wait,
         event: event_id,
         data,
+        keep_bytes,
     } = head;
     let wl = WaitList(wait);
     let run = || -> Result<i32, i32> {
@@ -1117,22 +1146,6 @@ pub fn clEnqueueUnmapMemObject(
             .unwrap_or_else(|p| p.into_inner())
             .remove(&token)
             .ok_or(CL_INVALID_VALUE)?;
-        let mut uncollected = false;
-        if m.mem == t.mem {
-            // A non-blocking map's bytes not collected yet are never read from an unmapped
-            // range (the application unmapped without waiting for the map: native leaves
-            // such a mapping's contents undefined too), and what the client sends back for it
-            // never held them: the object keeps its bytes.
-            let pending = s
-                .pending_reads
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&token);
-            if let Some(p) = pending {
-                release_own(0, p.event);
-                uncollected = true;
-            }
-        }
         if m.mem != t.mem {
             s.mappings
                 .lock()
@@ -1140,14 +1153,51 @@ pub fn clEnqueueUnmapMemObject(
                 .insert(token, m);
             return Err(CL_INVALID_VALUE);
         }
-        if let Some(d) = data.as_ref().map(Bytes::as_slice).filter(|_| !uncollected) {
+        // Checked before the map's read is taken out (and perhaps read again): nothing
+        // returns early after that.
+        let mut ev = EventOut::new(s, event_id)?;
+        // Held until the map's bytes are due again (if they are): a collection meanwhile
+        // would find the read gone and tell the client it failed.
+        let mut pending = s.pending_reads.lock().unwrap_or_else(|p| p.into_inner());
+        // A non-blocking map's bytes not collected yet are never read from an unmapped range,
+        // and what the client sends back for it never held them: the object keeps its bytes.
+        // Where the client's mapping is the application's own memory, native puts the bytes
+        // there when the map completes, looked at or not (Boost.Compute unmaps, then waits):
+        // they are read again once the map is done, the unmap waits for that read (so a wait
+        // for the unmap finds them), and they stay due under the map's token.
+        let uncollected = pending.remove(&token);
+        if let Some(d) = data
+            .as_ref()
+            .map(Bytes::as_slice)
+            .filter(|_| uncollected.is_none())
+        {
             if d.len() > m.len {
                 return Err(CL_INVALID_VALUE);
             }
             // SAFETY: the mapping holds m.len writable bytes; d fits.
             unsafe { std::ptr::copy_nonoverlapping(d.as_ptr(), m.ptr as *mut u8, d.len()) };
         }
-        let mut ev = EventOut::new(s, event_id)?;
+        let again = match &uncollected {
+            Some(p) if keep_bytes => match read_mapped_again(&t, &m, p.event) {
+                Ok(again) => Some(again),
+                Err(e) => {
+                    tracing::warn!(
+                        "a map's bytes could not be read again for its unmap ({e}): the \
+                         application's memory keeps its old bytes"
+                    );
+                    None
+                }
+            },
+            _ => None,
+        };
+        if let Some(p) = uncollected {
+            release_own(0, p.event);
+        }
+        let list = match &again {
+            Some((_, read)) => Some(list.into_iter().flatten().chain([*read]).collect()),
+            None => list,
+        };
+        let n = n + u32::from(again.is_some());
         // SAFETY: unmapping what the driver mapped for this memory object.
         let st = unsafe {
             ffi::clEnqueueUnmapMemObject(
@@ -1162,10 +1212,84 @@ pub fn clEnqueueUnmapMemObject(
         if st == CL_SUCCESS {
             release_own(event_id, ev.finish(s));
         }
+        if let Some((bytes, event)) = again {
+            pending.insert(
+                token,
+                PendingRead {
+                    from: ReadFrom::Staging(Arc::new(bytes)),
+                    event,
+                    sent: 0,
+                },
+            );
+        }
         Ok(st)
     };
     w.i32(run().unwrap_or_else(|e| e));
     Ok(())
+}
+
+/// Reads what mapping `m` covered into a staging buffer of its own once `after` (the map; none
+/// if null) is done, laid out as the mapping was: the bytes of a map its client could not
+/// collect before the unmap. Returns the bytes (filled when the returned event completes) and
+/// the event.
+fn read_mapped_again(t: &Target, m: &Mapping, after: Handle) -> Result<(Vec<u8>, Handle), i32> {
+    let mut bytes = Vec::new();
+    bytes
+        .try_reserve_exact(m.len)
+        .map_err(|_| CL_OUT_OF_HOST_MEMORY)?;
+    bytes.resize(m.len, 0);
+    let mut event: Handle = std::ptr::null_mut();
+    let wait = [after];
+    let waits = u32::from(!after.is_null());
+    let st = match m.region {
+        // SAFETY: `bytes` holds the `m.len` bytes read (the buffer's heap storage stays put
+        // when the Vec moves); one event to wait for; the event goes to a local.
+        MapRegion::Buffer { offset } => unsafe {
+            ffi::clEnqueueReadBuffer(
+                t.queue,
+                t.mem,
+                CL_FALSE,
+                offset,
+                m.len,
+                bytes.as_mut_ptr() as *mut c_void,
+                waits,
+                wait.as_ptr() as *mut c_void,
+                &mut event as *mut Handle as *mut c_void,
+            )
+        },
+        MapRegion::Image {
+            image_type,
+            origin,
+            region,
+            pitches: [row, slice],
+        } => {
+            // A read's slice pitch is 0 for images without slices, whatever a map answers.
+            let slice = match image_type {
+                CL_MEM_OBJECT_IMAGE1D | CL_MEM_OBJECT_IMAGE1D_BUFFER | CL_MEM_OBJECT_IMAGE2D => 0,
+                _ => slice,
+            };
+            // SAFETY: as above; the mapping's pitches give the `m.len` bytes it spans.
+            unsafe {
+                ffi::clEnqueueReadImage(
+                    t.queue,
+                    t.mem,
+                    CL_FALSE,
+                    origin.as_ptr() as *mut c_void,
+                    region.as_ptr() as *mut c_void,
+                    row,
+                    slice,
+                    bytes.as_mut_ptr() as *mut c_void,
+                    waits,
+                    wait.as_ptr() as *mut c_void,
+                    &mut event as *mut Handle as *mut c_void,
+                )
+            }
+        }
+    };
+    match st {
+        CL_SUCCESS => Ok((bytes, event)),
+        e => Err(e),
+    }
 }
 
 /// Bytes `at..at + n` of a pending read, or None if they cannot be read (an SVM range freed

@@ -33,6 +33,15 @@ def test_through_wormhole(any_server, c_programs, name):
         assert "OK, checksum 1649265868800" in r.stdout
 
 
+def test_a_device_queue_the_device_lacks_is_refused(any_server, c_programs):
+    """PoCL 3.1 aborts on a device-side queue (Boost.Compute's tests ask for one), so this
+    runs through Wormhole only: the worker answers CL_INVALID_QUEUE_PROPERTIES and the
+    session carries on."""
+    r = any_server.run([c_programs["device_queue"]])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout == "refused\nok\n"
+
+
 def test_finish_answers_as_native(any_server, c_programs):
     """clFinish, answered from the driver's completion callback over shared memory, waits
     for work gated on another thread's user event and gives the driver's own status where a

@@ -9,6 +9,7 @@ mod devices;
 mod kernel;
 mod memory;
 mod program;
+mod queues;
 mod svm;
 mod transfer;
 
@@ -16,6 +17,7 @@ pub use devices::*;
 pub use kernel::*;
 pub use memory::*;
 pub use program::*;
+pub use queues::*;
 pub use svm::*;
 pub use transfer::*;
 

@@ -1233,11 +1233,7 @@ pub fn clEnqueueUnmapMemObject(
 /// collect before the unmap. Returns the bytes (filled when the returned event completes) and
 /// the event.
 fn read_mapped_again(t: &Target, m: &Mapping, after: Handle) -> Result<(Vec<u8>, Handle), i32> {
-    let mut bytes = Vec::new();
-    bytes
-        .try_reserve_exact(m.len)
-        .map_err(|_| CL_OUT_OF_HOST_MEMORY)?;
-    bytes.resize(m.len, 0);
+    let mut bytes = zeroed(m.len).ok_or(CL_OUT_OF_HOST_MEMORY)?;
     let mut event: Handle = std::ptr::null_mut();
     let wait = [after];
     let waits = u32::from(!after.is_null());

@@ -12,7 +12,7 @@ PROGRAMS = [
     "host_ptr_maps", "empty_source_part", "long_kernel_name", "big_image", "bad_ranges",
     "bad_rect_ranges", "bad_sizes", "finish_waits", "cross_thread_order", "gated_write",
     "nonblocking_transfers", "immutable_info", "kernel_per_call", "released_event_callback",
-    "buffer_commands", "unsynced_host_ptr_map",
+    "buffer_commands", "unsynced_host_ptr_map", "svm_migrate_host",
 ]
 
 

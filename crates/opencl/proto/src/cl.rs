@@ -69,6 +69,7 @@ pub const CL_MEM_TYPE: u32 = 0x1100;
 pub const CL_MEM_SIZE: u32 = 0x1102;
 pub const CL_KERNEL_LOCAL_MEM_SIZE: u32 = 0x11B2;
 pub const CL_KERNEL_COMPILE_WORK_GROUP_SIZE: u32 = 0x11B1;
+pub const CL_MIGRATE_MEM_OBJECT_HOST: u64 = 1 << 0;
 pub const CL_MEM_FLAGS: u32 = 0x1101;
 pub const CL_MEM_OFFSET: u32 = 0x1108;
 pub const CL_IMAGE_BUFFER: u32 = 0x1118;

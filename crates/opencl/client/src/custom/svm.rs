@@ -160,6 +160,21 @@ fn page_range(p: usize, len: usize) -> Option<std::ops::Range<usize>> {
     Some((p & !(PAGE - 1))..end)
 }
 
+/// The length of `[p, p + size)` (`size` 0: to the end of its allocation) if it lies in one
+/// coarse-grained allocation; fine-grained memory is made coherent at synchronisation points.
+fn coarse_range(p: usize, size: usize) -> Option<usize> {
+    let allocs = ALLOCS.lock().unwrap_or_else(|e| e.into_inner());
+    let (&start, &len) = allocs.range(..=p).next_back()?;
+    let end = start.checked_add(len)?;
+    let size = if size == 0 { end.checked_sub(p)? } else { size };
+    if p >= end || p.checked_add(size)? > end || size == 0 {
+        return None;
+    }
+    drop(allocs);
+    let fine = FINE.lock().unwrap_or_else(|e| e.into_inner());
+    (!fine.iter().any(|f| f.ptr == start)).then_some(size)
+}
+
 /// Whether [p, p+len) lies inside one SVM allocation.
 pub fn is_svm(p: usize, len: usize) -> bool {
     let a = ALLOCS.lock().unwrap_or_else(|e| e.into_inner());
@@ -741,6 +756,22 @@ pub unsafe extern "C" fn clEnqueueSVMMigrateMem(
                 .map(|i| unsafe { *sizes.add(i) } as u64)
                 .collect()
         });
+        // A migration to the host brings each coarse-grained range's bytes into the mirror
+        // when it completes (landing at the next synchronisation point, as a read's do).
+        let reads: Vec<(u64, usize, usize)> = if flags & CL_MIGRATE_MEM_OBJECT_HOST != 0 {
+            p.iter()
+                .enumerate()
+                .map(|(i, &ptr)| {
+                    let size = s.as_ref().map_or(0, |v| v[i] as usize);
+                    match coarse_range(ptr as usize, size) {
+                        Some(len) => (rt::alloc_id(), ptr as usize, len),
+                        None => (0, ptr as usize, 0),
+                    }
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         // SAFETY: the application's wait list and event pointer.
         let (wait, ev) = unsafe { wait_and_event(n, list, event) }?;
         let w = encode(
@@ -752,10 +783,15 @@ pub unsafe extern "C" fn clEnqueueSVMMigrateMem(
                 flags,
                 wait,
                 event: ev,
+                host_reads: reads.iter().map(|r| r.0).collect(),
+                host_lens: reads.iter().map(|r| r.2 as u64).collect(),
             },
         );
         let st = Reader::new(&rt::call(w)?).i32()?;
         if st == CL_SUCCESS {
+            for (id, dst, len) in reads.into_iter().filter(|r| r.0 != 0) {
+                rt::pending::defer(id, rt::pending::Scatter::Plain { dst, len }, false);
+            }
             // SAFETY: as above.
             unsafe { set_event(event, ev) };
         }

@@ -387,6 +387,11 @@ pub struct SvmMigrateMem {
     pub flags: u64,
     pub wait: Option<Vec<u64>>,
     pub event: u64,
+    /// A migration to the host: per range of coarse-grained memory, a read id and the
+    /// range's length (0: none), under which the bytes reach the client's mirror once the
+    /// migration completes (empty otherwise).
+    pub host_reads: Vec<u64>,
+    pub host_lens: Vec<u64>,
 }
 
 impl Message<'_> for SvmMigrateMem {
@@ -397,6 +402,8 @@ impl Message<'_> for SvmMigrateMem {
         w.u64(self.flags);
         w.opt_u64s(self.wait.as_deref());
         w.u64(self.event);
+        w.opt_u64s(Some(&self.host_reads));
+        w.opt_u64s(Some(&self.host_lens));
     }
     fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
         Ok(SvmMigrateMem {
@@ -406,6 +413,8 @@ impl Message<'_> for SvmMigrateMem {
             flags: r.u64()?,
             wait: r.opt_u64s()?,
             event: r.u64()?,
+            host_reads: u64s(r)?,
+            host_lens: u64s(r)?,
         })
     }
 }
@@ -439,6 +448,8 @@ mod tests {
             flags: 4,
             wait: None,
             event: 0,
+            host_reads: vec![7],
+            host_lens: vec![3],
         });
         roundtrip(&SvmMigrateMem {
             queue: 1,
@@ -447,6 +458,8 @@ mod tests {
             flags: 0,
             wait: Some(vec![5]),
             event: 6,
+            host_reads: vec![],
+            host_lens: vec![],
         });
     }
 

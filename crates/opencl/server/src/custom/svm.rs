@@ -534,6 +534,8 @@ pub fn clEnqueueSVMMigrateMem(
         flags,
         wait,
         event: event_id,
+        host_reads,
+        host_lens,
     } = req::SvmMigrateMem::decode(r)?;
     r.finish()?;
     let wl = WaitList(wait);
@@ -541,6 +543,25 @@ pub fn clEnqueueSVMMigrateMem(
         let q = s.resolve(queue, HandleKind::Queue, false)?;
         if sizes.as_ref().is_some_and(|v| v.len() != ptrs.len()) {
             return Err(CL_INVALID_VALUE);
+        }
+        // A migration to the host brings coarse-grained ranges' bytes into the client's
+        // mirror once it completes: memory the host shares with the device (PoCL's) shows
+        // them there natively, without a map (Boost.Compute's tests read it so).
+        let mut reads = Vec::new();
+        if !host_reads.is_empty() {
+            if flags & CL_MIGRATE_MEM_OBJECT_HOST == 0
+                || host_reads.len() != ptrs.len()
+                || host_lens.len() != ptrs.len()
+            {
+                return Err(CL_INVALID_VALUE);
+            }
+            for ((&id, &len), &p) in host_reads.iter().zip(&host_lens).zip(&ptrs) {
+                if id != 0 && len != 0 {
+                    let len = usize::try_from(len).map_err(|_| CL_INVALID_VALUE)?;
+                    check(s, p, len)?;
+                    reads.push((id, p as usize, len));
+                }
+            }
         }
         let mut raw = Vec::with_capacity(ptrs.len());
         let mut lens = Vec::with_capacity(ptrs.len());
@@ -570,11 +591,17 @@ pub fn clEnqueueSVMMigrateMem(
                 flags,
                 n,
                 list_ptr(&list) as *mut c_void,
-                ev.ptr(false) as *mut c_void,
+                ev.ptr(!reads.is_empty()) as *mut c_void,
             )
         };
         if st == CL_SUCCESS {
-            release_own(event_id, ev.finish(s));
+            let event = ev.finish(s);
+            for (id, ptr, len) in reads {
+                // SAFETY: a live event; each deferred read holds a reference of its own.
+                unsafe { ffi::clRetainEvent(event) };
+                s.defer_read(id, ReadFrom::Svm { ptr, len }, event);
+            }
+            release_own(event_id, event);
         }
         Ok(st)
     };

@@ -929,20 +929,10 @@ fn map_common(
         return Err(CL_OUT_OF_RESOURCES);
     }
     let event = ev.finish(s);
-    let region = match region {
-        MapRegion::Image {
-            image_type,
-            origin,
-            region,
-            ..
-        } => MapRegion::Image {
-            image_type,
-            origin,
-            region,
-            pitches,
-        },
-        buffer => buffer,
-    };
+    let mut region = region;
+    if let MapRegion::Image { pitches: p, .. } = &mut region {
+        *p = pitches;
+    }
     s.mappings.lock().unwrap_or_else(|p| p.into_inner()).insert(
         ask.token,
         Mapping {
@@ -1079,6 +1069,7 @@ pub fn clEnqueueMapImage(
                 in_place_ok,
             },
             t.mem,
+            // The pitches are the driver's, filled in once it has mapped.
             MapRegion::Image {
                 image_type: ty,
                 origin,

@@ -16,7 +16,8 @@ use wormhole_transport::link::{read_body, read_frame, read_header};
 use wormhole_transport::rendezvous::{self, BeatWatch};
 use wormhole_transport::unix::{recv_frame_with_fds, send_frame_with_fds};
 use wormhole_transport::{
-    Arena, FrameLink, FutexWaiter, Layout, PollWaiter, Region, ShmLink, SpinPolicy, TransportError,
+    Arena, FrameLink, FutexWaiter, Layout, PollWaiter, Region, ShmLink, SpinPolicy, SpinRead,
+    TransportError,
 };
 use wormhole_wire::handshake::{self, Hello, Welcome};
 use wormhole_wire::{
@@ -997,7 +998,10 @@ pub fn run_tcp<S: Duplex>(
     // thread sent before a request was received before it.
     let received: Arc<[AtomicU64]> = (0..lanes).map(|_| AtomicU64::new(0)).collect();
     let _ = ORDER.set(crate::order::LaneOrder::new(lanes as usize));
-    let mut reader = std::io::BufReader::with_capacity(1 << 16, stream);
+    // Read as a lane's ring is, spinning a moment before the kernel puts the reader to sleep;
+    // the lane threads it hands requests to sleep at once (see `SpinRead`).
+    let mut reader =
+        std::io::BufReader::with_capacity(1 << 16, SpinRead::new(stream, SpinPolicy::default()));
     let bodies = BodyPool::default();
     let chunk_pool = BodyPool::new(64, 64 << 20);
     loop {
@@ -1133,10 +1137,9 @@ pub fn run_tcp<S: Duplex>(
             // The lane may start on the request while the rest of it arrives. Admitted as a
             // request is (its lane's queue has room); its chunks are then counted as they come,
             // one body at most, as a whole body was before it was queued.
-            if !queue
-                .held
-                .admit(QueuedBytes::cost(&[]), || reader.get_ref().peer_closed())
-            {
+            if !queue.held.admit(QueuedBytes::cost(&[]), || {
+                reader.get_ref().get_ref().peer_closed()
+            }) {
                 tracing::info!("client gone while a lane's queue was full: ending the session");
                 backend.end();
                 return Ok(());
@@ -1167,10 +1170,9 @@ pub fn run_tcp<S: Duplex>(
             }
             continue;
         }
-        if !queue
-            .held
-            .admit(QueuedBytes::cost(&body), || reader.get_ref().peer_closed())
-        {
+        if !queue.held.admit(QueuedBytes::cost(&body), || {
+            reader.get_ref().get_ref().peer_closed()
+        }) {
             tracing::info!("client gone while a lane's queue was full: ending the session");
             backend.end();
             return Ok(());

@@ -24,7 +24,7 @@ use std::time::Duration;
 use wormhole_transport::link::{eof_is_gone, read_body, read_frame, read_header};
 use wormhole_transport::unix::recv_frame_with_fds;
 use wormhole_transport::{
-    Arena, FrameLink, FutexWaiter, Region, ShmLink, SpinPolicy, TransportError,
+    Arena, FrameLink, FutexWaiter, Region, ShmLink, SpinPolicy, SpinRead, TransportError,
 };
 use wormhole_wire::handshake::{self, Hello};
 use wormhole_wire::{control, FrameHeader, Writer, FLAG_ASYNC, FLAG_OUTPUT, FLAG_REPLY};
@@ -698,7 +698,8 @@ fn tls_client(addr: &str, sock: &TcpStream) -> Result<(BoxRead, BoxWrite), Conne
         rustls::Connection::Client(conn),
         sock.try_clone().map_err(|e| ConnectError(e.to_string()))?,
     );
-    Ok((Box::new(r), Box::new(w)))
+    // Spinning as a plain stream's reader does (see connect_tcp).
+    Ok((Box::new(r.spinning(SpinPolicy::default())), Box::new(w)))
 }
 
 fn connect_tcp(hooks: ApiHooks, addr: &str, tls: bool) -> Result<Connection, ConnectError> {
@@ -717,8 +718,11 @@ fn connect_tcp(hooks: ApiHooks, addr: &str, tls: bool) -> Result<Connection, Con
     let (mut reader, mut writer): (BoxRead, BoxWrite) = if tls {
         tls_client(addr, &sock)?
     } else {
+        // Replies are looked for as a lane's ring is, spinning a moment before the kernel puts
+        // the reader to sleep (its wake-up cost more than the rest of a round trip).
         let r = sock
             .try_clone()
+            .map(|s| SpinRead::new(s, SpinPolicy::default()))
             .map_err(|e| ConnectError(format!("cannot share the TCP stream: {e}")))?;
         let w = sock
             .try_clone()

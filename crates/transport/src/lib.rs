@@ -21,4 +21,4 @@ pub use error::TransportError;
 pub use link::{BulkIn, FrameLink, Pieces, ShmLink, ShmSender, StreamLink};
 pub use region::{Layout, Region};
 pub use rendezvous::Rendezvous;
-pub use wait::{FutexWaiter, PollWaiter, SpinPolicy, Waiter};
+pub use wait::{FutexWaiter, PollWaiter, SpinPolicy, SpinRead, Waiter};

@@ -156,6 +156,9 @@ pub struct TlsReader {
     raw: Vec<u8>,
     taken: usize,
     filled: usize,
+    /// Reads of the socket spin first within this window (a client waiting for its replies);
+    /// None: they sleep at once.
+    spin: Option<crate::SpinPolicy>,
 }
 
 /// How long a write waits for the handshake the reading half carries out.
@@ -180,9 +183,20 @@ pub fn split(conn: rustls::Connection, sock: TcpStream) -> (TlsReader, TlsWriter
             raw: vec![0; 16 * 1024],
             taken: 0,
             filled: 0,
+            spin: None,
         },
         TlsWriter { shared },
     )
+}
+
+impl TlsReader {
+    /// Reads of the socket spin within `policy`'s window before they sleep.
+    pub fn spinning(self, policy: crate::SpinPolicy) -> TlsReader {
+        TlsReader {
+            spin: Some(policy),
+            ..self
+        }
+    }
 }
 
 impl Read for TlsReader {
@@ -225,7 +239,16 @@ impl Read for TlsReader {
                 }
             }
             // Wait for bytes without holding the lock, so the writing half can proceed.
-            let n = (&self.shared.sock).read(&mut self.raw)?;
+            let n = match self.spin {
+                Some(policy) => {
+                    use std::os::fd::AsRawFd;
+                    let sock = &self.shared.sock;
+                    crate::wait::read_spinning(sock.as_raw_fd(), &mut self.raw, policy, |b| {
+                        (&*sock).read(b)
+                    })?
+                }
+                None => (&self.shared.sock).read(&mut self.raw)?,
+            };
             if n == 0 {
                 return Ok(0);
             }

@@ -100,3 +100,93 @@ impl Default for SpinPolicy {
         }
     }
 }
+
+/// A stream socket read the way a ring is waited on: look without blocking for the spin
+/// window, then yield between looks, then sleep in the kernel. A reader asleep in the kernel
+/// is woken by the delivery of the bytes, which cost ~20 µs a side on a 2-core VM (a loopback
+/// ping-pong of two blocking readers took 52–61 µs, of two spinning ones 9–12 µs); an idle
+/// session still sleeps once the window has passed. The threads a reader hands frames to
+/// should sleep at once: they are woken by the reader, which is running then (a cheap wake-up),
+/// and spinning beside it took the CPUs it needed (a round trip of TCP with reader and lane
+/// threads all spinning: ~60 µs; with the readers alone: ~20 µs).
+pub struct SpinRead<S> {
+    inner: S,
+    policy: SpinPolicy,
+}
+
+impl<S: std::io::Read + std::os::fd::AsRawFd> SpinRead<S> {
+    pub fn new(inner: S, policy: SpinPolicy) -> SpinRead<S> {
+        SpinRead { inner, policy }
+    }
+
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S: std::io::Read + std::os::fd::AsRawFd> std::io::Read for SpinRead<S> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let fd = self.inner.as_raw_fd();
+        read_spinning(fd, buf, self.policy, |buf| self.inner.read(buf))
+    }
+}
+
+/// One read of stream socket `fd` that spins and yields within `policy`'s window, then sleeps
+/// in `read` (the socket's blocking read; see [`SpinRead`]).
+pub fn read_spinning(
+    fd: std::os::fd::RawFd,
+    buf: &mut [u8],
+    policy: SpinPolicy,
+    read: impl FnOnce(&mut [u8]) -> std::io::Result<usize>,
+) -> std::io::Result<usize> {
+    let start = Instant::now();
+    loop {
+        // SAFETY: `buf` is writable for its length; a bad descriptor is an error, not UB.
+        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = std::io::Error::last_os_error();
+        match e.kind() {
+            std::io::ErrorKind::WouldBlock => {}
+            std::io::ErrorKind::Interrupted => continue,
+            _ => return Err(e),
+        }
+        let waited = start.elapsed();
+        if waited < policy.spin {
+            std::hint::spin_loop();
+        } else if waited < policy.yield_until {
+            std::thread::yield_now();
+        } else {
+            // Asleep until bytes come (or the stream's own read timeout passes).
+            return read(buf);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+
+    /// Bytes that come within the spin window, after it (the read sleeps in the kernel), and
+    /// the peer's close all reach the reader as a plain read would give them.
+    #[test]
+    fn a_spinning_read_gets_what_a_blocking_one_would() {
+        let (mut tx, rx) = UnixStream::pair().unwrap();
+        let mut r = SpinRead::new(rx, SpinPolicy::default());
+        let writer = std::thread::spawn(move || {
+            tx.write_all(b"soon").unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+            tx.write_all(b"late").unwrap();
+        });
+        let mut buf = [0u8; 4];
+        r.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"soon");
+        r.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"late");
+        writer.join().unwrap();
+        assert_eq!(r.read(&mut buf).unwrap(), 0, "the peer's close is an end of file");
+    }
+}

@@ -42,6 +42,22 @@ def test_quota_overrun_fails_cleanly(quota_server, c_programs):
     assert statuses(r.stdout) == [CL_SUCCESS, CL_SUCCESS, CL_MEM_OBJECT_ALLOCATION_FAILURE, CL_SUCCESS]
 
 
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_transfers_in_flight_stay_within_the_quota(quota_server, c_programs, transport):
+    """Non-blocking reads and writes held back by a user event keep their bytes in the worker
+    (natively they are the application's own memory): at most the tenant's 64 MiB quota of
+    them, 8 of 8 MiB. The ninth is refused with CL_OUT_OF_HOST_MEMORY (and a log line), every
+    accepted one moves the right bytes, and the next round gets the memory back."""
+    env = {"WORMHOLE_TOKEN": "s3cret"} if transport == "tcp" else {"WORMHOLE_SERVER": ""}
+    native = subprocess.run([c_programs["pending_transfers"], "8", "12"], capture_output=True, text=True, timeout=120)
+    assert native.returncode == 0, native.stderr
+    assert native.stdout == ("reads accepted 12 refused 0\nwrites accepted 12 refused 0\n" * 2) + "ok\n"
+    r = quota_server.run([c_programs["pending_transfers"], "8", "12"], **env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout == ("reads accepted 8 refused 4\nwrites accepted 8 refused 4\n" * 2) + "ok\n"
+    assert "a non-blocking transfer refused (CL_OUT_OF_HOST_MEMORY)" in quota_server.log.read_text()
+
+
 def test_quota_is_per_tenant_across_sessions_and_freed_by_kill(quota_server, c_programs):
     holder = quota_server.popen([c_programs["alloc"], "hold", "48"], WORMHOLE_SERVER="")
     assert holder.stdout.readline().split() == ["48", "0"]

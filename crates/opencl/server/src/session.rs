@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::sync::Mutex;
 use wormhole_opencl_proto::requests::Stage;
@@ -20,6 +20,22 @@ pub struct PendingRead {
     pub event: Handle,
     /// Bytes the client has collected already (the parts of a read larger than one reply).
     pub sent: usize,
+    /// The staging buffer's count in the bytes of transfers in flight, if it is one.
+    pub held: Option<InFlight>,
+}
+
+/// Bytes of the tenant's data that the worker keeps for a transfer in flight (a non-blocking
+/// read's staging buffer until it is collected, a non-blocking write's bytes until the driver
+/// has read them), counted in `Session::in_flight` until this is dropped.
+pub struct InFlight {
+    counter: Arc<AtomicU64>,
+    bytes: u64,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.counter.fetch_sub(self.bytes, Ordering::SeqCst);
+    }
 }
 
 /// Where a pending read's bytes are.
@@ -84,6 +100,9 @@ pub struct Session {
     pub mappings: Mutex<HashMap<u64, Mapping>>,
     /// Data of writes too large for one frame, by the client's id, as its pieces arrive.
     pub staged: Mutex<HashMap<u64, Staged>>,
+    /// Bytes the worker keeps for transfers in flight (see `InFlight`). With the staged data
+    /// they are the tenant's memory in the worker, bounded by its quota (see `stage`).
+    in_flight: Arc<AtomicU64>,
     /// Shared virtual memory allocations of this session: start → length.
     pub svm: Mutex<std::collections::BTreeMap<usize, usize>>,
     /// Bytes of device memory held by live memory objects (tracked by destructor callbacks).
@@ -165,6 +184,11 @@ impl Session {
     /// Keeps a non-blocking read's bytes (or where they will be) until the client collects
     /// them under `id`.
     pub fn defer_read(&self, id: u64, from: ReadFrom, event: Handle) {
+        self.defer_read_held(id, from, event, None);
+    }
+
+    /// `defer_read` of bytes counted in flight (`held`, given up with the read).
+    pub fn defer_read_held(&self, id: u64, from: ReadFrom, event: Handle, held: Option<InFlight>) {
         self.pending_reads
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -174,8 +198,45 @@ impl Session {
                     from,
                     event,
                     sent: 0,
+                    held,
                 },
             );
+    }
+
+    /// Counts `bytes` more of the tenant's data kept in the worker for a transfer in flight,
+    /// until the returned guard drops. Past the tenant's memory quota (with the staged data)
+    /// CL_OUT_OF_HOST_MEMORY, as a driver that cannot allocate them answers, and a log line:
+    /// natively these bytes are the application's own memory, here the worker's, and without
+    /// a bound non-blocking transfers that wait (for a user event, say) could fill the host.
+    /// The bound is the quota itself, as for staged data: the bytes come from or go to device
+    /// memory whose size the quota bounds.
+    pub fn hold_in_flight(&self, bytes: usize) -> Result<InFlight, i32> {
+        let bytes = bytes as u64;
+        let before = self.in_flight.fetch_add(bytes, Ordering::SeqCst);
+        let held = InFlight {
+            counter: self.in_flight.clone(),
+            bytes,
+        };
+        if let Some(quota) = self.limits().mem_quota {
+            let staged = self.staged_bytes();
+            if before.saturating_add(staged).saturating_add(bytes) > quota {
+                tracing::warn!(
+                    bytes,
+                    in_flight = before,
+                    staged,
+                    quota,
+                    "a non-blocking transfer refused (CL_OUT_OF_HOST_MEMORY): the worker would \
+                     keep more of the tenant's data for transfers in flight than its memory quota"
+                );
+                return Err(CL_OUT_OF_HOST_MEMORY);
+            }
+        }
+        Ok(held)
+    }
+
+    fn staged_bytes(&self) -> u64 {
+        let staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
+        staged.values().map(|e| e.bytes.len() as u64).sum()
     }
 
     /// Keeps a piece of a write's data (see `requests::Stage`): the first piece starts it,
@@ -198,7 +259,8 @@ impl Session {
                 },
             );
         }
-        let held: u64 = staged.values().map(|e| e.bytes.len() as u64).sum();
+        let held: u64 = staged.values().map(|e| e.bytes.len() as u64).sum::<u64>()
+            + self.in_flight.load(Ordering::SeqCst);
         let fits = self
             .limits()
             .mem_quota
@@ -453,6 +515,35 @@ impl Session {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Transfers in flight and staged data together stay within the quota, and what a
+    /// finished transfer held is given back.
+    #[test]
+    fn bytes_in_flight_are_bounded_by_the_quota() {
+        let s = Session::default();
+        s.set_limits(Arc::new(Limits {
+            mem_quota: Some(100),
+            ..Limits::default()
+        }));
+        let a = s.hold_in_flight(60).unwrap();
+        assert_eq!(s.hold_in_flight(41).err(), Some(CL_OUT_OF_HOST_MEMORY));
+        let b = s.hold_in_flight(40).unwrap();
+        drop(a);
+        let piece = Stage {
+            id: 1,
+            offset: 0,
+            total: 50,
+            len: 50,
+        };
+        s.stage(&piece, &[7; 50]).unwrap();
+        // 40 in flight and 50 staged: 10 more at most.
+        assert_eq!(s.hold_in_flight(11).err(), Some(CL_OUT_OF_HOST_MEMORY));
+        drop(b);
+        let _c = s.hold_in_flight(50).unwrap();
+        // Without a quota, nothing is refused.
+        let free = Session::default();
+        let _big = free.hold_in_flight(usize::MAX >> 1).unwrap();
+    }
 
     #[test]
     fn handles_are_typed_and_session_local() {

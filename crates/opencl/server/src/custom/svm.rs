@@ -227,6 +227,7 @@ pub fn clEnqueueSVMMemcpy(
                     if read == 0 {
                         return Err(CL_INVALID_VALUE);
                     }
+                    let held = s.hold_in_flight(size)?;
                     let mut data = vec![0u8; size];
                     // SAFETY: `sp` lies in SVM or in `staged`; `data` holds `size` bytes; both
                     // live until the copy completes (the pending read, the hook below).
@@ -249,7 +250,12 @@ pub fn clEnqueueSVMMemcpy(
                     if let Some(v) = staged {
                         crate::callbacks::on_event_complete(event, move || drop(v));
                     }
-                    s.defer_read(read, ReadFrom::Staging(std::sync::Arc::new(data)), event);
+                    s.defer_read_held(
+                        read,
+                        ReadFrom::Staging(std::sync::Arc::new(data)),
+                        event,
+                        Some(held),
+                    );
                 } else {
                     let mark = w.mark();
                     Reply::Ok(req::SvmCopied {

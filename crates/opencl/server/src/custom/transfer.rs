@@ -372,6 +372,7 @@ fn read_common(
     }
     // A blocking read too large for its reply is complete when the reply goes (no event is
     // needed to tell), and the client collects it at once.
+    let held = s.hold_in_flight(len)?;
     let mut data = zeroed(len).ok_or(CL_OUT_OF_HOST_MEMORY)?;
     let st = call(
         if blocking != 0 { CL_TRUE } else { CL_FALSE },
@@ -384,7 +385,12 @@ fn read_common(
         return Err(st);
     }
     let event = ev.finish(s);
-    s.defer_read(read_id, ReadFrom::Staging(Arc::new(data)), event);
+    s.defer_read_held(
+        read_id,
+        ReadFrom::Staging(Arc::new(data)),
+        event,
+        Some(held),
+    );
     Reply::Ok(req::ReadReply::Deferred).encode(w);
     Ok(())
 }
@@ -432,6 +438,11 @@ fn write_common(
         }
         return Ok(st);
     }
+    // Bytes that came with the request are copied to be kept (a read's staging is shared).
+    let held = match &data {
+        Source::Bytes(b) => Some(s.hold_in_flight(b.as_slice().len())?),
+        Source::Read { .. } => None,
+    };
     let (staging, at) = data.keep();
     let st = call(
         CL_FALSE,
@@ -445,7 +456,7 @@ fn write_common(
     }
     let event = ev.finish(s);
     // The driver reads `staging` until the write completes; keep it alive until then.
-    crate::callbacks::on_event_complete(event, move || drop(staging));
+    crate::callbacks::on_event_complete(event, move || drop((staging, held)));
     release_own(event_id, event);
     Ok(CL_SUCCESS)
 }
@@ -1169,7 +1180,10 @@ pub fn clEnqueueUnmapMemObject(
             unsafe { std::ptr::copy_nonoverlapping(d.as_ptr(), m.ptr as *mut u8, d.len()) };
         }
         let again = match &uncollected {
-            Some(p) if keep_bytes => match read_mapped_again(&t, &m, p.event) {
+            Some(p) if keep_bytes => match s
+                .hold_in_flight(m.len)
+                .and_then(|held| Ok((read_mapped_again(&t, &m, p.event)?, held)))
+            {
                 Ok(again) => Some(again),
                 Err(e) => {
                     tracing::warn!(
@@ -1185,7 +1199,7 @@ pub fn clEnqueueUnmapMemObject(
             release_own(0, p.event);
         }
         let list = match &again {
-            Some((_, read)) => Some(list.into_iter().flatten().chain([*read]).collect()),
+            Some(((_, read), _)) => Some(list.into_iter().flatten().chain([*read]).collect()),
             None => list,
         };
         let n = n + u32::from(again.is_some());
@@ -1203,13 +1217,14 @@ pub fn clEnqueueUnmapMemObject(
         if st == CL_SUCCESS {
             release_own(event_id, ev.finish(s));
         }
-        if let Some((bytes, event)) = again {
+        if let Some(((bytes, event), held)) = again {
             pending.insert(
                 token,
                 PendingRead {
                     from: ReadFrom::Staging(Arc::new(bytes)),
                     event,
                     sent: 0,
+                    held: Some(held),
                 },
             );
         }

@@ -653,8 +653,10 @@ fn connect_local(hooks: ApiHooks) -> Result<Connection, ConnectError> {
         .collect();
     let n = lanes.len();
     let marks = Marks::new(n);
+    // Buffered: the callbacks of a burst of completions come in one read, not two per frame.
+    let mut events = std::io::BufReader::with_capacity(1 << 16, sock);
     spawn_event_thread(hooks, dead.clone(), marks.clone(), move |body| {
-        read_frame(&mut &sock, body)
+        read_frame(&mut events, body)
     })?;
     Ok(Connection {
         hooks,

@@ -704,6 +704,9 @@ fn tls_client(addr: &str, sock: &TcpStream) -> Result<(BoxRead, BoxWrite), Conne
     Ok((Box::new(r.spinning(SpinPolicy::default())), Box::new(w)))
 }
 
+/// The buffer a TCP session's frames are read through: larger reads are bulk bodies.
+const TCP_READ_BUFFER: usize = 1 << 16;
+
 fn connect_tcp(hooks: ApiHooks, addr: &str, tls: bool) -> Result<Connection, ConnectError> {
     use std::net::ToSocketAddrs;
     let target = addr
@@ -724,7 +727,7 @@ fn connect_tcp(hooks: ApiHooks, addr: &str, tls: bool) -> Result<Connection, Con
         // the reader to sleep (its wake-up cost more than the rest of a round trip).
         let r = sock
             .try_clone()
-            .map(|s| SpinRead::new(s, SpinPolicy::default()))
+            .map(|s| SpinRead::new(s, SpinPolicy::default(), TCP_READ_BUFFER))
             .map_err(|e| ConnectError(format!("cannot share the TCP stream: {e}")))?;
         let w = sock
             .try_clone()
@@ -753,7 +756,7 @@ fn connect_tcp(hooks: ApiHooks, addr: &str, tls: bool) -> Result<Connection, Con
         std::thread::Builder::new()
             .name("wormhole-tcp".into())
             .spawn(move || {
-                let mut reader = std::io::BufReader::with_capacity(1 << 16, reader);
+                let mut reader = std::io::BufReader::with_capacity(TCP_READ_BUFFER, reader);
                 let mut gone = TransportError::PeerGone;
                 loop {
                     let mut body = Vec::new();

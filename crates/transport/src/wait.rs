@@ -147,14 +147,35 @@ impl Default for SpinPolicy {
 /// should sleep at once: they are woken by the reader, which is running then (a cheap wake-up),
 /// and spinning beside it took the CPUs it needed (a round trip of TCP with reader and lane
 /// threads all spinning: ~60 µs; with the readers alone: ~20 µs).
+///
+/// Only reads of up to `bulk_from` bytes spin: a frame reader's buffer is filled by reads of
+/// its size, and a larger read is the rest of a bulk body, whose bytes stream in at the
+/// sender's pace, so spinning there only takes the CPU the sender needs. The owner may also
+/// turn spinning off while it expects nothing soon (`set_spin`).
 pub struct SpinRead<S> {
     inner: S,
     policy: SpinPolicy,
+    bulk_from: usize,
+    /// Whether reads spin at all now (the owner's say: see `set_spin`).
+    spin: bool,
 }
 
 impl<S: std::io::Read + std::os::fd::AsRawFd> SpinRead<S> {
-    pub fn new(inner: S, policy: SpinPolicy) -> SpinRead<S> {
-        SpinRead { inner, policy }
+    /// Reads spin within `policy`, those longer than `bulk_from` bytes sleep at once (see
+    /// above: pass the capacity of the buffer that reads through this).
+    pub fn new(inner: S, policy: SpinPolicy, bulk_from: usize) -> SpinRead<S> {
+        SpinRead {
+            inner,
+            policy,
+            bulk_from,
+            spin: true,
+        }
+    }
+
+    /// Whether the next reads spin: a reader that expects nothing soon (behind pipelined
+    /// frames, whose sender does not wait) leaves the CPU to the threads that have work.
+    pub fn set_spin(&mut self, spin: bool) {
+        self.spin = spin;
     }
 
     pub fn get_ref(&self) -> &S {
@@ -164,6 +185,9 @@ impl<S: std::io::Read + std::os::fd::AsRawFd> SpinRead<S> {
 
 impl<S: std::io::Read + std::os::fd::AsRawFd> std::io::Read for SpinRead<S> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if !self.spin || buf.len() > self.bulk_from {
+            return self.inner.read(buf);
+        }
         let fd = self.inner.as_raw_fd();
         read_spinning(fd, buf, self.policy, |buf| self.inner.read(buf))
     }
@@ -213,17 +237,28 @@ mod tests {
     #[test]
     fn a_spinning_read_gets_what_a_blocking_one_would() {
         let (mut tx, rx) = UnixStream::pair().unwrap();
-        let mut r = SpinRead::new(rx, SpinPolicy::default());
+        let mut r = SpinRead::new(rx, SpinPolicy::default(), 1 << 16);
         let writer = std::thread::spawn(move || {
             tx.write_all(b"soon").unwrap();
             std::thread::sleep(Duration::from_millis(50));
             tx.write_all(b"late").unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+            tx.write_all(&[9u8; 100 << 10]).unwrap();
+            tx.write_all(b"idle").unwrap();
         });
         let mut buf = [0u8; 4];
         r.read_exact(&mut buf).unwrap();
         assert_eq!(&buf, b"soon");
         r.read_exact(&mut buf).unwrap();
         assert_eq!(&buf, b"late");
+        // A bulk read (beyond 64 KiB) and a read told not to spin sleep at once, and get the
+        // same bytes.
+        let mut bulk = vec![0u8; 100 << 10];
+        r.read_exact(&mut bulk).unwrap();
+        assert!(bulk.iter().all(|&b| b == 9));
+        r.set_spin(false);
+        r.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"idle");
         writer.join().unwrap();
         assert_eq!(
             r.read(&mut buf).unwrap(),

@@ -17,8 +17,10 @@ static cl_command_queue q;
 
 static unsigned char pattern(size_t i, int k) { return (unsigned char)(i * 7 + k * 13 + 1); }
 
-/* COUNT reads of `buf` (filled with pattern k = 0) behind one user event. */
-static void reads(cl_mem buf, size_t size, int count) {
+/* COUNT transfers of `size` bytes behind one user event: reads of `buf` (filled with pattern
+ * k = 0) into fresh host memory, or writes into it, the i-th of pattern i + 1, which leave it
+ * with the last accepted one's bytes. */
+static void round_of(int writes, cl_mem buf, size_t size, int count) {
     cl_int err;
     cl_event gate = clCreateUserEvent(ctx, &err);
     CHECK(err);
@@ -27,63 +29,41 @@ static void reads(cl_mem buf, size_t size, int count) {
     for (int i = 0; i < count; i++) {
         host[i] = malloc(size);
         EXPECT(host[i] != NULL);
-        memset(host[i], 0xEE, size);
-        cl_int st = clEnqueueReadBuffer(q, buf, CL_FALSE, 0, size, host[i], 1, &gate, NULL);
+        cl_int st;
+        if (writes) {
+            for (size_t j = 0; j < size; j++) host[i][j] = pattern(j, i + 1);
+            st = clEnqueueWriteBuffer(q, buf, CL_FALSE, 0, size, host[i], 1, &gate, NULL);
+        } else {
+            memset(host[i], 0xEE, size);
+            st = clEnqueueReadBuffer(q, buf, CL_FALSE, 0, size, host[i], 1, &gate, NULL);
+        }
         if (st == CL_SUCCESS) {
             EXPECT(refused == 0); /* once refused, refused until something is given back */
             accepted++;
         } else {
             EXPECT(st == CL_OUT_OF_HOST_MEMORY);
             refused++;
-            free(host[i]);
-            host[i] = NULL;
         }
     }
     CHECK(clSetUserEventStatus(gate, CL_COMPLETE));
     CHECK(clFinish(q));
-    for (int i = 0; i < accepted; i++) {
-        for (size_t j = 0; j < size; j += 4093) EXPECT(host[i][j] == pattern(j, 0));
-        EXPECT(host[i][size - 1] == pattern(size - 1, 0));
-        free(host[i]);
-    }
-    free(host);
-    CHECK(clReleaseEvent(gate));
-    printf("reads accepted %d refused %d\n", accepted, refused);
-}
-
-/* COUNT writes into `buf`, the i-th of pattern i + 1, behind one user event: the buffer ends
- * with the last accepted one's bytes. */
-static void writes(cl_mem buf, size_t size, int count) {
-    cl_int err;
-    cl_event gate = clCreateUserEvent(ctx, &err);
-    CHECK(err);
-    unsigned char **host = calloc(count, sizeof *host);
-    int accepted = 0, refused = 0;
-    for (int i = 0; i < count; i++) {
-        host[i] = malloc(size);
-        EXPECT(host[i] != NULL);
-        for (size_t j = 0; j < size; j++) host[i][j] = pattern(j, i + 1);
-        cl_int st = clEnqueueWriteBuffer(q, buf, CL_FALSE, 0, size, host[i], 1, &gate, NULL);
-        if (st == CL_SUCCESS) {
-            EXPECT(refused == 0);
-            accepted++;
-        } else {
-            EXPECT(st == CL_OUT_OF_HOST_MEMORY);
-            refused++;
-        }
-    }
-    CHECK(clSetUserEventStatus(gate, CL_COMPLETE));
-    CHECK(clFinish(q));
-    unsigned char *back = malloc(size);
-    EXPECT(back != NULL);
-    CHECK(clEnqueueReadBuffer(q, buf, CL_TRUE, 0, size, back, 0, NULL, NULL));
     EXPECT(accepted > 0);
-    EXPECT(memcmp(back, host[accepted - 1], size) == 0);
+    if (writes) {
+        unsigned char *back = malloc(size);
+        EXPECT(back != NULL);
+        CHECK(clEnqueueReadBuffer(q, buf, CL_TRUE, 0, size, back, 0, NULL, NULL));
+        EXPECT(memcmp(back, host[accepted - 1], size) == 0);
+        free(back);
+    } else {
+        for (int i = 0; i < accepted; i++) {
+            for (size_t j = 0; j < size; j += 4093) EXPECT(host[i][j] == pattern(j, 0));
+            EXPECT(host[i][size - 1] == pattern(size - 1, 0));
+        }
+    }
     for (int i = 0; i < count; i++) free(host[i]);
     free(host);
-    free(back);
     CHECK(clReleaseEvent(gate));
-    printf("writes accepted %d refused %d\n", accepted, refused);
+    printf("%s accepted %d refused %d\n", writes ? "writes" : "reads", accepted, refused);
 }
 
 int main(int argc, char **argv) {
@@ -103,11 +83,11 @@ int main(int argc, char **argv) {
     for (size_t j = 0; j < size; j++) fill[j] = pattern(j, 0);
     CHECK(clEnqueueWriteBuffer(q, src, CL_TRUE, 0, size, fill, 0, NULL, NULL));
     free(fill);
-    reads(src, size, count);
-    writes(dst, size, count);
+    round_of(0, src, size, count);
+    round_of(1, dst, size, count);
     /* What the rounds held was given back: the same again. */
-    reads(src, size, count);
-    writes(dst, size, count);
+    round_of(0, src, size, count);
+    round_of(1, dst, size, count);
     CHECK(clReleaseMemObject(src));
     CHECK(clReleaseMemObject(dst));
     CHECK(clReleaseCommandQueue(q));

@@ -23,7 +23,6 @@ use crate::wait::{SpinPolicy, Waiter};
 use crate::TransportError;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
 #[repr(C, align(64))]
 #[derive(Debug, Default)]
@@ -303,38 +302,15 @@ fn wake_if_waiting(
     Ok(())
 }
 
-/// Spin for the policy's window, then sleep on `flag` in slices, checking the peer each time.
+/// Polls as the policy says (`SpinPolicy::poll`), then sleeps on `flag` in slices, checking
+/// the peer each time.
 fn wait_until(
     flag: &AtomicU32,
     w: &WaitCtx<'_>,
     mut ready: impl FnMut() -> Result<bool, TransportError>,
 ) -> Result<(), TransportError> {
-    let start = Instant::now();
-    let mut i = 0u32;
-    // With CPUs oversubscribed, spinning and yielding only delay the threads we wait for (or
-    // lose a whole time slice to others): sleep at once, and be woken (see `contention`).
-    if ready()? {
+    if w.policy.poll(&mut ready)? {
         return Ok(());
-    }
-    let polite = !w.policy.spin.is_zero() || !w.policy.yield_until.is_zero();
-    if polite && crate::contention::contended() {
-        return sleep_until(flag, w, ready);
-    }
-    loop {
-        if ready()? {
-            return Ok(());
-        }
-        i = i.wrapping_add(1);
-        if i.is_multiple_of(64) && start.elapsed() >= w.policy.spin {
-            break;
-        }
-        std::hint::spin_loop();
-    }
-    while start.elapsed() < w.policy.yield_until {
-        std::thread::yield_now();
-        if ready()? {
-            return Ok(());
-        }
     }
     sleep_until(flag, w, ready)
 }
@@ -367,6 +343,7 @@ fn sleep_until(
 mod tests {
     use super::*;
     use crate::wait::FutexWaiter;
+    use std::time::Instant;
 
     struct Mem {
         ctrl: Box<RingCtrl>,

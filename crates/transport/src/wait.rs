@@ -127,6 +127,41 @@ pub struct SpinPolicy {
     pub sleep_slice: Duration,
 }
 
+impl SpinPolicy {
+    /// Looks for `ready` as a waiting side does before it sleeps: spinning for the spin
+    /// window, then yielding between looks up to `yield_until`, and neither while the CPUs
+    /// are oversubscribed (see `contention`: there both only delay the threads waited for).
+    /// True once `ready` said so; false when it is time to sleep.
+    pub fn poll<E>(&self, mut ready: impl FnMut() -> Result<bool, E>) -> Result<bool, E> {
+        let start = Instant::now();
+        if ready()? {
+            return Ok(true);
+        }
+        let polite = !self.spin.is_zero() || !self.yield_until.is_zero();
+        if polite && crate::contention::contended() {
+            return Ok(false);
+        }
+        let mut i = 0u32;
+        loop {
+            if ready()? {
+                return Ok(true);
+            }
+            i = i.wrapping_add(1);
+            if i.is_multiple_of(64) && start.elapsed() >= self.spin {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        while start.elapsed() < self.yield_until {
+            std::thread::yield_now();
+            if ready()? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+}
+
 impl Default for SpinPolicy {
     fn default() -> Self {
         // 50 ms bounds how late a dead peer is noticed (well under the 1 s a waiting call may
@@ -193,37 +228,33 @@ impl<S: std::io::Read + std::os::fd::AsRawFd> std::io::Read for SpinRead<S> {
     }
 }
 
-/// One read of stream socket `fd` that spins and yields within `policy`'s window, then sleeps
-/// in `read` (the socket's blocking read; see [`SpinRead`]).
+/// One read of stream socket `fd` that looks for bytes without blocking as `policy` polls,
+/// then sleeps in `read` (the socket's blocking read; see [`SpinRead`]).
 pub fn read_spinning(
     fd: std::os::fd::RawFd,
     buf: &mut [u8],
     policy: SpinPolicy,
     read: impl FnOnce(&mut [u8]) -> std::io::Result<usize>,
 ) -> std::io::Result<usize> {
-    let start = Instant::now();
-    loop {
+    let mut got = 0;
+    let arrived = policy.poll(|| {
         // SAFETY: `buf` is writable for its length; a bad descriptor is an error, not UB.
         let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
         if n >= 0 {
-            return Ok(n as usize);
+            got = n as usize;
+            return Ok(true);
         }
         let e = std::io::Error::last_os_error();
         match e.kind() {
-            std::io::ErrorKind::WouldBlock => {}
-            std::io::ErrorKind::Interrupted => continue,
-            _ => return Err(e),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => Ok(false),
+            _ => Err(e),
         }
-        let waited = start.elapsed();
-        if waited < policy.spin {
-            std::hint::spin_loop();
-        } else if waited < policy.yield_until {
-            std::thread::yield_now();
-        } else {
-            // Asleep until bytes come (or the stream's own read timeout passes).
-            return read(buf);
-        }
+    })?;
+    if arrived {
+        return Ok(got);
     }
+    // Asleep until bytes come (or the stream's own read timeout passes).
+    read(buf)
 }
 
 #[cfg(test)]

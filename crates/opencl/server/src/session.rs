@@ -38,6 +38,11 @@ impl Drop for InFlight {
     }
 }
 
+/// The bytes of write data staged so far, all ids together.
+fn staged_bytes(staged: &HashMap<u64, Staged>) -> u64 {
+    staged.values().map(|e| e.bytes.len() as u64).sum()
+}
+
 /// Where a pending read's bytes are.
 pub enum ReadFrom {
     /// A staging buffer the driver reads into (shared with the writes that take their bytes
@@ -218,7 +223,7 @@ impl Session {
             bytes,
         };
         if let Some(quota) = self.limits().mem_quota {
-            let staged = self.staged_bytes();
+            let staged = staged_bytes(&self.staged.lock().unwrap_or_else(|p| p.into_inner()));
             if before.saturating_add(staged).saturating_add(bytes) > quota {
                 tracing::warn!(
                     bytes,
@@ -232,11 +237,6 @@ impl Session {
             }
         }
         Ok(held)
-    }
-
-    fn staged_bytes(&self) -> u64 {
-        let staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
-        staged.values().map(|e| e.bytes.len() as u64).sum()
     }
 
     /// Keeps a piece of a write's data (see `requests::Stage`): the first piece starts it,
@@ -259,8 +259,7 @@ impl Session {
                 },
             );
         }
-        let held: u64 = staged.values().map(|e| e.bytes.len() as u64).sum::<u64>()
-            + self.in_flight.load(Ordering::SeqCst);
+        let held = staged_bytes(&staged) + self.in_flight.load(Ordering::SeqCst);
         let fits = self
             .limits()
             .mem_quota

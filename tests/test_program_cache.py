@@ -55,6 +55,34 @@ def test_next_sessions_build_from_the_cache(cache_server, c_programs):
     assert mode == 0o700
 
 
+def test_a_served_program_builds_again_as_natively(cache_server, c_programs):
+    """Builds and compiles again of a program whose build the cache served (piglit's
+    cl-api-build-program): the same answers and programs as natively, in a session that meets
+    the cache cold and in one that meets it warm. PoCL 3.1 aborts a second build of a program
+    made from binaries, which ended the session at the first rebuild before."""
+    client = c_programs["rebuild_served"]
+    native = subprocess.run([client], capture_output=True, text=True, timeout=120)
+    assert native.returncode == 0, native.stderr
+    hits = []
+    for _ in range(2):
+        p = cache_server.popen([client, "hold"])
+        try:
+            lines = []
+            while not lines or lines[-1] != "ready\n":
+                line = p.stdout.readline()
+                assert line, "".join(lines) + p.stderr.read()
+                lines.append(line)
+            assert "".join(lines[:-1]) == native.stdout
+            (session,) = cache_server.status()["sessions"]
+            hits.append(session["detail"]["program_cache_hits"])
+        finally:
+            p.stdin.close()
+            assert p.wait(timeout=60) == 0, p.stderr.read()
+            wait_for(lambda: cache_server.status()["sessions"] == [], timeout=60, what="the worker's exit")
+    assert hits[1] >= 3, hits  # the first build, the build after the failures, the second program
+    assert "signal" not in cache_server.log.read_text()
+
+
 def test_damaged_entries_are_compiled_again(cache_server, c_programs):
     client = c_programs["program_cache"]
     counts(cache_server, client)

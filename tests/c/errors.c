@@ -37,6 +37,23 @@ int main(void) {
     cl_program prog = clCreateProgramWithSource(ctx, 1, &src, NULL, &err);
     CHECK(err);
     CHECK(clBuildProgram(prog, 1, &d, "", NULL, NULL));
+    /* user data without a callback (the driver never sees the client's user data) */
+    int user = 0;
+    cl_platform_id plat;
+    CHECK(clGetDeviceInfo(d, CL_DEVICE_PLATFORM, sizeof plat, &plat, NULL));
+    cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)plat, 0};
+    cl_context none = clCreateContext(NULL, 1, &d, NULL, &user, &err);
+    EXPECT(none == NULL && err == CL_INVALID_VALUE);
+    none = clCreateContextFromType(props, CL_DEVICE_TYPE_ALL, NULL, &user, &err);
+    EXPECT(none == NULL && err == CL_INVALID_VALUE);
+    EXPECT(clBuildProgram(prog, 1, &d, "", NULL, &user) == CL_INVALID_VALUE);
+    cl_program part = clCreateProgramWithSource(ctx, 1, &src, NULL, &err);
+    CHECK(err);
+    EXPECT(clCompileProgram(part, 1, &d, "", 0, NULL, NULL, NULL, &user) == CL_INVALID_VALUE);
+    CHECK(clCompileProgram(part, 1, &d, "", 0, NULL, NULL, NULL, NULL));
+    cl_program linked = clLinkProgram(ctx, 1, &d, "", 1, &part, NULL, &user, &err);
+    EXPECT(linked == NULL && err == CL_INVALID_VALUE);
+    CHECK(clReleaseProgram(part));
     cl_kernel k = clCreateKernel(prog, "nope", &err);
     EXPECT(k == NULL && err == CL_INVALID_KERNEL_NAME);
     k = clCreateKernel(prog, "k", &err);

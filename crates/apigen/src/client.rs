@@ -284,7 +284,7 @@ fn emit_stub(s: &mut String, api: &Api, f: &Func) {
                 let ud = &f.params[i + 1].name;
                 let _ = writeln!(
                     s,
-                    "        w.u64(rt::callbacks::register(CallbackKind::{}, {n}, {ud}));",
+                    "        w.u64(rt::callbacks::register(CallbackKind::{}, {n}, {ud})?);",
                     api.callback_variant(kind)
                 );
             }

@@ -152,6 +152,16 @@ impl<K: Copy + Eq + Hash> HandleTable<K> {
         }
     }
 
+    /// The live objects of `kind`.
+    pub fn objects_of(&self, kind: K) -> Vec<usize> {
+        self.lock()
+            .by_id
+            .values()
+            .filter(|(k, _)| *k == kind)
+            .map(|(_, p)| *p)
+            .collect()
+    }
+
     /// Live objects per kind.
     pub fn counts(&self) -> HashMap<K, usize> {
         let mut counts = HashMap::new();

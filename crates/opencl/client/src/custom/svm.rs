@@ -419,7 +419,7 @@ pub unsafe extern "C" fn clEnqueueSVMFree(
                 CallbackKind::ObjectNotify,
                 run_free_call as *const c_void,
                 Box::into_raw(call) as *mut c_void,
-            )
+            )?
         };
         let w = encode(
             Op::clEnqueueSVMFree,

@@ -15,10 +15,20 @@ struct Entry {
 
 static TABLE: Mutex<Option<HashMap<u64, Entry>>> = Mutex::new(None);
 
-/// Registers `f` (NULL: no callback, id 0).
-pub fn register(kind: CallbackKind, f: *const c_void, user_data: *mut c_void) -> u64 {
+/// Registers `f` (NULL: no callback, id 0). User data without a function is
+/// `CL_INVALID_VALUE`, as every OpenCL call taking a callback says (the driver never sees the
+/// user data, so it cannot say so itself).
+pub fn register(
+    kind: CallbackKind,
+    f: *const c_void,
+    user_data: *mut c_void,
+) -> Result<u64, ClErr> {
     if f.is_null() {
-        return 0;
+        return if user_data.is_null() {
+            Ok(0)
+        } else {
+            Err(ClErr(CL_INVALID_VALUE))
+        };
     }
     let id = alloc_id();
     TABLE
@@ -33,7 +43,7 @@ pub fn register(kind: CallbackKind, f: *const c_void, user_data: *mut c_void) ->
                 user_data: user_data as usize,
             },
         );
-    id
+    Ok(id)
 }
 
 type ContextFn = unsafe extern "C" fn(*const c_char, *const c_void, usize, *mut c_void);

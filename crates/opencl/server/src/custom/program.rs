@@ -175,6 +175,10 @@ pub fn clBuildProgram(
     } = a;
     let run = || -> Result<i32, i32> {
         let program = s.resolve(program_id, HandleKind::Program, false)?;
+        // The driver says so too, but a build the cache serves never asks it.
+        if device_ids.is_none() != (num_devices == 0) {
+            return Err(CL_INVALID_VALUE);
+        }
         let devices = s.resolve_list(
             device_ids.as_deref(),
             num_devices as usize,
@@ -260,11 +264,15 @@ pub fn clCompileProgram(
             .as_ref()
             .map(|v| v.iter().map(|c| c.as_ptr()).collect());
         crate::rt::check_slot(program, Op::clCompileProgram)?;
-        let headers = Headers::for_build(s, program_id, program, options.as_ref());
+        // Compiles that may swap the object behind an id take turns with builds.
+        let _turn = s.build_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let served = program;
+        let program = source_of_served(s, served)?;
+        let headers = Headers::for_build(s, program_id, served, options.as_ref());
         let (notify, user_data) =
             crate::callbacks::make(CallbackKind::ProgramNotify, notify_cb, program_id);
         let options_ptr = headers.options(options.as_ref());
-        Ok(compiling_reading(&headers.extra_reads(), || {
+        let st = compiling_reading(&headers.extra_reads(), || {
             // SAFETY: the lists hold the counts they go with (or are NULL), the options are a
             // C string (or NULL), the names C strings; all live across the call.
             unsafe {
@@ -280,7 +288,9 @@ pub fn clCompileProgram(
                     user_data,
                 )
             }
-        }))
+        });
+        name_the_source_again(s, program_id, served, program, st)?;
+        Ok(st)
     };
     w.i32(run().unwrap_or_else(|e| e));
     Ok(())
@@ -365,28 +375,9 @@ fn build_through_cache(
 ) -> i32 {
     // Builds that may swap the object behind an id take turns within the session.
     let _turn = s.build_lock.lock().unwrap_or_else(|p| p.into_inner());
-    let earlier = s
-        .cached_programs
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(&(req.program as usize))
-        .map(|c| (c.source_program, c.options.clone()));
-    let source_program = match earlier {
-        None => req.program,
-        Some((_, ref built_with)) if built_with.as_slice() == req.options => {
-            // The same source rebuilt with the same options: the cached binary rebuilt gives
-            // the same program (and the same errors: kernels attached, bad devices).
-            return build(req.program);
-        }
-        Some((source_program, built_with)) => {
-            // Other options need the source. A rebuild fails natively while kernels are
-            // attached, so ask the program the id names now before replacing it.
-            let st = rebuild(req.program, req.devices, &built_with);
-            if st != CL_SUCCESS {
-                return st;
-            }
-            source_program
-        }
+    let source_program = match source_of_served(s, req.program) {
+        Ok(p) => p,
+        Err(st) => return st,
     };
     let plan = plan(source_program, req.devices, req.options);
     if let Some(plan) = &plan {
@@ -395,17 +386,10 @@ fn build_through_cache(
         }
         crate::program_cache::MISSES.fetch_add(1, Ordering::Relaxed);
     }
-    if source_program != req.program {
-        // The id named a program built from the cache: it names its source program again.
-        s.cached_programs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&(req.program as usize));
-        if let Err(st) = move_references(s, req.id, req.program, source_program, 0) {
-            return st;
-        }
-    }
     let st = build(source_program);
+    if let Err(st) = name_the_source_again(s, req.id, req.program, source_program, st) {
+        return st;
+    }
     if st == CL_SUCCESS {
         if let Some(plan) = plan {
             if builds_cheaply_aside(&plan.devices) {
@@ -573,6 +557,68 @@ fn from_cache(
     crate::program_cache::HITS.fetch_add(1, Ordering::Relaxed);
     crate::callbacks::program_built(req.user_data);
     Some(CL_SUCCESS)
+}
+
+/// The program a build (or compile) of `program` is the driver's for: `program` itself, or
+/// where the cache served its build, the source program the application made. A driver may
+/// not build a program made from binaries twice (PoCL 3.1 aborts the worker:
+/// `pocl_cache_buildhash_is_valid`), nor compile it; natively the application's program is
+/// built again from its source, unless kernels hold it (CL_INVALID_OPERATION, as natively).
+fn source_of_served(s: &Session, program: Handle) -> Result<Handle, i32> {
+    let source = s
+        .cached_programs
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&(program as usize))
+        .map(|c| c.source_program);
+    match source {
+        None => Ok(program),
+        Some(_) if s.has_kernels_of(program) => Err(CL_INVALID_OPERATION),
+        Some(source) => Ok(source),
+    }
+}
+
+/// After the driver built (or compiled) `source` in place of the served program `served`
+/// (`source_of_served`) with status `st`: the id names its source program again once that
+/// built, or failed to build as the application's program would have. A call the driver
+/// refused before building leaves the served program behind the id, built, as natively.
+fn name_the_source_again(
+    s: &Session,
+    id: u64,
+    served: Handle,
+    source: Handle,
+    st: i32,
+) -> Result<(), i32> {
+    if source == served || (st != CL_SUCCESS && !build_attempted(source)) {
+        return Ok(());
+    }
+    s.cached_programs
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&(served as usize));
+    // Where this build's headers were (`Headers`, filed under the program the id named).
+    let mut paths = s.build_paths.lock().unwrap_or_else(|p| p.into_inner());
+    match paths.remove(&(served as usize)) {
+        Some(p) => paths.insert(source as usize, p),
+        None => paths.remove(&(source as usize)),
+    };
+    drop(paths);
+    move_references(s, id, served, source, 0)
+}
+
+/// Whether a build of `program` got as far as changing its build status on some device (a
+/// build refused for its arguments leaves it as it was).
+fn build_attempted(program: Handle) -> bool {
+    let Ok(devices) = crate::rt::program_info(program, CL_PROGRAM_DEVICES) else {
+        return false;
+    };
+    devices
+        .chunks_exact(8)
+        .filter_map(crate::rt::handle_value)
+        .any(|d| {
+            crate::rt::program_build_info(program, d, CL_PROGRAM_BUILD_STATUS)
+                .is_ok_and(|st| st != CL_BUILD_NONE.to_le_bytes())
+        })
 }
 
 /// A program created from one binary per device of `plan` (not built yet), or the driver's

@@ -8,15 +8,20 @@
 #
 #   scripts/gpu-test.sh [PART...] [-- PYTEST-ARGS...]
 #
-# PARTs, in the order they run (default: all of them):
-#   cuda-tests    tests/test_cuda.py's GPU tests (driver API, cudart, NVML, quotas)
-#   torch-tests   tests/test_torch.py's GPU tests (where python3 has PyTorch)
-#   cuda-bench    `wh bench --part cuda`: the CUDA table (native, shared memory, TCP)
-#   opencl-bench  the OpenCL calls table on NVIDIA's OpenCL, with pinned staging and without
-#   torch-bench   `wh bench --part torch` (where python3 has PyTorch)
-# A device command may run 10 minutes at most: give each call a few parts. Each part stops
-# after PART_LIMIT seconds (default 540), all of them after CALL_LIMIT (560), each test after
-# 200; where $OUT is set (the device machine), each part's output is kept in $OUT/<part>.log.
+# PARTs, in the order they run (default: all of them), each with its share of the call:
+#   cuda-tests    tests/test_cuda.py's GPU tests (driver API, cudart, NVML, quotas)     150 s
+#   torch-tests   tests/test_torch.py's GPU tests (where python3 has PyTorch)           150 s
+#   cuda-bench    `wh bench --part cuda`: the CUDA table (native, shared memory, TCP)     80 s
+#   opencl-bench  the OpenCL calls table on NVIDIA's OpenCL, with pinned staging and   100 s
+#                 without (half each)
+#   torch-bench   `wh bench --part torch` (where python3 has PyTorch)                   60 s
+# A session has 15 minutes of the GPU machine in all, its start (a minute or two) included,
+# and a machine is not started with under 4 left: plan on one call. So all the parts fit one
+# device command (at most 600 s): each part stops at its share plus what the parts before it
+# left unused (PART_LIMIT, if set, caps every part instead), all of them after CALL_LIMIT
+# (default 550) s, each test after TEST_LIMIT (default 60) s, a PyTorch test (two trainings)
+# after TORCH_TEST_LIMIT (150): a hang costs one test, not the call. Where $OUT is set (the
+# device machine), each part's output is kept in $OUT/<part>.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILT=(wh libwormhole_cuda.so libwormhole_nvml.so libwormhole_opencl.so wh-cuda-bench-client wh-bench-client)
@@ -53,6 +58,12 @@ while [ $# -gt 0 ]; do
 done
 [ ${#parts[@]} -gt 0 ] || parts=("${ALL[@]}")
 wants() { local p; for p in "${parts[@]}"; do [ "$p" = "$1" ] && return 0; done; return 1; }
+# The call's seconds are shared among the parts asked for, in proportion to their shares.
+declare -A share=([cuda-tests]=150 [torch-tests]=150 [cuda-bench]=80 [opencl-bench]=100 [torch-bench]=60)
+planned=0
+for p in "${parts[@]}"; do planned=$((planned + ${share[$p]})); done
+share[opencl-bench-unstaged]=$((share[opencl-bench] / 2))
+share[opencl-bench]=$((share[opencl-bench] / 2))
 
 for f in "${BUILT[@]}"; do
     [ -e "target/release/$f" ] || { echo "gpu-test: target/release/$f is missing (here: scripts/gpu-test.sh --prepare, then carry target/gpu)" >&2; exit 1; }
@@ -62,36 +73,42 @@ nvidia-smi -L || { echo "gpu-test: no NVIDIA GPU here" >&2; exit 1; }
 if python3 -c "import pytest, pytest_timeout" 2>/dev/null; then py=(python3); else py=(env PYTHONPATH=target/gpu/py python3); fi
 has_torch() { python3 -c "import torch" 2>/dev/null; }
 export PYTHONUNBUFFERED=1
-# A part's output, kept in $OUT/<part>.log too where $OUT is set. A part stops after
-# PART_LIMIT seconds, and all of them together after CALL_LIMIT (a device command is killed
-# at 600 s, its output with it): SIGINT first, so pytest still prints what failed.
-call_limit=${CALL_LIMIT:-560}
+# A part's output, kept in $OUT/<part>.log too where $OUT is set. A part stops after its
+# share of the call (plus what earlier parts left unused), and all of them together after
+# CALL_LIMIT (a device command is killed at 600 s, its output with it): SIGINT first, so
+# pytest still prints what failed.
+call_limit=${CALL_LIMIT:-550}
+test_limit=${TEST_LIMIT:-60}
+spare=0
 keep() { if [ -n "${OUT:-}" ]; then tee -a "$OUT/$1.log"; else cat; fi; }
 part() {
-    local name=$1 left limit st
+    local name=$1 left limit st started=$SECONDS
     shift
     left=$((call_limit - SECONDS))
-    limit=$((left < ${PART_LIMIT:-540} ? left : ${PART_LIMIT:-540}))
-    if [ "$limit" -lt 30 ]; then
+    limit=${PART_LIMIT:-$((${share[$name]} * call_limit / planned + spare))}
+    [ "$limit" -le "$left" ] || limit=$left
+    if [ "$limit" -lt 20 ]; then
         echo "gpu-test: $name skipped: ${left}s left of this call's ${call_limit}s" | keep "$name"
         rc=1
         return
     fi
     echo "gpu-test: $name (at most ${limit}s)"
     set +e
-    timeout -s INT -k 20 "$limit" "$@" 2>&1 | keep "$name"
+    timeout -s INT -k 15 "$limit" "$@" 2>&1 | keep "$name"
     st=${PIPESTATUS[0]}
     set -e
     [ "$st" -eq 0 ] || rc=$st
+    spare=$((limit - (SECONDS - started)))
+    [ "$spare" -ge 0 ] || spare=0
+    echo "gpu-test: $name took $((SECONDS - started))s (status $st)" | keep "$name"
 }
 rc=0
-# Each test 200 s at most: a hang must not eat a session's 30 minutes of the machine.
 if wants cuda-tests; then
-    part cuda-tests "${py[@]}" -m pytest -v -m gpu -p no:cacheprovider --timeout=200 tests/test_cuda.py ${pytest_args[@]+"${pytest_args[@]}"}
+    part cuda-tests "${py[@]}" -m pytest -v -m gpu -p no:cacheprovider --timeout="$test_limit" tests/test_cuda.py ${pytest_args[@]+"${pytest_args[@]}"}
 fi
 if wants torch-tests; then
     # -rP: the passing tests' output too (steps/s, round trips per step).
-    part torch-tests "${py[@]}" -m pytest -v -rP -m gpu -p no:cacheprovider --timeout=200 tests/test_torch.py ${pytest_args[@]+"${pytest_args[@]}"}
+    part torch-tests "${py[@]}" -m pytest -v -rP -m gpu -p no:cacheprovider --timeout="${TORCH_TEST_LIMIT:-150}" tests/test_torch.py ${pytest_args[@]+"${pytest_args[@]}"}
 fi
 if wants cuda-bench; then
     part cuda-bench target/release/wh bench --part cuda
@@ -109,7 +126,7 @@ if wants opencl-bench; then
         # Which loader and platform the native side reaches (the toolkit's libOpenCL.so.1
         # comes first on the library path there).
         { ldd target/release/wh-bench-client | grep -i opencl || true; } | keep opencl-bench
-        { timeout 60 target/release/wh-bench-client platform 2>&1 || echo "gpu-test: the native side reached no OpenCL platform"; } | keep opencl-bench
+        { timeout 20 target/release/wh-bench-client platform 2>&1 || echo "gpu-test: the native side reached no OpenCL platform"; } | keep opencl-bench
         # Pinned staging on (auto), then without (mapped transfers): what staging buys.
         part opencl-bench target/release/wh bench --part calls
         WORMHOLE_PINNED_STAGING=never part opencl-bench-unstaged target/release/wh bench --part calls

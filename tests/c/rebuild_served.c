@@ -9,6 +9,7 @@
  * and waits for a line on stdin (so the session's status can be read). */
 #include "common.h"
 #include <string.h>
+#include <unistd.h>
 
 static const char *SRC =
     "#warning \"wormhole-rebuild-test\"\n"
@@ -50,6 +51,52 @@ static void step(const char *what, cl_int st) {
     fflush(stdout);
 }
 
+static void CL_CALLBACK count_notify(cl_program prog, void *user) {
+    (void)prog;
+    __atomic_add_fetch((int *)user, 1, __ATOMIC_SEQ_CST);
+}
+
+/* How many times the build callback ran (waiting up to 5 s for the first: through Wormhole it
+ * comes on the callback thread). */
+static int notified(int *count) {
+    for (int i = 0; i < 500 && __atomic_load_n(count, __ATOMIC_SEQ_CST) == 0; i++) usleep(10000);
+    return __atomic_load_n(count, __ATOMIC_SEQ_CST);
+}
+
+/* A build (or compile) while a kernel the application released still waits in a queue
+ * behind a user event: natively the kernel holds the program, so the build is refused; then
+ * the kernel runs with what the program was. Through Wormhole the program the cache served
+ * was given away under that kernel before. */
+static void build_under_a_pending_kernel(cl_context ctx, cl_command_queue q, cl_program prog,
+                                         cl_device_id dev, int compile) {
+    cl_int err;
+    cl_event gate = clCreateUserEvent(ctx, &err);
+    CHECK(err);
+    cl_kernel k = clCreateKernel(prog, "fill", &err);
+    CHECK(err);
+    cl_mem buf = clCreateBuffer(ctx, CL_MEM_READ_WRITE, N * sizeof(int), NULL, &err);
+    CHECK(err);
+    CHECK(clSetKernelArg(k, 0, sizeof buf, &buf));
+    size_t global = N;
+    CHECK(clEnqueueNDRangeKernel(q, k, 1, NULL, &global, NULL, 1, &gate, NULL));
+    CHECK(clReleaseKernel(k));
+    int count = 0;
+    if (compile) {
+        step("compiled under a pending kernel",
+             clCompileProgram(prog, 1, &dev, "-DVALUE=6", 0, NULL, NULL, count_notify, &count));
+    } else {
+        step("built under a pending kernel",
+             clBuildProgram(prog, 1, &dev, "-DVALUE=6", count_notify, &count));
+    }
+    printf("  notified %d\n", notified(&count));
+    CHECK(clSetUserEventStatus(gate, CL_COMPLETE));
+    int data[N];
+    CHECK(clEnqueueReadBuffer(q, buf, CL_TRUE, 0, sizeof data, data, 0, NULL, NULL));
+    printf("  the pending kernel wrote %d\n", data[0]);
+    CHECK(clReleaseMemObject(buf));
+    CHECK(clReleaseEvent(gate));
+}
+
 int main(int argc, char **argv) {
     cl_device_id dev;
     cl_context ctx;
@@ -60,6 +107,9 @@ int main(int argc, char **argv) {
     CHECK(err);
 
     step("build", clBuildProgram(p, 1, &dev, "-DVALUE=1", NULL, NULL));
+    printf("  runs %d\n", run_fill(ctx, q, p));
+    build_under_a_pending_kernel(ctx, q, p, dev, 0);
+    status(p, dev);
     printf("  runs %d\n", run_fill(ctx, q, p));
     step("the same build again", clBuildProgram(p, 1, &dev, "-DVALUE=1", NULL, NULL));
     status(p, dev);
@@ -104,6 +154,7 @@ int main(int argc, char **argv) {
     cl_program p2 = clCreateProgramWithSource(ctx, 1, &SRC, NULL, &err);
     CHECK(err);
     step("second program", clBuildProgram(p2, 1, &dev, "-DVALUE=1", NULL, NULL));
+    build_under_a_pending_kernel(ctx, q, p2, dev, 1);
     step("compiled", clCompileProgram(p2, 1, &dev, "-DVALUE=4", 0, NULL, NULL, NULL, NULL));
     CHECK(clGetProgramBuildInfo(p2, dev, CL_PROGRAM_BUILD_STATUS, sizeof st, &st, NULL));
     cl_program_binary_type bt;

@@ -447,11 +447,19 @@ fn emit_handler(s: &mut String, api: &Api, f: &Func) {
         }
         _ => s.push_str("        let status = ret;\n"),
     }
+    // The application's references as the server sees them (`HandleTable::refs`).
+    if f.retain.is_some() {
+        let h = first_handle.as_ref().expect("retain handle");
+        let _ = writeln!(
+            s,
+            "        if status == STATUS_SUCCESS {{ s.retained({h}_id); }}"
+        );
+    }
     if f.release.is_some() {
         let h = first_handle.as_ref().expect("release handle");
         let _ = writeln!(
             s,
-            "        if status == STATUS_SUCCESS && last {{ s.forget({h}_id); }}"
+            "        if status == STATUS_SUCCESS {{ if last {{ s.forget({h}_id); }} else {{ s.released({h}_id); }} }}"
         );
     }
     s.push_str("        w.i32(status);\n        if status != STATUS_SUCCESS {\n            return Ok(());\n        }\n");

@@ -19,6 +19,10 @@ pub enum NewIdError {
 struct Table<K> {
     by_id: HashMap<u64, (K, usize)>,
     by_ptr: HashMap<usize, u64>,
+    /// The application's references to each id it created, as its retains and releases
+    /// reached the server: the driver's own count of the object may be higher (what the
+    /// driver itself holds, e.g. a kernel holds its program).
+    refs: HashMap<u64, u32>,
     next_server_id: u64,
 }
 
@@ -32,6 +36,7 @@ impl<K> Default for HandleTable<K> {
             t: Mutex::new(Table {
                 by_id: HashMap::new(),
                 by_ptr: HashMap::new(),
+                refs: HashMap::new(),
                 next_server_id: 0,
             }),
         }
@@ -92,7 +97,28 @@ impl<K: Copy + Eq + Hash> HandleTable<K> {
         Self::admit(&t, id, max)?;
         t.by_id.insert(id, (kind, ptr));
         t.by_ptr.insert(ptr, id);
+        t.refs.insert(id, 1);
         Ok(())
+    }
+
+    /// The application retained `id` once more.
+    pub fn retained(&self, id: u64) {
+        if let Some(n) = self.lock().refs.get_mut(&id) {
+            *n = n.saturating_add(1);
+        }
+    }
+
+    /// The application released `id` once (its last release is [`HandleTable::forget`]).
+    pub fn released(&self, id: u64) {
+        if let Some(n) = self.lock().refs.get_mut(&id) {
+            *n = n.saturating_sub(1);
+        }
+    }
+
+    /// The application's references to `id`, if it created the object behind it (objects the
+    /// server exported, such as devices, are not counted).
+    pub fn refs(&self, id: u64) -> Option<u32> {
+        self.lock().refs.get(&id).copied()
     }
 
     /// Points an existing id at another real object of its kind.
@@ -109,6 +135,7 @@ impl<K: Copy + Eq + Hash> HandleTable<K> {
     /// The client dropped its last reference to `id`: what it named, if anything.
     pub fn forget(&self, id: u64) -> Option<(K, usize)> {
         let mut t = self.lock();
+        t.refs.remove(&id);
         let (kind, p) = t.by_id.remove(&id)?;
         if t.by_ptr.get(&p) == Some(&id) {
             t.by_ptr.remove(&p);
@@ -197,6 +224,30 @@ mod tests {
         assert_eq!(t.forget(5), Some((1, 0x1000)));
         assert_eq!(t.get(5, 1), None);
         assert_eq!(t.counts().get(&3), Some(&1));
+    }
+
+    #[test]
+    fn the_applications_references_follow_its_retains_and_releases() {
+        let t = HandleTable::<u8>::default();
+        t.bind_new(5, 1, 0x1000, None).unwrap();
+        assert_eq!(t.refs(5), Some(1), "created with one");
+        t.retained(5);
+        t.retained(5);
+        t.released(5);
+        assert_eq!(t.refs(5), Some(2));
+        t.rebind(5, 1, 0x2000);
+        assert_eq!(t.refs(5), Some(2), "the id's references move with it");
+        let dev = t.export(3, 0x3000);
+        t.retained(dev);
+        assert_eq!(
+            t.refs(dev),
+            None,
+            "objects the server exported are not counted"
+        );
+        t.forget(5);
+        assert_eq!(t.refs(5), None);
+        t.bind_new(5, 1, 0x1000, None).unwrap();
+        assert_eq!(t.refs(5), Some(1), "an id bound anew starts again");
     }
 
     #[test]

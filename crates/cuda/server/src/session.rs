@@ -168,6 +168,12 @@ impl Session {
         kept.get(&id).map(|j| j.outputs()).unwrap_or_default()
     }
 
+    /// The application released `id`, not for the last time (`HandleTable::refs`; CUDA's
+    /// destroys are all last).
+    pub fn released(&self, id: u64) {
+        self.handles.released(id);
+    }
+
     /// The object behind `id` was destroyed, and with it what came from it (a module's or a
     /// library's functions and kernels, a kernel's functions): they leave the table, so a
     /// program that loads and unloads modules does not fill it.

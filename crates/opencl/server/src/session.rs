@@ -432,35 +432,24 @@ impl Session {
             .map_err(|e| self.new_id_error(e))
     }
 
-    /// Whether a kernel the session holds was made from `program` (natively a program cannot
-    /// be built again while it has kernels).
-    pub fn has_kernels_of(&self, program: Handle) -> bool {
-        self.handles
-            .objects_of(HandleKind::Kernel)
-            .into_iter()
-            .any(|k| {
-                crate::rt::info_bytes(|n, p, r| {
-                    // SAFETY: a live kernel of the session; `info_bytes` passes a buffer of
-                    // the size it gives.
-                    unsafe {
-                        crate::generated::ffi::clGetKernelInfo(
-                            k as Handle,
-                            CL_KERNEL_PROGRAM,
-                            n,
-                            p,
-                            r,
-                        )
-                    }
-                })
-                .ok()
-                .and_then(|v| crate::rt::handle_value(&v))
-                    == Some(program)
-            })
+    /// The application's references to `id` (`HandleTable::refs`).
+    pub fn app_refs(&self, id: u64) -> Option<u32> {
+        self.handles.refs(id)
     }
 
     /// Points an existing id at another real object of its kind.
     pub fn rebind(&self, id: u64, kind: HandleKind, ptr: Handle) {
         self.handles.rebind(id, kind, ptr as usize);
+    }
+
+    /// The application retained `id` once more (`HandleTable::refs`).
+    pub fn retained(&self, id: u64) {
+        self.handles.retained(id);
+    }
+
+    /// The application released `id`, not for the last time.
+    pub fn released(&self, id: u64) {
+        self.handles.released(id);
     }
 
     /// The client dropped its last reference to `id`.

@@ -267,10 +267,12 @@ pub fn clCompileProgram(
         // Compiles that may swap the object behind an id take turns with builds.
         let _turn = s.build_lock.lock().unwrap_or_else(|p| p.into_inner());
         let served = program;
-        let program = source_of_served(s, served)?;
-        let headers = Headers::for_build(s, program_id, served, options.as_ref());
         let (notify, user_data) =
             crate::callbacks::make(CallbackKind::ProgramNotify, notify_cb, program_id);
+        let program = source_of_served(s, program_id, served).inspect_err(|_| {
+            crate::callbacks::program_built(user_data);
+        })?;
+        let headers = Headers::for_build(s, program_id, served, options.as_ref());
         let options_ptr = headers.options(options.as_ref());
         let st = compiling_reading(&headers.extra_reads(), || {
             // SAFETY: the lists hold the counts they go with (or are NULL), the options are a
@@ -375,9 +377,12 @@ fn build_through_cache(
 ) -> i32 {
     // Builds that may swap the object behind an id take turns within the session.
     let _turn = s.build_lock.lock().unwrap_or_else(|p| p.into_inner());
-    let source_program = match source_of_served(s, req.program) {
+    let source_program = match source_of_served(s, req.id, req.program) {
         Ok(p) => p,
-        Err(st) => return st,
+        Err(st) => {
+            crate::callbacks::program_built(req.user_data);
+            return st;
+        }
     };
     let plan = plan(source_program, req.devices, req.options);
     if let Some(plan) = &plan {
@@ -543,6 +548,7 @@ fn from_cache(
         release_program(new);
         return Some(st);
     }
+    move_build_paths(s, req.program, new);
     let mut cached = s.cached_programs.lock().unwrap_or_else(|p| p.into_inner());
     cached.remove(&(req.program as usize));
     cached.insert(
@@ -559,12 +565,13 @@ fn from_cache(
     Some(CL_SUCCESS)
 }
 
-/// The program a build (or compile) of `program` is the driver's for: `program` itself, or
-/// where the cache served its build, the source program the application made. A driver may
-/// not build a program made from binaries twice (PoCL 3.1 aborts the worker:
+/// The program a build (or compile) of `program`, named `id`, is the driver's for: `program`
+/// itself, or where the cache served its build, the source program the application made. A
+/// driver may not build a program made from binaries twice (PoCL 3.1 aborts the worker:
 /// `pocl_cache_buildhash_is_valid`), nor compile it; natively the application's program is
-/// built again from its source, unless kernels hold it (CL_INVALID_OPERATION, as natively).
-fn source_of_served(s: &Session, program: Handle) -> Result<Handle, i32> {
+/// built again from its source, unless kernels hold it: then CL_INVALID_OPERATION, as
+/// natively, and the caller calls the build's callback, as PoCL does for its own refusal.
+fn source_of_served(s: &Session, id: u64, program: Handle) -> Result<Handle, i32> {
     let source = s
         .cached_programs
         .lock()
@@ -573,9 +580,29 @@ fn source_of_served(s: &Session, program: Handle) -> Result<Handle, i32> {
         .map(|c| c.source_program);
     match source {
         None => Ok(program),
-        Some(_) if s.has_kernels_of(program) => Err(CL_INVALID_OPERATION),
-        Some(source) => Ok(source),
+        Some(source) if held_by_driver(s, id, program)? == 0 => Ok(source),
+        Some(_) => Err(CL_INVALID_OPERATION),
     }
+}
+
+/// The references to `program` (named `id`) that are not the application's: its kernels',
+/// those the application holds and those only the driver still does (a released kernel of a
+/// command not finished yet). The session's own kernel table would miss the latter, and
+/// asking each kernel there for its program races with its release on another lane.
+fn held_by_driver(s: &Session, id: u64, program: Handle) -> Result<u32, i32> {
+    let app = s.app_refs(id).ok_or(CL_INVALID_PROGRAM)?;
+    Ok(driver_refs(program)?.saturating_sub(app))
+}
+
+/// The driver's reference count of `program`.
+fn driver_refs(program: Handle) -> Result<u32, i32> {
+    let count = crate::rt::program_info(program, CL_PROGRAM_REFERENCE_COUNT)?;
+    Ok(u32::from_le_bytes(
+        count
+            .get(..4)
+            .and_then(|c| c.try_into().ok())
+            .unwrap_or([0; 4]),
+    ))
 }
 
 /// After the driver built (or compiled) `source` in place of the served program `served`
@@ -596,14 +623,19 @@ fn name_the_source_again(
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .remove(&(served as usize));
-    // Where this build's headers were (`Headers`, filed under the program the id named).
-    let mut paths = s.build_paths.lock().unwrap_or_else(|p| p.into_inner());
-    match paths.remove(&(served as usize)) {
-        Some(p) => paths.insert(source as usize, p),
-        None => paths.remove(&(source as usize)),
-    };
-    drop(paths);
+    move_build_paths(s, served, source);
     move_references(s, id, served, source, 0)
+}
+
+/// Where a build's headers were (`Headers`, filed under the program the id named) follows the
+/// id to the program it names now; nothing stays filed under one that may be freed (a later
+/// program at its address would answer with it).
+fn move_build_paths(s: &Session, from: Handle, to: Handle) {
+    let mut paths = s.build_paths.lock().unwrap_or_else(|p| p.into_inner());
+    match paths.remove(&(from as usize)) {
+        Some(p) => paths.insert(to as usize, p),
+        None => paths.remove(&(to as usize)),
+    };
 }
 
 /// Whether a build of `program` got as far as changing its build status on some device (a
@@ -682,17 +714,13 @@ fn compiling_reading(extra: &[std::path::PathBuf], call: impl FnOnce() -> i32) -
     wormhole_server::build_sandbox::run_reading(extra, call).unwrap_or(CL_COMPILER_NOT_AVAILABLE)
 }
 
-/// Points `id` from program `from` to program `to`, moving the application's references with
-/// it (no kernels hold either: a build would have failed), and keeps `keep` of `from`'s.
+/// Points `id` from program `from` to program `to`, moving the application's references
+/// with it (`to` holds one already), and keeps `keep` of them on `from`. Only the
+/// application's: what else holds `from` (a kernel made while the driver built, which natively
+/// would have kept the build from starting) keeps it alive until it lets go.
 fn move_references(s: &Session, id: u64, from: Handle, to: Handle, keep: u32) -> Result<(), i32> {
-    let count = crate::rt::program_info(from, CL_PROGRAM_REFERENCE_COUNT)?;
-    let count = u32::from_le_bytes(
-        count
-            .get(..4)
-            .and_then(|c| c.try_into().ok())
-            .unwrap_or([0; 4]),
-    );
-    if count == 0 {
+    let count = s.app_refs(id).ok_or(CL_INVALID_PROGRAM)?;
+    if count == 0 || driver_refs(from)? < count {
         return Err(CL_INVALID_PROGRAM);
     }
     for _ in 1..count {

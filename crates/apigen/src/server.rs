@@ -254,6 +254,11 @@ fn emit_handler(s: &mut String, api: &Api, f: &Func) {
     s.push_str("    r.finish()?;\n");
     // 2. Validate and resolve, then call. Any Err(code) becomes the reply status.
     s.push_str("    let result = (|| -> Result<(), i32> {\n");
+    if f.retain.is_some() || f.release.is_some() {
+        // The object behind the id, the driver's count and the application's change together,
+        // never while the id is pointed at another object (`HandleTable::repointing`).
+        s.push_str("        let _counting = s.counting();\n");
+    }
     if matches!(f.ret, Ret::Handle(_)) {
         s.push_str("        s.check_new_id(new_id)?;\n");
     }

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::sync::Mutex;
+use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use wormhole_wire::SERVER_ID_BIT;
 
 /// Why a client-chosen id for a new object was refused.
@@ -28,6 +28,10 @@ struct Table<K> {
 
 pub struct HandleTable<K> {
     t: Mutex<Table<K>>,
+    /// Held (shared) by a retain or release from resolving its id to counting it, and
+    /// (exclusively) while an id's references move to another object: a retain between the
+    /// two would land on one object and be counted for the other.
+    moving: RwLock<()>,
 }
 
 impl<K> Default for HandleTable<K> {
@@ -39,6 +43,7 @@ impl<K> Default for HandleTable<K> {
                 refs: HashMap::new(),
                 next_server_id: 0,
             }),
+            moving: RwLock::new(()),
         }
     }
 }
@@ -113,6 +118,16 @@ impl<K: Copy + Eq + Hash> HandleTable<K> {
         if let Some(n) = self.lock().refs.get_mut(&id) {
             *n = n.saturating_sub(1);
         }
+    }
+
+    /// Held across a retain or release: no id is pointed elsewhere meanwhile.
+    pub fn counting(&self) -> RwLockReadGuard<'_, ()> {
+        self.moving.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Held while an id's references move to another object and the id is pointed at it.
+    pub fn repointing(&self) -> RwLockWriteGuard<'_, ()> {
+        self.moving.write().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The application's references to `id`, if it created the object behind it (objects the

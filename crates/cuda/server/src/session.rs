@@ -168,6 +168,11 @@ impl Session {
         kept.get(&id).map(|j| j.outputs()).unwrap_or_default()
     }
 
+    /// Held across a release (`HandleTable::counting`).
+    pub fn counting(&self) -> std::sync::RwLockReadGuard<'_, ()> {
+        self.handles.counting()
+    }
+
     /// The application released `id`, not for the last time (`HandleTable::refs`; CUDA's
     /// destroys are all last).
     pub fn released(&self, id: u64) {

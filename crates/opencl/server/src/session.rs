@@ -442,6 +442,16 @@ impl Session {
         self.handles.rebind(id, kind, ptr as usize);
     }
 
+    /// Held across a retain or release (`HandleTable::counting`).
+    pub fn counting(&self) -> std::sync::RwLockReadGuard<'_, ()> {
+        self.handles.counting()
+    }
+
+    /// Held while an id's references move to another object (`HandleTable::repointing`).
+    pub fn repointing(&self) -> std::sync::RwLockWriteGuard<'_, ()> {
+        self.handles.repointing()
+    }
+
     /// The application retained `id` once more (`HandleTable::refs`).
     pub fn retained(&self, id: u64) {
         self.handles.retained(id);

@@ -546,6 +546,7 @@ fn from_cache(
     let keep = u32::from(source_program == req.program);
     if let Err(st) = move_references(s, req.id, req.program, new, keep) {
         release_program(new);
+        crate::callbacks::program_built(req.user_data);
         return Some(st);
     }
     move_build_paths(s, req.program, new);
@@ -719,6 +720,7 @@ fn compiling_reading(extra: &[std::path::PathBuf], call: impl FnOnce() -> i32) -
 /// application's: what else holds `from` (a kernel made while the driver built, which natively
 /// would have kept the build from starting) keeps it alive until it lets go.
 fn move_references(s: &Session, id: u64, from: Handle, to: Handle, keep: u32) -> Result<(), i32> {
+    let _repointing = s.repointing();
     let count = s.app_refs(id).ok_or(CL_INVALID_PROGRAM)?;
     if count == 0 || driver_refs(from)? < count {
         return Err(CL_INVALID_PROGRAM);

@@ -59,7 +59,9 @@ def test_a_served_program_builds_again_as_natively(cache_server, c_programs):
     """Builds and compiles again of a program whose build the cache served (piglit's
     cl-api-build-program): the same answers and programs as natively, in a session that meets
     the cache cold and in one that meets it warm. PoCL 3.1 aborts a second build of a program
-    made from binaries, which ended the session at the first rebuild before."""
+    made from binaries, which ended the session at the first rebuild before; and a build while
+    a kernel the application released still waits in a queue is refused, with its callback, as
+    natively (before, the served program was freed under that kernel: SIGABRT in PoCL)."""
     client = c_programs["rebuild_served"]
     native = subprocess.run([client], capture_output=True, text=True, timeout=120)
     assert native.returncode == 0, native.stderr

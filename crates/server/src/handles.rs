@@ -16,13 +16,27 @@ pub enum NewIdError {
     TooMany,
 }
 
-struct Table<K> {
-    by_id: HashMap<u64, (K, usize)>,
-    by_ptr: HashMap<usize, u64>,
-    /// The application's references to each id it created, as its retains and releases
+/// What an id names.
+struct Entry<K> {
+    kind: K,
+    ptr: usize,
+    /// The application's references, for an object it created, as its retains and releases
     /// reached the server: the driver's own count of the object may be higher (what the
-    /// driver itself holds, e.g. a kernel holds its program).
-    refs: HashMap<u64, u32>,
+    /// driver itself holds, e.g. a kernel holds its program). None for objects the server
+    /// exported (devices, objects returned by queries).
+    refs: Option<u32>,
+}
+
+impl<K: Copy + Eq> Entry<K> {
+    /// The object, if it is of `kind`.
+    fn of(&self, kind: K) -> Option<usize> {
+        (self.kind == kind).then_some(self.ptr)
+    }
+}
+
+struct Table<K> {
+    by_id: HashMap<u64, Entry<K>>,
+    by_ptr: HashMap<usize, u64>,
     next_server_id: u64,
 }
 
@@ -40,7 +54,6 @@ impl<K> Default for HandleTable<K> {
             t: Mutex::new(Table {
                 by_id: HashMap::new(),
                 by_ptr: HashMap::new(),
-                refs: HashMap::new(),
                 next_server_id: 0,
             }),
             moving: RwLock::new(()),
@@ -55,21 +68,13 @@ impl<K: Copy + Eq + Hash> HandleTable<K> {
 
     /// The object behind `id` if it is of `kind`.
     pub fn get(&self, id: u64, kind: K) -> Option<usize> {
-        match self.lock().by_id.get(&id) {
-            Some((k, p)) if *k == kind => Some(*p),
-            _ => None,
-        }
+        self.lock().by_id.get(&id)?.of(kind)
     }
 
     /// The objects behind `ids`, all of `kind`, or None if any is not.
     pub fn get_all(&self, ids: &[u64], kind: K) -> Option<Vec<usize>> {
         let t = self.lock();
-        ids.iter()
-            .map(|id| match t.by_id.get(id) {
-                Some((k, p)) if *k == kind => Some(*p),
-                _ => None,
-            })
-            .collect()
+        ids.iter().map(|id| t.by_id.get(id)?.of(kind)).collect()
     }
 
     /// Whether `id` may name a new object: fresh, in the client's id space, and within `max`
@@ -100,22 +105,22 @@ impl<K: Copy + Eq + Hash> HandleTable<K> {
     ) -> Result<(), NewIdError> {
         let mut t = self.lock();
         Self::admit(&t, id, max)?;
-        t.by_id.insert(id, (kind, ptr));
+        let refs = Some(1);
+        t.by_id.insert(id, Entry { kind, ptr, refs });
         t.by_ptr.insert(ptr, id);
-        t.refs.insert(id, 1);
         Ok(())
     }
 
     /// The application retained `id` once more.
     pub fn retained(&self, id: u64) {
-        if let Some(n) = self.lock().refs.get_mut(&id) {
+        if let Some(n) = self.lock().by_id.get_mut(&id).and_then(|e| e.refs.as_mut()) {
             *n = n.saturating_add(1);
         }
     }
 
     /// The application released `id` once (its last release is [`HandleTable::forget`]).
     pub fn released(&self, id: u64) {
-        if let Some(n) = self.lock().refs.get_mut(&id) {
+        if let Some(n) = self.lock().by_id.get_mut(&id).and_then(|e| e.refs.as_mut()) {
             *n = n.saturating_sub(1);
         }
     }
@@ -133,16 +138,20 @@ impl<K: Copy + Eq + Hash> HandleTable<K> {
     /// The application's references to `id`, if it created the object behind it (objects the
     /// server exported, such as devices, are not counted).
     pub fn refs(&self, id: u64) -> Option<u32> {
-        self.lock().refs.get(&id).copied()
+        self.lock().by_id.get(&id)?.refs
     }
 
-    /// Points an existing id at another real object of its kind.
+    /// Points an existing id at another real object of its kind; the application's
+    /// references stay with the id.
     pub fn rebind(&self, id: u64, kind: K, ptr: usize) {
         let mut t = self.lock();
-        if let Some((_, old)) = t.by_id.insert(id, (kind, ptr)) {
-            if t.by_ptr.get(&old) == Some(&id) {
-                t.by_ptr.remove(&old);
-            }
+        let Some(e) = t.by_id.get_mut(&id) else {
+            return;
+        };
+        let old = std::mem::replace(&mut e.ptr, ptr);
+        e.kind = kind;
+        if t.by_ptr.get(&old) == Some(&id) {
+            t.by_ptr.remove(&old);
         }
         t.by_ptr.insert(ptr, id);
     }
@@ -150,12 +159,11 @@ impl<K: Copy + Eq + Hash> HandleTable<K> {
     /// The client dropped its last reference to `id`: what it named, if anything.
     pub fn forget(&self, id: u64) -> Option<(K, usize)> {
         let mut t = self.lock();
-        t.refs.remove(&id);
-        let (kind, p) = t.by_id.remove(&id)?;
-        if t.by_ptr.get(&p) == Some(&id) {
-            t.by_ptr.remove(&p);
+        let Entry { kind, ptr, .. } = t.by_id.remove(&id)?;
+        if t.by_ptr.get(&ptr) == Some(&id) {
+            t.by_ptr.remove(&ptr);
         }
-        Some((kind, p))
+        Some((kind, ptr))
     }
 
     /// The id under which the client knows `ptr`, assigning a server id to objects the client
@@ -166,7 +174,7 @@ impl<K: Copy + Eq + Hash> HandleTable<K> {
         }
         let mut t = self.lock();
         if let Some(id) = t.by_ptr.get(&ptr) {
-            if t.by_id.get(id).map(|e| e.0) == Some(kind) {
+            if t.by_id.get(id).is_some_and(|e| e.kind == kind) {
                 return *id;
             }
         }
@@ -180,7 +188,8 @@ impl<K: Copy + Eq + Hash> HandleTable<K> {
         }
         t.next_server_id += 1;
         let id = SERVER_ID_BIT | t.next_server_id;
-        t.by_id.insert(id, (kind, ptr));
+        let refs = None;
+        t.by_id.insert(id, Entry { kind, ptr, refs });
         t.by_ptr.insert(ptr, id);
         id
     }
@@ -199,16 +208,15 @@ impl<K: Copy + Eq + Hash> HandleTable<K> {
         self.lock()
             .by_id
             .values()
-            .filter(|(k, _)| *k == kind)
-            .map(|(_, p)| *p)
+            .filter_map(|e| e.of(kind))
             .collect()
     }
 
     /// Live objects per kind.
     pub fn counts(&self) -> HashMap<K, usize> {
         let mut counts = HashMap::new();
-        for (k, _) in self.lock().by_id.values() {
-            *counts.entry(*k).or_default() += 1;
+        for e in self.lock().by_id.values() {
+            *counts.entry(e.kind).or_default() += 1;
         }
         counts
     }

@@ -21,7 +21,8 @@
 # left unused (PART_LIMIT, if set, caps every part instead), all of them after CALL_LIMIT
 # (default 550) s, each test after TEST_LIMIT (default 60) s, a PyTorch test (two trainings)
 # after TORCH_TEST_LIMIT (150): a hang costs one test, not the call. Where $OUT is set (the
-# device machine), each part's output is kept in $OUT/<part>.log.
+# device machine), each part's output is kept in $OUT/<part>.log, and the test servers' logs
+# and the traces of the programs the tests ran through Wormhole in $OUT/logs.tar.gz.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILT=(wh libwormhole_cuda.so libwormhole_nvml.so libwormhole_opencl.so wh-cuda-bench-client wh-bench-client)
@@ -103,12 +104,31 @@ part() {
     echo "gpu-test: $name took $((SECONDS - started))s (status $st)" | keep "$name"
 }
 rc=0
+# What a failure is read from afterwards, kept in $OUT/logs.tar.gz where $OUT is set: each
+# test server's log (tests/conftest.py keeps them under the test's name) and, for the test
+# parts, a trace of every program run through Wormhole (WORMHOLE_TRACE: each entry point the
+# program called and its answer, each lookup, export table slot and request; the first
+# 100,000 lines of each process), the benches left untraced.
+keep_dir=$(mktemp -d)
+export WH_KEEP_LOGS="$keep_dir"
+traced=(env "WORMHOLE_TRACE=$keep_dir/trace.%p" WORMHOLE_TRACE_LIMIT=100000)
+keep_logs() {
+    [ -n "${OUT:-}" ] || return 0
+    tar -czf "$OUT/logs.tar.gz" -C "$keep_dir" . || return 0
+    # A file comes back only under 16 MiB: the traces' starts are what matter most.
+    if [ "$(stat -c %s "$OUT/logs.tar.gz")" -gt $((15 << 20)) ]; then
+        find "$keep_dir" -name 'trace.*' -size +2M -exec truncate -s 2M {} +
+        tar -czf "$OUT/logs.tar.gz" -C "$keep_dir" .
+    fi
+    ls -l "$OUT/logs.tar.gz"
+}
+trap keep_logs EXIT
 if wants cuda-tests; then
-    part cuda-tests "${py[@]}" -m pytest -v -m gpu -p no:cacheprovider --timeout="$test_limit" tests/test_cuda.py ${pytest_args[@]+"${pytest_args[@]}"}
+    part cuda-tests "${traced[@]}" "${py[@]}" -m pytest -v -m gpu -p no:cacheprovider --timeout="$test_limit" tests/test_cuda.py ${pytest_args[@]+"${pytest_args[@]}"}
 fi
 if wants torch-tests; then
     # -rP: the passing tests' output too (steps/s, round trips per step).
-    part torch-tests "${py[@]}" -m pytest -v -rP -m gpu -p no:cacheprovider --timeout="${TORCH_TEST_LIMIT:-150}" tests/test_torch.py ${pytest_args[@]+"${pytest_args[@]}"}
+    part torch-tests "${traced[@]}" "${py[@]}" -m pytest -v -rP -m gpu -p no:cacheprovider --timeout="${TORCH_TEST_LIMIT:-150}" tests/test_torch.py ${pytest_args[@]+"${pytest_args[@]}"}
 fi
 if wants cuda-bench; then
     part cuda-bench target/release/wh bench --part cuda

@@ -4,6 +4,8 @@ real PoCL through the real ICD loader, and the C test clients built from tests/c
 import json
 import os
 import pathlib
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -101,6 +103,21 @@ class Server:
         if self.proc and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+        self.keep_log()
+
+    def keep_log(self):
+        """With WH_KEEP_LOGS=DIR (scripts/gpu-test.sh sets it), the server's log is kept there
+        under the test's name: on a machine lent for minutes, what failed is read later."""
+        keep = os.environ.get("WH_KEEP_LOGS")
+        if keep and self.log.exists():
+            test = os.environ.get("PYTEST_CURRENT_TEST", "no-test").split(" ")[0]
+            name = re.sub(r"[^A-Za-z0-9_.-]+", "_", test.split("::", 1)[-1])[:150]
+            path = pathlib.Path(keep) / f"{name}.server.log"
+            n = 1
+            while path.exists():
+                n += 1
+                path = pathlib.Path(keep) / f"{name}.{n}.server.log"
+            shutil.copyfile(self.log, path)
 
     def cmd(self, argv):
         return [str(WH), "run", "--"] + list(argv)

@@ -118,6 +118,27 @@ def test_wormholes_own_answers(cpu_server, cuda_programs):
     assert "export table CUDART_INTERFACE slot 4 is not served by Wormhole" in r.stderr
 
 
+def test_the_trace_shows_each_entry_point_lookup_and_answer(cpu_server, cuda_programs, tmp_path):
+    """WORMHOLE_TRACE: cudart's version-aware lookups and what they found, each entry point it
+    called with what it returned (cuInit: no device), nested calls indented, in a file per
+    process named by its pid."""
+    prog = cuda_programs["vector_add_static"]
+    r = cpu_server.run([prog], timeout=60, WORMHOLE_TRACE=str(tmp_path / "trace.%p"))
+    assert r.returncode == 2, r.stdout + r.stderr
+    traces = list(tmp_path.glob("trace.*"))
+    assert len(traces) == 1, traces
+    lines = traces[0].read_text().splitlines()
+    text = "\n".join(lines)
+    assert lines[0].endswith(f"trace of pid {traces[0].suffix[1:]}: {prog}"), text[:2000]
+    events = [l.split(" ", 3)[3] for l in lines[1:]]
+    # cudart finds cuInit through cuGetProcAddress, asking for the CUDA version of its ABI.
+    assert any(re.fullmatch(r'  lookup "cuInit" for CUDA \d+, flags 0x0: cuInit', e) for e in events), text[:4000]
+    assert any(e.startswith("> cuGetProcAddress") for e in events), text[:4000]
+    # Its call of cuInit, and the answer of a server with no GPU.
+    start = events.index("> cuInit")
+    assert any(re.fullmatch(r"< cuInit = 100 \(\d+ µs\)", e) for e in events[start:]), text[:4000]
+
+
 def test_a_driver_api_program_learns_that_there_is_no_device(cpu_server, cuda_programs):
     r = cpu_server.run([cuda_programs["driver_api"], cuda_programs["kernels.fatbin"]], timeout=60)
     assert r.returncode == 2, r.stdout + r.stderr

@@ -55,18 +55,25 @@ fn emit_absent(s: &mut String) {
     s.push_str("unsafe extern \"C\" fn absent_handle() -> *mut c_void {\n    rt::log_unsupported(\"an interop entry point (GL/D3D/EGL)\");\n    std::ptr::null_mut()\n}\n\n");
 }
 
-/// `@abi exports`: every entry point exported under its own name, as the real library does.
+/// `@abi exports`: every entry point exported under its own name, as the real library does,
+/// each call and what it returned written to the trace (`rt::trace_enter`, `WORMHOLE_TRACE`).
 fn emit_exports(s: &mut String, api: &Api) {
     for f in &api.funcs {
         let args: Vec<&str> = f.params.iter().map(|p| p.name.as_str()).collect();
+        let returned = match f.ret {
+            Ret::Int => "rt::Returned::Status(i64::from(r))",
+            Ret::Handle(_) | Ret::Ptr => "rt::Returned::Pointer(r as usize)",
+            Ret::Void => "rt::Returned::Nothing",
+        };
         let _ = writeln!(
             s,
-            "/// `{0}`, exported by name.\n///\n/// # Safety\n/// As the C function.\n#[no_mangle]\npub unsafe extern \"C\" fn {0}({1}) -> {2} {{\n    // SAFETY: forwarded with the caller's guarantees.\n    unsafe {{ {3}({4}) }}\n}}\n",
+            "/// `{0}`, exported by name.\n///\n/// # Safety\n/// As the C function.\n#[no_mangle]\npub unsafe extern \"C\" fn {0}({1}) -> {2} {{\n    let traced = rt::trace_enter(\"{0}\");\n    // SAFETY: forwarded with the caller's guarantees.\n    let r = unsafe {{ {3}({4}) }};\n    rt::trace_return(traced, {5});\n    r\n}}\n",
             f.name,
             signature(f),
             ret_type(&f.ret),
             entry_name(api, f),
-            args.join(", ")
+            args.join(", "),
+            returned
         );
     }
 }

@@ -38,12 +38,17 @@ fn counts() -> Option<&'static Counts> {
 pub fn count(api: &'static str, name: OpName, opcode: u16, waited: bool) {
     if let Some(c) = counts() {
         let _ = API.set(api);
-        let key = match name(opcode) {
-            Some(n) => Cow::Borrowed(n),
-            None => Cow::Owned(format!("{api} request {opcode:#06x}")),
-        };
+        let key = label(api, name, opcode);
         let mut by_op = c.lock().unwrap_or_else(|p| p.into_inner());
         by_op.entry(key).or_default()[usize::from(!waited)] += 1;
+    }
+}
+
+/// What the report (and the trace) calls `opcode`: its entry point, or its number.
+pub(crate) fn label(api: &str, name: OpName, opcode: u16) -> Cow<'static, str> {
+    match name(opcode) {
+        Some(n) => Cow::Borrowed(n),
+        None => Cow::Owned(format!("{api} request {opcode:#06x}")),
     }
 }
 

@@ -13,6 +13,7 @@ pub mod call_counts;
 pub mod host_memory;
 pub mod marshal;
 mod outbox;
+pub mod trace;
 
 use std::cell::Cell;
 use std::io::{Read, Write};
@@ -912,6 +913,7 @@ impl Connection {
             return Err(CallError::Unavailable);
         }
         call_counts::count(self.hooks.api, self.hooks.op_name, w.opcode(), true);
+        let traced = trace::on().then(|| (w.opcode(), std::time::Instant::now()));
         let mut idx = self.my_lane();
         let res = match &self.transport {
             Transport::Shm { lanes, .. } => {
@@ -952,7 +954,28 @@ impl Connection {
                 self.call_tcp(outbox, &slots[i], busy, i, w, payload, sink)
             }
         };
+        if let Some((opcode, start)) = traced {
+            let carried = match &res {
+                // Every reply body begins with the call's status.
+                Ok((body, _)) => trace::Carried::Answered(
+                    body.get(..4)
+                        .map_or(0, |b| i32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+                ),
+                Err(_) => trace::Carried::Failed,
+            };
+            trace::request(
+                self.hooks.api,
+                &self.op_name(opcode),
+                carried,
+                start.elapsed(),
+            );
+        }
         res.map_err(|e: TransportError| self.broken(e))
+    }
+
+    /// The entry point an opcode stands for, for the trace.
+    fn op_name(&self, opcode: u16) -> std::borrow::Cow<'static, str> {
+        call_counts::label(self.hooks.api, self.hooks.op_name, opcode)
     }
 
     /// Sends a request with FLAG_ASYNC: no reply comes back.
@@ -961,6 +984,15 @@ impl Connection {
             return Err(CallError::Unavailable);
         }
         call_counts::count(self.hooks.api, self.hooks.op_name, w.opcode(), false);
+        if trace::on() {
+            let name = self.op_name(w.opcode());
+            trace::request(
+                self.hooks.api,
+                &name,
+                trace::Carried::Pipelined,
+                Default::default(),
+            );
+        }
         let idx = self.my_lane();
         let res = match &self.transport {
             Transport::Shm { lanes, .. } => {

@@ -46,6 +46,15 @@ const NAMES: [&str; 6] = [
     "CONTEXT_LOCAL_STORAGE",
 ];
 
+/// A slot's status, written to the trace (`WORMHOLE_TRACE`): the slots are called through the
+/// tables, never as exported symbols, so this is where the trace learns of them.
+fn traced(slot: &'static str, st: i32) -> i32 {
+    wormhole_session::trace::note(wormhole_cuda_proto::API, || {
+        format!("export table {slot} = {st}")
+    });
+    st
+}
+
 /// A slot of table `T` whose meaning is not known: CUDA_ERROR_NOT_SUPPORTED and a log line
 /// naming it, once.
 extern "C" fn unserved<const T: usize, const S: usize>() -> i32 {
@@ -61,6 +70,9 @@ extern "C" fn unserved<const T: usize, const S: usize>() -> i32 {
             NAMES[T]
         ));
     }
+    wormhole_session::trace::note(wormhole_cuda_proto::API, || {
+        format!("export table {} slot {S}: not served", NAMES[T])
+    });
     CUDA_ERROR_NOT_SUPPORTED
 }
 
@@ -90,7 +102,8 @@ pub static CUDART_INTERFACE: Table<13> = Table(slots!(0;
 unsafe extern "C" fn module_from_wrapper(module: *mut c_void, wrapper: *mut c_void) -> i32 {
     // SAFETY: the caller passes a CUmodule out-pointer and a wrapper (the image code follows
     // it to its fatbin, refusing memory the program does not have).
-    unsafe { crate::custom::cuModuleLoadData(module, wrapper) }
+    let st = unsafe { crate::custom::cuModuleLoadData(module, wrapper) };
+    traced("CUDART_INTERFACE slot 1 (module from a fatbin wrapper)", st)
 }
 
 /// Whether the three extra arguments of slots 6 and 8 are the NULL/0 seen everywhere (what
@@ -114,7 +127,7 @@ unsafe extern "C" fn module_from_wrapper_ext(
     c: u32,
 ) -> i32 {
     if !no_extra_arguments(6, a, b, c) {
-        return CUDA_ERROR_NOT_SUPPORTED;
+        return traced("CUDART_INTERFACE slot 6", CUDA_ERROR_NOT_SUPPORTED);
     }
     // SAFETY: as slot 1.
     unsafe { module_from_wrapper(module, wrapper) }
@@ -129,10 +142,11 @@ unsafe extern "C" fn module_from_header_ext(
     c: u32,
 ) -> i32 {
     if !no_extra_arguments(8, a, b, c) {
-        return CUDA_ERROR_NOT_SUPPORTED;
+        return traced("CUDART_INTERFACE slot 8", CUDA_ERROR_NOT_SUPPORTED);
     }
     // SAFETY: as slot 1, with the fatbin itself.
-    unsafe { crate::custom::cuModuleLoadData(module, fatbin) }
+    let st = unsafe { crate::custom::cuModuleLoadData(module, fatbin) };
+    traced("CUDART_INTERFACE slot 8 (module from a fatbin)", st)
 }
 
 /// Slot 7: takes a size and does nothing the program can see.
@@ -140,14 +154,17 @@ extern "C" fn ignore_size(_size: usize) {}
 
 /// Slot 12: "load the compilers" (PTX JIT, NVVM): the server's driver has its own.
 extern "C" fn load_compilers() -> i32 {
-    CUDA_SUCCESS
+    traced(
+        "CUDART_INTERFACE slot 12 (load the compilers)",
+        CUDA_SUCCESS,
+    )
 }
 
 /// Slot 2: the device's primary context without retaining it (the real driver's answer,
 /// from the server): cudart matches it against what `cuDevicePrimaryCtxRetain` and
 /// `cuCtxGetCurrent` return later.
 unsafe extern "C" fn primary_context(ctx: *mut c_void, dev: i32) -> i32 {
-    rt::entry_status(|| {
+    let st = rt::entry_status(|| {
         if ctx.is_null() {
             return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
         }
@@ -157,7 +174,8 @@ unsafe extern "C" fn primary_context(ctx: *mut c_void, dev: i32) -> i32 {
             *(ctx as *mut *mut c_void) = crate::objects::object_for_id(HandleKind::Context, id)
         };
         Ok(CUDA_SUCCESS)
-    })
+    });
+    traced("CUDART_INTERFACE slot 2 (primary context)", st)
 }
 
 /// The id of device `dev`'s primary context (not retained).
@@ -240,7 +258,8 @@ pub static TOOLS_TLS: Table<4> = Table(slots!(1;
 /// Slot 2: the calling thread's current context (cuBLAS and cuBLASLt key their state by it).
 unsafe extern "C" fn thread_context(ctx: *mut c_void) -> i32 {
     // SAFETY: the caller passes a CUcontext out-pointer.
-    unsafe { generated::cuCtxGetCurrent(ctx.cast()) }
+    let st = unsafe { generated::cuCtxGetCurrent(ctx.cast()) };
+    traced("TOOLS_TLS slot 2 (the thread's context)", st)
 }
 
 // ---- CONTEXT_CHECKS: no context is a wrapper of another ----
@@ -263,7 +282,10 @@ unsafe extern "C" fn context_unwrapped(
         // SAFETY: as above.
         unsafe { *inner = std::ptr::null_mut() };
     }
-    CUDA_SUCCESS
+    traced(
+        "CONTEXT_CHECKS slot 2 (not a wrapped context)",
+        CUDA_SUCCESS,
+    )
 }
 
 /// Slot 3: a flag cudart reads once at start-up; set (1) only in setups Wormhole is not.
@@ -312,18 +334,19 @@ unsafe extern "C" fn storage_put(
     value: *mut c_void,
     dtor: Option<Destructor>,
 ) -> i32 {
-    rt::entry_status(|| {
+    let st = rt::entry_status(|| {
         let ctx = context_of(ctx)?;
         storage()
             .get_or_insert_with(HashMap::new)
             .insert((ctx, key as usize), (value as usize, dtor));
         Ok(CUDA_SUCCESS)
-    })
+    });
+    traced("CONTEXT_LOCAL_STORAGE slot 0 (put)", st)
 }
 
 /// Slot 1: forgets `key` (its destructor is not called).
 unsafe extern "C" fn storage_delete(ctx: *mut c_void, key: *mut c_void) -> i32 {
-    rt::entry_status(|| {
+    let st = rt::entry_status(|| {
         let ctx = context_of(ctx)?;
         match storage()
             .get_or_insert_with(HashMap::new)
@@ -332,7 +355,8 @@ unsafe extern "C" fn storage_delete(ctx: *mut c_void, key: *mut c_void) -> i32 {
             Some(_) => Ok(CUDA_SUCCESS),
             None => Err(ApiErr(CUDA_ERROR_INVALID_HANDLE)),
         }
-    })
+    });
+    traced("CONTEXT_LOCAL_STORAGE slot 1 (delete)", st)
 }
 
 /// Slot 2: the value under `key`; an error when there is none (cudart then makes its state).
@@ -341,7 +365,7 @@ unsafe extern "C" fn storage_get(
     ctx: *mut c_void,
     key: *mut c_void,
 ) -> i32 {
-    rt::entry_status(|| {
+    let st = rt::entry_status(|| {
         if value.is_null() {
             return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
         }
@@ -358,7 +382,8 @@ unsafe extern "C" fn storage_get(
             }
             None => Err(ApiErr(CUDA_ERROR_INVALID_HANDLE)),
         }
-    })
+    });
+    traced("CONTEXT_LOCAL_STORAGE slot 2 (get)", st)
 }
 
 /// The context `ctx` is about to be destroyed or reset: what the libraries kept with it goes
@@ -454,7 +479,7 @@ fn integrity_digest(i: &IntegrityInput, devices: &[DeviceId]) -> [u64; 2] {
 /// from the very answers the program got through Wormhole (the server's driver would hash its
 /// own process and tables).
 unsafe extern "C" fn integrity_check(version: u32, unix_seconds: u64, out: *mut [u64; 2]) -> i32 {
-    rt::entry_status(|| {
+    let st = rt::entry_status(|| {
         if out.is_null() {
             return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
         }
@@ -484,7 +509,8 @@ unsafe extern "C" fn integrity_check(version: u32, unix_seconds: u64, out: *mut 
         // SAFETY: checked non-NULL; the caller passes two u64s.
         unsafe { *out = answer };
         Ok(CUDA_SUCCESS)
-    })
+    });
+    traced("INTEGRITY_CHECK slot 1", st)
 }
 
 fn status(st: i32) -> Result<(), ApiErr> {
@@ -544,7 +570,8 @@ pub static TOOLS_CONTEXT: Table<95> = Table(slots!(4;
 /// Slot 4: the context's unique id (`cuCtxGetId`).
 unsafe extern "C" fn context_id(ctx: *mut c_void, id: *mut u64) -> i32 {
     // SAFETY: the caller passes a context and an out-pointer.
-    unsafe { generated::cuCtxGetId(ctx.cast(), id) }
+    let st = unsafe { generated::cuCtxGetId(ctx.cast(), id) };
+    traced("TOOLS_CONTEXT slot 4 (context id)", st)
 }
 
 /// Slot 51: the stream object a stream handle (a special one too) stands for, for slot 39.
@@ -571,7 +598,8 @@ unsafe extern "C" fn stream_handle(
 /// Slot 39: the stream's unique id (`cuStreamGetId`), the key cuBLAS caches by.
 unsafe extern "C" fn stream_id(_ctx: *mut c_void, stream: *mut c_void, id: *mut u64) -> i32 {
     // SAFETY: the caller passes a stream from slot 51 and an out-pointer.
-    unsafe { generated::cuStreamGetId(stream.cast(), id) }
+    let st = unsafe { generated::cuStreamGetId(stream.cast(), id) };
+    traced("TOOLS_CONTEXT slot 39 (stream id)", st)
 }
 
 /// The table with id `uuid`, if Wormhole serves it.

@@ -21,9 +21,9 @@ pub use crate::memory::{
     cuMemPoolSetAttribute, cuMemcpy, cuMemcpyAsync, cuMemcpyAsync_ptsz, cuMemcpy_ptds,
 };
 use crate::rt::{self, entry_status, ApiErr};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{c_char, c_void, CStr};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use wormhole_cuda_proto::cu::*;
 use wormhole_cuda_proto::CUDA_VERSION;
 
@@ -92,15 +92,22 @@ fn per_thread(symbol: &str) -> bool {
 /// point, the newest whose ABI (`@since`) is no newer than `version`, the per-thread
 /// default-stream one if asked for and there is one. Err is the query result to report.
 pub fn resolve(name: &str, version: i32, per_thread_stream: bool) -> Result<&'static str, i32> {
-    let candidates: Vec<&(&'static str, u32)> = generated::SINCE
-        .iter()
-        .filter(|(symbol, _)| base_name(symbol) == name)
-        .collect();
-    if candidates.is_empty() {
-        return Err(SYMBOL_NOT_FOUND);
-    }
+    // cudart looks up every entry point at start-up (over 600 lookups): each finds its
+    // symbols in a map made once, not in a scan of every symbol.
+    static BY_BASE_NAME: OnceLock<HashMap<&'static str, Vec<(&'static str, u32)>>> =
+        OnceLock::new();
+    let by_base_name = BY_BASE_NAME.get_or_init(|| {
+        let mut m: HashMap<_, Vec<_>> = HashMap::new();
+        for &(symbol, since) in generated::SINCE {
+            m.entry(base_name(symbol))
+                .or_default()
+                .push((symbol, since));
+        }
+        m
+    });
+    let candidates = by_base_name.get(name).ok_or(SYMBOL_NOT_FOUND)?;
     let fitting: Vec<(&'static str, u32)> = candidates
-        .into_iter()
+        .iter()
         .filter(|(_, since)| i64::from(*since) <= i64::from(version))
         .copied()
         .collect();
@@ -155,6 +162,13 @@ pub unsafe fn cuGetProcAddress_v2(
             .to_str()
             .map_err(|_| SYMBOL_NOT_FOUND)
             .and_then(|n| resolve(n, cuda_version, flags & PER_THREAD_DEFAULT_STREAM != 0));
+        wormhole_session::trace::note(wormhole_cuda_proto::API, || {
+            let answer = match found {
+                Ok(s) => s.to_string(),
+                Err(q) => format!("none (query result {q})"),
+            };
+            format!("lookup {name:?} for CUDA {cuda_version}, flags {flags:#x}: {answer}")
+        });
         let (ptr, query, status) = match found {
             Ok(s) => (
                 generated::lookup(s.as_bytes()),
@@ -190,10 +204,18 @@ pub unsafe fn cuGetExportTable(pp_table: *mut c_void, table_id: *mut c_void) -> 
         let table = crate::export_tables::find(&uuid);
         // SAFETY: per the contract.
         unsafe { *(pp_table as *mut *const c_void) = table.unwrap_or(std::ptr::null()) };
+        let hex: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
+        wormhole_session::trace::note(wormhole_cuda_proto::API, || {
+            let served = if table.is_some() {
+                "served"
+            } else {
+                "not served"
+            };
+            format!("export table {hex}: {served}")
+        });
         if table.is_some() {
             return Ok(CUDA_SUCCESS);
         }
-        let hex: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
         static LOGGED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
         let mut logged = LOGGED.lock().unwrap_or_else(|p| p.into_inner());
         if logged.get_or_insert_with(HashSet::new).insert(hex.clone()) {

@@ -11,6 +11,7 @@ use wormhole_cuda_proto::cu::*;
 use wormhole_cuda_proto::{
     DecodeError, HandleKind, Op, Reader, Writer, STREAM_LEGACY_ID, STREAM_PER_THREAD_ID,
 };
+pub use wormhole_session::trace::{returned as trace_return, Returned};
 use wormhole_session::{host_memory, marshal};
 
 pub use objects::alloc_id;
@@ -238,3 +239,8 @@ pub unsafe fn release_end(h: *mut c_void, _kind: HandleKind, _last: bool, status
 /// A synchronisation point passed (nothing to collect yet: copies to the host come back in
 /// their replies).
 pub fn after_sync() {}
+
+/// A call of the program's, for the trace (`WORMHOLE_TRACE`; None when it is off).
+pub fn trace_enter(name: &'static str) -> Option<wormhole_session::trace::Call> {
+    wormhole_session::trace::enter(wormhole_cuda_proto::API, name)
+}

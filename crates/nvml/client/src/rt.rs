@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use wormhole_nvml_proto::nv::*;
 use wormhole_nvml_proto::{DecodeError, HandleKind, Op, Reader, Writer};
 use wormhole_session::marshal;
+pub use wormhole_session::trace::{returned as trace_return, Returned};
 
 /// An NVML status on its way out of an entry point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,4 +117,9 @@ pub unsafe fn read_handles(
 ) -> Result<(), ApiErr> {
     // SAFETY: per the contract.
     Ok(unsafe { marshal::read_objects(r, dst, cap, |id| objects::object_for_id(kind, id)) }?)
+}
+
+/// A call of the program's, for the trace (`WORMHOLE_TRACE`; None when it is off).
+pub fn trace_enter(name: &'static str) -> Option<wormhole_session::trace::Call> {
+    wormhole_session::trace::enter(wormhole_nvml_proto::API, name)
 }

@@ -53,26 +53,32 @@ def test_finish_answers_as_native(any_server, c_programs):
     assert r.stdout == native.stdout
 
 
-def test_the_trace_shows_each_request_and_its_status(any_server, c_programs, tmp_path):
-    """WORMHOLE_TRACE: each request the ICD carried, waited for with the reply's status, or
-    pipelined, whatever the transport; a failed build's status as the server answered it."""
+def test_the_trace_shows_each_call_request_and_status(any_server, c_programs, tmp_path):
+    """WORMHOLE_TRACE: each entry point the program called through the ICD and what it
+    returned, and within it each request carried, waited for with the reply's status or
+    pipelined, whatever the transport; a refusal's status as the server answered it."""
     trace = tmp_path / "opencl.trace"
     r = any_server.run([c_programs["vector_add"]], WORMHOLE_TRACE=str(trace))
     assert r.returncode == 0, r.stdout + r.stderr
     lines = trace.read_text().splitlines()
     assert lines[0].endswith(f": {c_programs['vector_add']}"), lines[0]
     events = [l.split(" ", 3)[3] for l in lines[1:]]
-    assert all(re.fullmatch(r"request [\w ]+: (waited, status -?\d+ \(\d+ µs\)|pipelined)", e) for e in events), events
-    assert any(re.match(r"request clBuildProgram: waited, status 0 ", e) for e in events), events
-    assert "request clReleaseKernel: pipelined" in events, events
+    shapes = (r"> cl\w+", r"< cl\w+ = (-?\d+|0x[0-9a-f]+) \(\d+ µs\)",
+              r"(  )?request [\w ]+: (waited, status -?\d+ \(\d+ µs\)|pipelined)")
+    assert all(any(re.fullmatch(p, e) for p in shapes) for e in events), events
+    build = events.index("> clBuildProgram")
+    assert re.match(r"  request clBuildProgram: waited, status 0 ", events[build + 1]), events[build:build + 3]
+    assert re.match(r"< clBuildProgram = 0 ", events[build + 2]), events[build:build + 3]
+    assert "  request clReleaseKernel: pipelined" in events, events
     # A second run appends to the same file, with its own header.
     r = any_server.run([c_programs["errors"]], WORMHOLE_TRACE=str(trace))
     assert r.returncode == 0, r.stdout + r.stderr
-    text = trace.read_text()
-    assert f": {c_programs['errors']}\n" in text
-    errors_run = text.split(f": {c_programs['errors']}\n", 1)[1]
-    # The server's refusals, with their statuses (CL_INVALID_VALUE and the like).
+    errors_run = trace.read_text().split(f": {c_programs['errors']}\n", 1)[1]
+    # The server's refusals, with their statuses (CL_INVALID_VALUE and the like), and the
+    # client's own (user data without a callback: CL_INVALID_VALUE, no request).
     assert re.search(r"request \w+: waited, status -\d+ ", errors_run), errors_run[-3000:]
+    assert re.search(r"\n[^\n]* opencl > clBuildProgram\n[^\n]* opencl < clBuildProgram = -30 ", errors_run), \
+        errors_run[-3000:]
 
 
 def test_repeated_sessions_are_independent(server, c_programs):

@@ -55,26 +55,52 @@ fn emit_absent(s: &mut String) {
     s.push_str("unsafe extern \"C\" fn absent_handle() -> *mut c_void {\n    rt::log_unsupported(\"an interop entry point (GL/D3D/EGL)\");\n    std::ptr::null_mut()\n}\n\n");
 }
 
-/// `@abi exports`: every entry point exported under its own name, as the real library does,
-/// each call and what it returned written to the trace (`rt::trace_enter`, `WORMHOLE_TRACE`).
+/// `@abi exports`: every entry point exported under its own name, as the real library does.
 fn emit_exports(s: &mut String, api: &Api) {
     for f in &api.funcs {
-        let args: Vec<&str> = f.params.iter().map(|p| p.name.as_str()).collect();
-        let returned = match f.ret {
-            Ret::Int => "rt::Returned::Status(i64::from(r))",
-            Ret::Handle(_) | Ret::Ptr => "rt::Returned::Pointer(r as usize)",
-            Ret::Void => "rt::Returned::Nothing",
-        };
-        let _ = writeln!(
-            s,
-            "/// `{0}`, exported by name.\n///\n/// # Safety\n/// As the C function.\n#[no_mangle]\npub unsafe extern \"C\" fn {0}({1}) -> {2} {{\n    let traced = rt::trace_enter(\"{0}\");\n    // SAFETY: forwarded with the caller's guarantees.\n    let r = unsafe {{ {3}({4}) }};\n    rt::trace_return(traced, {5});\n    r\n}}\n",
-            f.name,
-            signature(f),
-            ret_type(&f.ret),
-            entry_name(api, f),
-            args.join(", "),
-            returned
-        );
+        emit_traced(s, api, f, &f.name, "exported by name", "#[no_mangle]\npub ");
+    }
+}
+
+/// An entry point as the program calls it: the call and what it returned go to the trace
+/// (`rt::trace_enter`, `WORMHOLE_TRACE`) around the function that answers it.
+fn emit_traced(s: &mut String, api: &Api, f: &Func, name: &str, what: &str, attrs: &str) {
+    let args: Vec<&str> = f.params.iter().map(|p| p.name.as_str()).collect();
+    let returned = match f.ret {
+        Ret::Int => "rt::Returned::Status(i64::from(r))",
+        Ret::Handle(_) | Ret::Ptr => "rt::Returned::Pointer(r as usize)",
+        Ret::Void => "rt::Returned::Nothing",
+    };
+    let entry = entry_name(api, f);
+    // An ICD's hand-written handlers take the C types they read, not the description's: the
+    // table holds them as addresses, and so does this call.
+    let callee = if api.abi == Abi::Icd && !entry.starts_with("wire_") {
+        let types: Vec<&str> = f.params.iter().map(|p| c_type(&p.kind)).collect();
+        format!(
+            "std::mem::transmute::<*const c_void, unsafe extern \"C\" fn({}) -> {}>({entry} as *const c_void)",
+            types.join(", "),
+            ret_type(&f.ret)
+        )
+    } else {
+        entry
+    };
+    let _ = writeln!(
+        s,
+        "/// `{0}`, {what}.\n///\n/// # Safety\n/// As the C function.\n{attrs}unsafe extern \"C\" fn {name}({1}) -> {2} {{\n    let traced = rt::trace_enter(\"{0}\");\n    // SAFETY: forwarded with the caller's guarantees.\n    let r = unsafe {{ ({3})({4}) }};\n    rt::trace_return(traced, {5});\n    r\n}}\n",
+        f.name,
+        signature(f),
+        ret_type(&f.ret),
+        callee,
+        args.join(", "),
+        returned
+    );
+}
+
+/// What an ICD's table and lookup hold for `f`: its traced entry, or the interop refusal.
+fn icd_entry(api: &Api, f: &Func) -> String {
+    match f.mode {
+        Mode::Absent => entry_name(api, f),
+        _ => format!("traced_{}", f.name),
     }
 }
 
@@ -103,12 +129,16 @@ fn emit_table(s: &mut String, api: &Api) {
     let n = api.funcs.len();
     let _ = writeln!(s, "/// The ICD dispatch table every Wormhole object points to (CL/cl_icd.h order).\n#[repr(transparent)]\npub struct Dispatch(pub [*const c_void; {n}]);");
     s.push_str("// SAFETY: the table is immutable and holds only function addresses.\nunsafe impl Sync for Dispatch {}\n\n");
+    for f in api.funcs.iter().filter(|f| f.mode != Mode::Absent) {
+        let name = format!("traced_{}", f.name);
+        emit_traced(s, api, f, &name, "in the dispatch table", "");
+    }
     let _ = writeln!(s, "pub static DISPATCH: Dispatch = Dispatch([");
     for f in &api.funcs {
         let _ = writeln!(
             s,
             "    {} as *const c_void, // {} {}",
-            entry_name(api, f),
+            icd_entry(api, f),
             f.opcode,
             f.name
         );
@@ -128,7 +158,7 @@ fn emit_lookup(s: &mut String, api: &Api) {
         // dlsym's (a tool that interposes on the symbol sees lookups too).
         let target = match api.abi {
             Abi::Exports => f.name.clone(),
-            Abi::Icd => entry_name(api, f),
+            Abi::Icd => icd_entry(api, f),
         };
         let _ = writeln!(s, "        b\"{}\" => {target} as *mut c_void,", f.name);
     }

@@ -1,9 +1,9 @@
 //! A per-call trace for finding out what a program asked of the API and what it was told:
 //! with `WORMHOLE_TRACE=FILE` (`%p` in it stands for the process id) the client appends a line
-//! for every entry point the program calls (where the library exports its entry points: CUDA,
-//! NVML) and what it returned, for every request it carried (waited for, with the reply's
-//! status and the round trip's time, or pipelined), and for what an API's client notes
-//! (a version-aware symbol lookup and its answer, an export table's slot). Each line is written
+//! for every entry point the program calls (an ICD's table or an exported symbol: the
+//! generated entries, `crates/apigen`) and what it returned, for every request it carried
+//! (waited for, with the reply's status and the round trip's time, or pipelined), and for what
+//! an API's client notes (a version-aware symbol lookup and its answer, an export table's slot). Each line is written
 //! at once, so a crash or a hang leaves the trace up to the call it happened in.
 //! `WORMHOLE_TRACE_LIMIT` caps the lines (default 200,000; the last one says so).
 //!

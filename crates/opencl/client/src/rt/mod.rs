@@ -12,6 +12,7 @@ use std::borrow::Cow;
 use std::ffi::{c_char, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use wormhole_opencl_proto::{cl::*, DecodeError, HandleKind, Op, Reader, Writer};
+pub use wormhole_session::trace::{returned as trace_return, Returned};
 use wormhole_session::{host_memory, marshal};
 
 pub use objects::alloc_id;
@@ -323,4 +324,9 @@ fn call_failed(e: crate::connection::CallError) -> ClErr {
         CallError::TooLarge => CL_OUT_OF_HOST_MEMORY,
         CallError::Unavailable | CallError::Broken => CL_OUT_OF_RESOURCES,
     })
+}
+
+/// A call of the program's, for the trace (`WORMHOLE_TRACE`; None when it is off).
+pub fn trace_enter(name: &'static str) -> Option<wormhole_session::trace::Call> {
+    wormhole_session::trace::enter(wormhole_opencl_proto::API, name)
 }

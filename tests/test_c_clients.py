@@ -1,5 +1,6 @@
 """Unmodified C programs give the same results through Wormhole as natively."""
 
+import pathlib
 import re
 import subprocess
 
@@ -12,7 +13,7 @@ PROGRAMS = [
     "host_ptr_maps", "empty_source_part", "long_kernel_name", "big_image", "bad_ranges",
     "bad_rect_ranges", "bad_sizes", "finish_waits", "cross_thread_order", "gated_write",
     "nonblocking_transfers", "immutable_info", "kernel_per_call", "released_event_callback",
-    "buffer_commands", "unsynced_host_ptr_map", "svm_migrate_host",
+    "buffer_commands", "unsynced_host_ptr_map", "svm_migrate_host", "thread_churn",
 ]
 
 
@@ -85,6 +86,30 @@ def test_repeated_sessions_are_independent(server, c_programs):
     for _ in range(3):
         r = server.run([c_programs["vector_add"]])
         assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("transport", ["tcp", "ivshmem"])
+def test_threads_that_ended_leave_their_lane_to_new_ones(tmp_path, c_programs, transport):
+    """40 threads one after another, then two at once: a lane each while they live, given back
+    when they end, so the worker serves three lanes (the main thread's and the two live at
+    once), not one per thread ever started (before: all 15). Over TCP and guest regions the
+    worker starts a lane's thread when the lane is first used: its threads tell."""
+    s = Server(tmp_path, tcp=transport == "tcp", guest=transport == "ivshmem").start()
+    try:
+        p = s.popen([c_programs["thread_churn"], "hold"])
+        try:
+            assert p.stdout.readline().strip() == "threads OK", p.stderr.read()
+            worker = s.status()["sessions"][0]["detail"]["pid"]
+            names = [pathlib.Path(t, "comm").read_text().strip()
+                     for t in pathlib.Path(f"/proc/{worker}/task").iterdir()]
+            # Threads the driver starts from a lane's thread inherit its name: count names.
+            lanes = sorted({n for n in names if n.startswith("lane-")})
+            assert lanes == ["lane-0", "lane-1", "lane-2"], str(names)
+        finally:
+            p.stdin.close()
+            assert p.wait(timeout=60) == 0, p.stderr.read()
+    finally:
+        s.stop()
 
 
 def test_large_buffers_are_copied_by_the_client_itself(server, c_programs):

@@ -11,15 +11,17 @@
 
 pub mod call_counts;
 pub mod host_memory;
+mod lane_users;
 pub mod marshal;
 mod outbox;
 pub mod trace;
 
+use lane_users::LaneUsers;
 use std::cell::Cell;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 use wormhole_transport::link::{eof_is_gone, read_body, read_frame, read_header};
@@ -45,6 +47,10 @@ pub struct ApiHooks {
     pub when_gone: &'static str,
     /// The entry point an opcode stands for (for `call_counts`).
     pub op_name: call_counts::OpName,
+    /// A thread took a lane that a thread now ended used before it: resets what the driver
+    /// keeps per thread on that lane's worker thread (CUDA's current context), since natively
+    /// a new thread starts with none. Called on the thread, before its first call is sent.
+    pub lane_reused: Option<fn()>,
 }
 
 fn policy_for(hooks: &ApiHooks, opcode: u16) -> SpinPolicy {
@@ -252,6 +258,8 @@ pub struct Connection {
     /// serves a lane once it is marked; a local worker looks only at marked lanes for the
     /// order across lanes.
     used_lanes: Option<Arc<Region>>,
+    /// Which program lanes live threads hold (`lane_users`).
+    lane_users: Arc<LaneUsers>,
     /// Every request's ticket (its seq), from one counter for all lanes: a request sent after
     /// another one finished sending has a later ticket, which is how the worker orders
     /// requests across lanes.
@@ -260,7 +268,15 @@ pub struct Connection {
     arena: Option<Arena>,
 }
 
-static NEXT_LANE: AtomicUsize = AtomicUsize::new(0);
+/// The lanes program threads take: all but the last, which is the callback thread's, when
+/// there are two or more.
+fn program_lanes(lanes: usize) -> usize {
+    if lanes >= 2 {
+        lanes - 1
+    } else {
+        1
+    }
+}
 
 thread_local! {
     static MY_LANE: Cell<Option<usize>> = const { Cell::new(None) };
@@ -591,6 +607,7 @@ fn connect_guest(hooks: ApiHooks, spec: &str) -> Result<Connection, ConnectError
             _region: region.clone(),
         },
         lanes: n as usize,
+        lane_users: LaneUsers::new(program_lanes(n as usize)),
         dead,
         marks,
         used_lanes: Some(region),
@@ -666,6 +683,7 @@ fn connect_local(hooks: ApiHooks) -> Result<Connection, ConnectError> {
             _region: region.clone(),
         },
         lanes: n,
+        lane_users: LaneUsers::new(program_lanes(n)),
         dead,
         marks,
         used_lanes: Some(region),
@@ -791,6 +809,7 @@ fn connect_tcp(hooks: ApiHooks, addr: &str, tls: bool) -> Result<Connection, Con
         hooks,
         transport: Transport::Tcp { outbox, slots },
         lanes: n,
+        lane_users: LaneUsers::new(program_lanes(n)),
         dead,
         marks,
         used_lanes: None,
@@ -1075,22 +1094,36 @@ impl Connection {
     }
 
     fn my_lane(&self) -> usize {
+        if let Some(i) = MY_LANE.get() {
+            return i;
+        }
+        let (i, reused) = self.take_my_lane();
+        if reused {
+            if let Some(reset) = self.hooks.lane_reused {
+                // The lane is this thread's now (MY_LANE): the reset's own call goes on it.
+                reset();
+            }
+        }
+        i
+    }
+
+    /// The lane this thread will use from now on, and whether a thread now ended used it.
+    fn take_my_lane(&self) -> (usize, bool) {
         MY_LANE.with(|l| match l.get() {
-            Some(i) => i,
+            Some(i) => (i, false),
             None => {
                 // The callback thread has the last lane to itself: what it sends (a CUDA host
                 // function's "done") must not queue behind a program thread's call that waits
-                // for it. Program threads share the others.
-                let i = match (CALLBACK_THREAD.get(), self.lanes) {
-                    (true, n) if n >= 2 => n - 1,
-                    (_, n) if n >= 2 => NEXT_LANE.fetch_add(1, Ordering::Relaxed) % (n - 1),
-                    _ => 0,
+                // for it. Program threads take the others, one each while they last.
+                let (i, reused) = match (CALLBACK_THREAD.get(), self.lanes) {
+                    (true, n) if n >= 2 => (n - 1, false),
+                    _ => self.lane_users.take(),
                 };
                 if let Some(r) = &self.used_lanes {
                     r.rendezvous().use_lane(i as u32);
                 }
                 l.set(Some(i));
-                i
+                (i, reused)
             }
         })
     }
@@ -1213,6 +1246,7 @@ mod tests {
         deliver_callback: |_| {},
         when_gone: "",
         op_name: |_| None,
+        lane_reused: None,
     };
 
     /// A call waits for its own lane's mark, or a later one, and no longer than it must.
@@ -1266,6 +1300,7 @@ mod tests {
                 slots: Arc::new(vec![TcpSlot::default()]),
             },
             lanes: 1,
+            lane_users: LaneUsers::new(program_lanes(1)),
             dead: Arc::new(AtomicBool::new(false)),
             marks: Marks::new(1),
             used_lanes: None,
@@ -1294,6 +1329,7 @@ mod tests {
                 _region: region.clone(),
             },
             lanes: 1,
+            lane_users: LaneUsers::new(program_lanes(1)),
             dead: Arc::new(AtomicBool::new(false)),
             marks: Marks::new(1),
             used_lanes: None,

@@ -12,6 +12,7 @@ const CUDA: wormhole_session::ApiHooks = wormhole_session::ApiHooks {
     deliver_callback: crate::host_functions::deliver,
     when_gone: "further CUDA calls fail with CUDA_ERROR_DEVICE_UNAVAILABLE",
     op_name,
+    lane_reused: Some(crate::current::lane_reused),
 };
 
 /// What an opcode stands for: an entry point, or one of the requests no symbol stands behind.

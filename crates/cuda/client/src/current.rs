@@ -38,6 +38,17 @@ pub fn forget() {
     CURRENT.with(|c| c.set(None));
 }
 
+/// This thread took a lane that a thread now ended used: the worker's thread behind that lane
+/// still has the ended thread's current context, which natively a new thread does not have.
+/// Made none there (what the driver tells a new thread) before this thread's first call.
+pub fn lane_reused() {
+    // SAFETY: NULL is a valid context argument (none).
+    let st = unsafe { crate::generated::wire_cuCtxSetCurrent(std::ptr::null_mut()) };
+    if st == wormhole_cuda_proto::cu::CUDA_SUCCESS {
+        set(std::ptr::null_mut());
+    }
+}
+
 /// A context may have gone or changed: every thread asks again.
 pub fn contexts_changed() {
     GENERATION.fetch_add(1, Ordering::AcqRel);

@@ -12,6 +12,8 @@ const NVML: wormhole_session::ApiHooks = wormhole_session::ApiHooks {
     deliver_callback: wormhole_session::no_callbacks,
     when_gone: "further NVML calls fail with NVML_ERROR_GPU_IS_LOST",
     op_name: |op| wormhole_nvml_proto::Op::from_u16(op).map(wormhole_nvml_proto::Op::name),
+    // No per-thread driver state on the worker's side.
+    lane_reused: None,
 };
 
 /// The session, connecting on first use; Err says why there is none (logged once).

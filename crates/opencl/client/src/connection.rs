@@ -12,6 +12,8 @@ const OPENCL: wormhole_session::ApiHooks = wormhole_session::ApiHooks {
     deliver_callback: crate::rt::callbacks::deliver,
     when_gone: "further OpenCL calls fail with CL_OUT_OF_RESOURCES",
     op_name,
+    // No per-thread driver state on the worker's side.
+    lane_reused: None,
 };
 
 /// What an opcode stands for: an entry point, or one of the requests behind several.

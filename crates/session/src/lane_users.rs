@@ -6,9 +6,8 @@
 //! they run on one worker thread, whose per-thread driver state (CUDA's current context) a
 //! thread would see left by another.
 
-use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// Live threads per lane, and whether a thread ever took it.
 #[derive(Debug)]
@@ -17,10 +16,12 @@ pub(crate) struct LaneUsers {
     taken: Vec<AtomicBool>,
 }
 
-/// A thread's hold on its lane, given back when the thread ends (its thread-local dies).
+/// A thread's hold on its lane, given back when the thread ends.
 struct Hold {
     users: Arc<LaneUsers>,
     lane: usize,
+    /// Whether the key's destructor has put the hold back once already (see [`hold_key`]).
+    rearmed: bool,
 }
 
 impl Drop for Hold {
@@ -29,8 +30,35 @@ impl Drop for Hold {
     }
 }
 
-thread_local! {
-    static HOLD: RefCell<Option<Hold>> = const { RefCell::new(None) };
+/// The pthread key a thread's hold hangs on. Its destructor runs when the thread ends, among
+/// the other libraries' per-thread destructors (cudart's calls the driver from its own): the
+/// first run puts the hold back, so the lane is given back in the next round, after those
+/// calls, and a new thread that takes the lane cannot reset it under them. (A Rust
+/// thread-local would be dropped before every pthread key's destructor.)
+fn hold_key() -> Option<libc::pthread_key_t> {
+    static KEY: OnceLock<Option<libc::pthread_key_t>> = OnceLock::new();
+    *KEY.get_or_init(|| {
+        let mut key: libc::pthread_key_t = 0;
+        // SAFETY: a valid out-pointer and a destructor with the C signature.
+        (unsafe { libc::pthread_key_create(&mut key, Some(release)) } == 0).then_some(key)
+    })
+}
+
+unsafe extern "C" fn release(hold: *mut libc::c_void) {
+    let hold = hold.cast::<Hold>();
+    // SAFETY: the key holds only pointers from `Box::into_raw` in `take`, each seen here once
+    // per round, and the key exists (this is its destructor).
+    unsafe {
+        if !(*hold).rearmed {
+            (*hold).rearmed = true;
+            if let Some(key) = hold_key() {
+                if libc::pthread_setspecific(key, hold.cast()) == 0 {
+                    return;
+                }
+            }
+        }
+        drop(Box::from_raw(hold));
+    }
 }
 
 impl LaneUsers {
@@ -48,14 +76,27 @@ impl LaneUsers {
     pub(crate) fn take(self: &Arc<Self>) -> (usize, bool) {
         let (lane, alone) = self.pick();
         let before = self.taken[lane].swap(true, Ordering::AcqRel);
-        HOLD.with(|h| {
-            // A thread takes a lane once (the caller remembers it); should it take another,
-            // the old hold goes first.
-            *h.borrow_mut() = Some(Hold {
-                users: self.clone(),
-                lane,
-            })
+        let hold = Box::new(Hold {
+            users: self.clone(),
+            lane,
+            rearmed: false,
         });
+        // A thread takes a lane once (the caller remembers it).
+        let kept = hold_key().is_some_and(|key| {
+            let hold = Box::into_raw(hold);
+            // SAFETY: the key exists; the pointer is released by its destructor.
+            let ok = unsafe { libc::pthread_setspecific(key, hold.cast()) } == 0;
+            if !ok {
+                // SAFETY: not kept by the key: still ours.
+                drop(unsafe { Box::from_raw(hold) });
+            }
+            ok
+        });
+        if !kept {
+            // Nothing would give the lane back: it is not counted as held (another thread may
+            // take it too), and not reset.
+            return (lane, false);
+        }
         (lane, before && alone)
     }
 

@@ -17,13 +17,14 @@ const CUDA: wormhole_session::ApiHooks = wormhole_session::ApiHooks {
 
 /// What an opcode stands for: an entry point, or one of the requests no symbol stands behind.
 fn op_name(opcode: u16) -> Option<&'static str> {
-    use wormhole_cuda_proto::{export_tables, host_functions, pinned};
+    use wormhole_cuda_proto::{export_tables, host_functions, pinned, threads};
     Op::from_u16(opcode).map(Op::name).or(match opcode {
         export_tables::OP => Some("export table slot"),
         pinned::ALLOC => Some("page-locked alloc (arena)"),
         pinned::FREE => Some("page-locked free (arena)"),
         pinned::COPY => Some("page-locked copy (arena)"),
         host_functions::DONE => Some("host function done"),
+        threads::FRESH => Some("fresh thread state"),
         _ => None,
     })
 }

@@ -39,12 +39,12 @@ pub fn forget() {
 }
 
 /// This thread took a lane that a thread now ended used: the worker's thread behind that lane
-/// still has the ended thread's current context, which natively a new thread does not have.
-/// Made none there (what the driver tells a new thread) before this thread's first call.
+/// still has the ended thread's contexts current, which natively a new thread does not have.
+/// It drops them (`threads::FRESH`, ahead of this thread's first call on the lane, sent
+/// without waiting, so on this lane and no other), and the client knows none is current.
 pub fn lane_reused() {
-    // SAFETY: NULL is a valid context argument (none).
-    let st = unsafe { crate::generated::wire_cuCtxSetCurrent(std::ptr::null_mut()) };
-    if st == wormhole_cuda_proto::cu::CUDA_SUCCESS {
+    let w = wormhole_cuda_proto::Writer::new(wormhole_cuda_proto::threads::FRESH);
+    if crate::rt::call_async(w).is_ok() {
         set(std::ptr::null_mut());
     }
 }

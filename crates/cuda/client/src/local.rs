@@ -204,18 +204,19 @@ pub unsafe fn cuGetExportTable(pp_table: *mut c_void, table_id: *mut c_void) -> 
         let table = crate::export_tables::find(&uuid);
         // SAFETY: per the contract.
         unsafe { *(pp_table as *mut *const c_void) = table.unwrap_or(std::ptr::null()) };
-        let hex: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
+        let hex = || -> String { uuid.iter().map(|b| format!("{b:02x}")).collect() };
         wormhole_session::trace::note(wormhole_cuda_proto::API, || {
             let served = if table.is_some() {
                 "served"
             } else {
                 "not served"
             };
-            format!("export table {hex}: {served}")
+            format!("export table {}: {served}", hex())
         });
         if table.is_some() {
             return Ok(CUDA_SUCCESS);
         }
+        let hex = hex();
         static LOGGED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
         let mut logged = LOGGED.lock().unwrap_or_else(|p| p.into_inner());
         if logged.get_or_insert_with(HashSet::new).insert(hex.clone()) {

@@ -82,6 +82,14 @@ pub mod host_functions {
     pub const DONE: u16 = 0xE004;
 }
 
+/// The worker's threads, one per lane, carry the driver's per-thread state.
+pub mod threads {
+    /// No body → the status. The lane is a new program thread's, and a thread now ended used
+    /// it: its worker thread drops that thread's driver state (its context stack, its stream
+    /// capture mode), which natively a new thread starts without. Sent without waiting.
+    pub const FRESH: u16 = 0xE005;
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;

@@ -17,6 +17,7 @@ mod pinned;
 mod rt;
 mod session;
 mod tensor_maps;
+mod threads;
 
 /// The generated decoders and dispatch (see `crates/apigen`).
 #[allow(
@@ -65,6 +66,11 @@ pub fn run(
     }
     if opcode == wormhole_cuda_proto::host_functions::DONE {
         host_functions::done(r, w)?;
+        return Ok(w.status());
+    }
+    if opcode == wormhole_cuda_proto::threads::FRESH {
+        r.finish()?;
+        w.i32(threads::fresh_thread());
         return Ok(w.status());
     }
     if let Some(done) = pinned::handle(&session::Call(s), opcode, r, w) {

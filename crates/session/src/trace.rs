@@ -7,6 +7,8 @@
 //! at once, so a crash or a hang leaves the trace up to the call it happened in.
 //! `WORMHOLE_TRACE_LIMIT` caps the lines (default 200,000; the last one says so).
 //!
+//! A forked child writes nothing (its parent's trace is not its own).
+//!
 //! A line: seconds since the trace began, the thread's id, the API, then the event, nested
 //! calls indented (`> cuInit` ... `< cuInit = 0`).
 
@@ -21,6 +23,9 @@ use std::time::{Duration, Instant};
 const DEFAULT_LIMIT: u64 = 200_000;
 
 struct Tracer {
+    /// The process that opened the trace: a child forked from it writes nothing (the file's
+    /// lock may have been held by a thread the fork did not copy).
+    pid: u32,
     file: Mutex<File>,
     start: Instant,
     written: AtomicU64,
@@ -60,6 +65,7 @@ fn open() -> Option<Tracer> {
         .and_then(|v| v.parse().ok())
         .unwrap_or(DEFAULT_LIMIT);
     let t = Tracer {
+        pid: std::process::id(),
         file: Mutex::new(file),
         start: Instant::now(),
         written: AtomicU64::new(0),
@@ -81,7 +87,10 @@ fn open() -> Option<Tracer> {
 }
 
 fn tracer() -> Option<&'static Tracer> {
-    TRACER.get_or_init(open).as_ref()
+    TRACER
+        .get_or_init(open)
+        .as_ref()
+        .filter(|t| t.pid == std::process::id())
 }
 
 /// Whether calls are traced (`WORMHOLE_TRACE` names a file that opened).
@@ -220,6 +229,7 @@ mod tests {
     fn lines_stop_at_the_limit_with_a_last_word() {
         let dir = std::env::temp_dir().join(format!("wh-trace-{}", std::process::id()));
         let t = Tracer {
+            pid: std::process::id(),
             file: Mutex::new(File::create(&dir).unwrap()),
             start: Instant::now(),
             written: AtomicU64::new(0),

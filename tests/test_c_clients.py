@@ -14,6 +14,7 @@ PROGRAMS = [
     "bad_rect_ranges", "bad_sizes", "finish_waits", "cross_thread_order", "gated_write",
     "nonblocking_transfers", "immutable_info", "kernel_per_call", "released_event_callback",
     "buffer_commands", "unsynced_host_ptr_map", "svm_migrate_host", "thread_churn",
+    "order_after_reply",
 ]
 
 

@@ -714,6 +714,15 @@ fn serve_lane(
     }
 }
 
+/// The request this lane works on is handled: said before its reply goes out. Its client may
+/// send more on this lane as soon as it has the reply, and another thread it then tells may
+/// send on another lane; that lane must not take this one for still inside the waited-for
+/// request (see `order`), which would let it run before what came after the reply here (a
+/// kernel made without waiting, then asked about by the other thread: CL_INVALID_KERNEL).
+fn handled_before_reply(lane: usize, link: &ShmLink) {
+    order().handled(lane, link.received());
+}
+
 /// Serves one request of a shared region's lane, whose header `h` was read.
 fn serve_request(
     backend: &'static dyn Backend,
@@ -726,6 +735,7 @@ fn serve_request(
     if streamable(&h) {
         // Bulk data may go from the ring straight into the driver's memory.
         if offer_stream(backend, lane, &h, link, body, reply)? {
+            handled_before_reply(lane, link);
             link.send(reply)?;
             return Ok(());
         }
@@ -738,6 +748,8 @@ fn serve_request(
     }
     let n = h.len as usize;
     if h.flags & FLAG_ASYNC == 0 && backend.answers_later(h.opcode) {
+        // The reply may go out from another thread at once.
+        handled_before_reply(lane, link);
         let later = Completion {
             h,
             lane,
@@ -764,6 +776,7 @@ fn serve_request(
         }
     }
     if let Some(out) = handle(backend, lane, &h, &body[..h.len as usize], reply)? {
+        handled_before_reply(lane, link);
         match out.trailer {
             Some(mut t) => link.send_pieces(reply, &mut |sink| t.send(sink))?,
             None => link.send(reply)?,

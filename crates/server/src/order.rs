@@ -13,7 +13,8 @@
 //! far they have sent: a ring's head, a stream's frame count) with an earlier ticket: it is
 //! not waited for once it works on a request with a later ticket (what it had before is
 //! handled, and what comes after has later tickets still), nor while it is inside a
-//! synchronous request (its sender, waiting for the reply, sends nothing more there). Waits go
+//! synchronous request (its sender, waiting for the reply, sends nothing more there: so a lane
+//! says a request is handled before its reply goes out, after which the sender may). Waits go
 //! only to earlier tickets, so they never form a cycle. A lane blocked inside a pipelined
 //! request (an enqueue held back by the tenant's `max_queued`) is waited for 1 s at most.
 

@@ -14,10 +14,10 @@ static cl_event done_marker;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
 static cl_kernel handed;
-static int rounds, stop;
+static int rounds;
 static cl_device_id dev;
 
-static void *setter(void *arg) {
+static void *asker(void *arg) {
     (void)arg;
     for (int r = 0; r < rounds; r++) {
         pthread_mutex_lock(&mu);
@@ -49,7 +49,7 @@ int main(int argc, char **argv) {
     CHECK(err);
     CHECK(clReleaseKernel(first));
     pthread_t t;
-    EXPECT(pthread_create(&t, NULL, setter, NULL) == 0);
+    EXPECT(pthread_create(&t, NULL, asker, NULL) == 0);
     for (int r = 0; r < rounds; r++) {
         cl_int status;
         CHECK(clGetEventInfo(done_marker, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, NULL));
@@ -62,7 +62,6 @@ int main(int argc, char **argv) {
         pthread_mutex_unlock(&mu);
     }
     EXPECT(pthread_join(t, NULL) == 0);
-    (void)stop;
     CHECK(clReleaseEvent(done_marker));
     printf("order after reply OK\n");
     return 0;

@@ -932,8 +932,9 @@ impl Connection {
             return Err(CallError::Unavailable);
         }
         call_counts::count(self.hooks.api, self.hooks.op_name, w.opcode(), true);
-        let traced = trace::on().then(|| (w.opcode(), std::time::Instant::now()));
         let mut idx = self.my_lane();
+        // Timed from here: a reused lane's reset (`my_lane`) is a request of its own.
+        let traced = trace::on().then(|| (w.opcode(), std::time::Instant::now()));
         let res = match &self.transport {
             Transport::Shm { lanes, .. } => {
                 let (i, mut lane) = self.take_lane(lanes.len(), |i| &lanes[i], idx);
@@ -976,10 +977,9 @@ impl Connection {
         if let Some((opcode, start)) = traced {
             let carried = match &res {
                 // Every reply body begins with the call's status.
-                Ok((body, _)) => trace::Carried::Answered(
-                    body.get(..4)
-                        .map_or(0, |b| i32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-                ),
+                Ok((body, _)) => {
+                    trace::Carried::Answered(wormhole_wire::Reader::new(body).i32().unwrap_or(0))
+                }
                 Err(_) => trace::Carried::Failed,
             };
             trace::request(
@@ -1003,6 +1003,7 @@ impl Connection {
             return Err(CallError::Unavailable);
         }
         call_counts::count(self.hooks.api, self.hooks.op_name, w.opcode(), false);
+        let idx = self.my_lane();
         if trace::on() {
             let name = self.op_name(w.opcode());
             trace::request(
@@ -1012,7 +1013,6 @@ impl Connection {
                 Default::default(),
             );
         }
-        let idx = self.my_lane();
         let res = match &self.transport {
             Transport::Shm { lanes, .. } => {
                 let mut lane = self.async_lane(lanes.len(), |i| &lanes[i], idx);
@@ -1097,35 +1097,24 @@ impl Connection {
         if let Some(i) = MY_LANE.get() {
             return i;
         }
-        let (i, reused) = self.take_my_lane();
+        // The callback thread has the last lane to itself: what it sends (a CUDA host
+        // function's "done") must not queue behind a program thread's call that waits for it.
+        // Program threads take the others, one each while they last.
+        let (i, reused) = match (CALLBACK_THREAD.get(), self.lanes) {
+            (true, n) if n >= 2 => (n - 1, false),
+            _ => self.lane_users.take(),
+        };
+        if let Some(r) = &self.used_lanes {
+            r.rendezvous().use_lane(i as u32);
+        }
+        MY_LANE.set(Some(i));
         if reused {
             if let Some(reset) = self.hooks.lane_reused {
-                // The lane is this thread's now (MY_LANE): the reset's own call goes on it.
+                // The lane is this thread's now (MY_LANE): the reset's own request goes on it.
                 reset();
             }
         }
         i
-    }
-
-    /// The lane this thread will use from now on, and whether a thread now ended used it.
-    fn take_my_lane(&self) -> (usize, bool) {
-        MY_LANE.with(|l| match l.get() {
-            Some(i) => (i, false),
-            None => {
-                // The callback thread has the last lane to itself: what it sends (a CUDA host
-                // function's "done") must not queue behind a program thread's call that waits
-                // for it. Program threads take the others, one each while they last.
-                let (i, reused) = match (CALLBACK_THREAD.get(), self.lanes) {
-                    (true, n) if n >= 2 => (n - 1, false),
-                    _ => self.lane_users.take(),
-                };
-                if let Some(r) = &self.used_lanes {
-                    r.rendezvous().use_lane(i as u32);
-                }
-                l.set(Some(i));
-                (i, reused)
-            }
-        })
     }
 
     fn broken(&self, e: TransportError) -> CallError {

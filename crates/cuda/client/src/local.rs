@@ -187,6 +187,11 @@ pub unsafe fn cuGetProcAddress_v2(
     })
 }
 
+/// An export table's id as the log and the trace name it: its bytes in hex.
+fn table_hex(uuid: &[u8; 16]) -> String {
+    uuid.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// `cuGetExportTable`: NVIDIA's private tables (what cudart, cuBLAS and cuDNN ask of the
 /// driver beyond its documented API), served by `export_tables`. Any other table asked for is
 /// named once in the log, and the call fails with the table NULL (what callers of an optional
@@ -204,19 +209,18 @@ pub unsafe fn cuGetExportTable(pp_table: *mut c_void, table_id: *mut c_void) -> 
         let table = crate::export_tables::find(&uuid);
         // SAFETY: per the contract.
         unsafe { *(pp_table as *mut *const c_void) = table.unwrap_or(std::ptr::null()) };
-        let hex = || -> String { uuid.iter().map(|b| format!("{b:02x}")).collect() };
         wormhole_session::trace::note(wormhole_cuda_proto::API, || {
             let served = if table.is_some() {
                 "served"
             } else {
                 "not served"
             };
-            format!("export table {}: {served}", hex())
+            format!("export table {}: {served}", table_hex(&uuid))
         });
         if table.is_some() {
             return Ok(CUDA_SUCCESS);
         }
-        let hex = hex();
+        let hex = table_hex(&uuid);
         static LOGGED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
         let mut logged = LOGGED.lock().unwrap_or_else(|p| p.into_inner());
         if logged.get_or_insert_with(HashSet::new).insert(hex.clone()) {

@@ -14,7 +14,7 @@ PROGRAMS = [
     "bad_rect_ranges", "bad_sizes", "finish_waits", "cross_thread_order", "gated_write",
     "nonblocking_transfers", "immutable_info", "kernel_per_call", "released_event_callback",
     "buffer_commands", "unsynced_host_ptr_map", "svm_migrate_host", "thread_churn",
-    "order_after_reply",
+    "order_after_reply", "crossed_releases",
 ]
 
 
@@ -33,6 +33,21 @@ def test_through_wormhole(any_server, c_programs, name):
     if name == "vector_add":
         assert "Wormhole \u2192" in r.stdout
         assert "OK, checksum 1649265868800" in r.stdout
+
+
+def test_crossed_releases_leave_no_object_behind(any_server, c_programs):
+    """Two threads' releases of one event, crossed on their way (crossed_releases.c): none is
+    refused, and once the program has released everything the session holds nothing of its
+    own (no event of 2000 rounds left), only the platform and device the server exported."""
+    p = any_server.popen([c_programs["crossed_releases"], "2000", "hold"])
+    try:
+        line = p.stdout.readline()
+        assert line.startswith("crossed releases: 2000 rounds"), line + p.stderr.read()
+        (s,) = any_server.status()["sessions"]
+        assert set(s["detail"]["objects"]) <= {"Platform", "Device"}, s["detail"]["objects"]
+    finally:
+        out, err = p.communicate("go\n", timeout=30)
+    assert p.returncode == 0, out + err
 
 
 def test_a_device_queue_the_device_lacks_is_refused(any_server, c_programs):

@@ -464,7 +464,7 @@ fn emit_handler(s: &mut String, api: &Api, f: &Func) {
         let h = first_handle.as_ref().expect("release handle");
         let _ = writeln!(
             s,
-            "        if status == STATUS_SUCCESS {{ if last {{ s.forget({h}_id); }} else {{ s.released({h}_id); }} }}"
+            "        if status == STATUS_SUCCESS {{ s.released({h}_id, last); }}"
         );
     }
     s.push_str("        w.i32(status);\n        if status != STATUS_SUCCESS {\n            return Ok(());\n        }\n");

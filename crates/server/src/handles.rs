@@ -118,10 +118,29 @@ impl<K: Copy + Eq + Hash> HandleTable<K> {
         }
     }
 
-    /// The application released `id` once (its last release is [`HandleTable::forget`]).
-    pub fn released(&self, id: u64) {
-        if let Some(n) = self.lock().by_id.get_mut(&id).and_then(|e| e.refs.as_mut()) {
-            *n = n.saturating_sub(1);
+    /// The application released `id` once: whether that was its last reference, after which
+    /// the caller forgets the id ([`HandleTable::forget`]).
+    ///
+    /// For an object the application created, the server's own count decides, not
+    /// `client_last` (the client's count, which said whether this release took it to zero):
+    /// two threads' releases are sent without waiting, each on its own lane, and nothing
+    /// orders them, so the one the client counted last may arrive first. Releases commute;
+    /// forgetting at the client's last would refuse the other one. Objects the server exported
+    /// are not counted here, so for them the client's count decides.
+    pub fn released(&self, id: u64, client_last: bool) -> bool {
+        let mut t = self.lock();
+        let Some(e) = t.by_id.get_mut(&id) else {
+            return false;
+        };
+        match e.refs.as_mut() {
+            Some(n) => {
+                *n = n.saturating_sub(1);
+                if (*n == 0) != client_last {
+                    tracing::trace!(id, left = *n, "releases of two lanes arrived crossed");
+                }
+                *n == 0
+            }
+            None => client_last,
         }
     }
 
@@ -256,7 +275,7 @@ mod tests {
         assert_eq!(t.refs(5), Some(1), "created with one");
         t.retained(5);
         t.retained(5);
-        t.released(5);
+        assert!(!t.released(5, false));
         assert_eq!(t.refs(5), Some(2));
         t.rebind(5, 1, 0x2000);
         assert_eq!(t.refs(5), Some(2), "the id's references move with it");
@@ -271,6 +290,21 @@ mod tests {
         assert_eq!(t.refs(5), None);
         t.bind_new(5, 1, 0x1000, None).unwrap();
         assert_eq!(t.refs(5), Some(1), "an id bound anew starts again");
+    }
+
+    #[test]
+    fn the_last_release_is_the_servers_count_not_the_clients_word() {
+        let t = HandleTable::<u8>::default();
+        t.bind_new(5, 1, 0x1000, None).unwrap();
+        t.retained(5);
+        // The release the client counted last arrives first: the other one still counts.
+        assert!(!t.released(5, true), "one reference left");
+        assert!(t.released(5, false), "and now none");
+        // Exported objects are not counted: the client's word decides.
+        let dev = t.export(3, 0x3000);
+        assert!(!t.released(dev, false));
+        assert!(t.released(dev, true));
+        assert!(!t.released(99, true), "an unknown id is nobody's last");
     }
 
     #[test]

@@ -173,10 +173,13 @@ impl Session {
         self.handles.counting()
     }
 
-    /// The application released `id`, not for the last time (`HandleTable::refs`; CUDA's
-    /// destroys are all last).
-    pub fn released(&self, id: u64) {
-        self.handles.released(id);
+    /// The application released `id` once (`client_last`: the client counted it as the last
+    /// reference; CUDA's destroys all are); the id is forgotten after the last one
+    /// (`HandleTable::released`).
+    pub fn released(&self, id: u64, client_last: bool) {
+        if self.handles.released(id, client_last) {
+            self.forget(id);
+        }
     }
 
     /// The object behind `id` was destroyed, and with it what came from it (a module's or a

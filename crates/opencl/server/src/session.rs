@@ -457,9 +457,12 @@ impl Session {
         self.handles.retained(id);
     }
 
-    /// The application released `id`, not for the last time.
-    pub fn released(&self, id: u64) {
-        self.handles.released(id);
+    /// The application released `id` once (`client_last`: the client counted it as the last
+    /// reference); the id is forgotten after the last one (`HandleTable::released`).
+    pub fn released(&self, id: u64, client_last: bool) {
+        if self.handles.released(id, client_last) {
+            self.forget(id);
+        }
     }
 
     /// The client dropped its last reference to `id`.

@@ -999,6 +999,13 @@ impl Connection {
 
     /// Sends a request with FLAG_ASYNC: no reply comes back.
     pub fn send_async(&self, w: Writer) -> Result<(), CallError> {
+        self.send_async_bulk(w, &[])
+    }
+
+    /// As `send_async`, with bulk data: `payload` follows the request straight from the
+    /// caller's memory (see `Writer::trailing_bytes`); it is in the lane or the stream, and the
+    /// caller's memory free again, when this returns.
+    pub fn send_async_bulk(&self, w: Writer, payload: &[u8]) -> Result<(), CallError> {
         if self.dead.load(Ordering::Relaxed) || FORKED.load(Ordering::Relaxed) {
             return Err(CallError::Unavailable);
         }
@@ -1019,7 +1026,7 @@ impl Connection {
                 SENT_ASYNC.set(true);
                 w.finish(FLAG_ASYNC, self.ticket())
                     .map_err(TransportError::from)
-                    .and_then(|frame| lane.link.send(&frame))
+                    .and_then(|frame| lane.link.send_parts(&[&frame, payload]))
             }
             Transport::Tcp { outbox, .. } => {
                 SENT_ASYNC.set(true);
@@ -1027,7 +1034,11 @@ impl Connection {
                 let out = outbox.hold();
                 w.finish_on(idx as u16, FLAG_ASYNC, self.ticket())
                     .map_err(TransportError::from)
-                    .and_then(|frame| out.gather(&frame))
+                    .and_then(|frame| match payload {
+                        [] => out.gather(&frame),
+                        // Written now, from where it lies (not copied into the outbox).
+                        _ => out.send(&[&frame, payload]),
+                    })
             }
         };
         res.map_err(|e| self.broken(e))

@@ -61,7 +61,7 @@ unsafe fn create_buffer(
             None => encode(Op::clCreateBuffer, &buffer),
         }
     };
-    let reply = super::transfer::call_with_data(head, data)?;
+    let reply = super::transfer::call_with_data(head, data, false)?;
     let reply = req::CreateBufferReply::decode_all(&reply)?;
     match reply.status {
         CL_SUCCESS => {
@@ -221,7 +221,7 @@ unsafe fn create_image(
             },
         )
     };
-    let reply = super::transfer::call_with_data(head, data)?;
+    let reply = super::transfer::call_with_data(head, data, false)?;
     match Reader::new(&reply).i32()? {
         CL_SUCCESS => {
             let image = desc.map(|d| (d.image_type, elem.unwrap_or(0)));

@@ -108,9 +108,12 @@ fn stage(id: u64, data: &[u8]) -> Result<i32, ClErr> {
 /// body: `data` (None: none travels) follows the request straight from the application's
 /// memory when one frame holds both, or is staged before it (if the server refuses a piece,
 /// the request is not sent and the reply is that status alone).
+/// `pipelined`: the caller ruled out every error the request could return, so a request that
+/// holds its data goes without waiting (a staged one still waits: its pieces may be refused).
 pub(super) fn call_with_data(
     encode: impl Fn(req::WriteData) -> Writer,
     data: Option<&[u8]>,
+    pipelined: bool,
 ) -> Result<Vec<u8>, ClErr> {
     let reply = match data {
         None => rt::call(encode(req::WriteData::Absent))?,
@@ -123,7 +126,11 @@ pub(super) fn call_with_data(
                 },
                 _ => {
                     w.trailer(data.len());
-                    rt::call_bulk(w, data, None)?.0
+                    if pipelined {
+                        rt::call_async_bulk(w, data)?
+                    } else {
+                        rt::call_bulk(w, data, None)?.0
+                    }
                 }
             }
         }
@@ -135,6 +142,8 @@ pub(super) fn call_with_data(
 /// application's memory when the write runs, after the reads before it filled it: reads
 /// still to land there are waited for, or (`from_read`: a buffer write, whose request may
 /// say so) the write takes its bytes from the one read that fills them, on the server.
+/// `pipelined`: as for `call_with_data`.
+#[allow(clippy::too_many_arguments)]
 fn finish_write(
     encode: impl Fn(req::WriteData) -> Writer,
     data: Option<&[u8]>,
@@ -142,6 +151,7 @@ fn finish_write(
     ev_id: u64,
     blocking: u32,
     from_read: bool,
+    pipelined: bool,
 ) -> Result<i32, ClErr> {
     let (src, len) = data.map_or((0, 0), |d| (d.as_ptr() as usize, d.len()));
     let reply = pending::write_source(src, len, from_read, |source| match source {
@@ -150,7 +160,7 @@ fn finish_write(
             offset,
             len: len as u64,
         })),
-        pending::WriteSource::Memory => call_with_data(encode, data),
+        pending::WriteSource::Memory => call_with_data(encode, data, pipelined),
     })?;
     let st = Reader::new(&reply).i32()?;
     if st == CL_SUCCESS {
@@ -214,6 +224,11 @@ fn within_image(
         _ => Ok(()),
     }
 }
+
+/// Non-blocking writes up to this size are pipelined once their kind was accepted: above it,
+/// a round trip costs little next to moving the data, and each pending write holds a copy of
+/// its bytes on the server until it completes.
+const PIPELINED_WRITE_MAX: usize = 4 << 20;
 
 /// How long a non-blocking transfer may wait for its queue to go the direct way, per byte: the
 /// ordinary path (through the rings and a staging buffer the driver copies) costs about 1 ns
@@ -378,12 +393,27 @@ pub unsafe extern "C" fn clEnqueueWriteBuffer(
             )
         };
         within_buffer(b, offset, size)?;
+        // A write like one the driver accepted before (this buffer, this queue, no wait list,
+        // in range) is accepted again: a non-blocking one need not wait for the verdict. Nor
+        // for the direct way's (the client's own copy, see `direct_copy`), which is a round
+        // trip too.
+        let like_accepted = n == 0
+            && list.is_null()
+            && !ptr.is_null()
+            && size > 0
+            && b.mem().is_some_and(|m| m.size > 0);
+        let pipelined = like_accepted
+            && blocking == 0
+            && size <= PIPELINED_WRITE_MAX
+            && lock(&b.writes_accepted).contains(&q.id);
         let plain = n == 0 && list.is_null() && event.is_null();
-        // SAFETY: the application promises `size` readable bytes at `ptr`.
-        let direct =
-            unsafe { direct_copy(q, b, blocking, offset, size, ptr as *mut u8, plain, true) };
-        if let Some(st) = direct {
-            return Ok(st);
+        if !pipelined {
+            // SAFETY: the application promises `size` readable bytes at `ptr`.
+            let direct =
+                unsafe { direct_copy(q, b, blocking, offset, size, ptr as *mut u8, plain, true) };
+            if let Some(st) = direct {
+                return Ok(st);
+            }
         }
         // SAFETY: the application's wait list and event pointer.
         let (wait, ev_id) = unsafe { wait_and_event(n, list, event) }?;
@@ -405,7 +435,17 @@ pub unsafe extern "C" fn clEnqueueWriteBuffer(
                 },
             )
         };
-        finish_write(head, data, event, ev_id, blocking, true)
+        let st = finish_write(head, data, event, ev_id, blocking, true, pipelined)?;
+        if st == CL_SUCCESS && like_accepted && !pipelined {
+            let mut queues = lock(&b.writes_accepted);
+            if !queues.contains(&q.id) {
+                if queues.len() >= 8 {
+                    queues.remove(0);
+                }
+                queues.push(q.id);
+            }
+        }
+        Ok(st)
     })
 }
 
@@ -555,7 +595,7 @@ pub unsafe extern "C" fn clEnqueueWriteBufferRect(
                 },
             )
         };
-        finish_write(head, Some(data), event, ev_id, blocking, false)
+        finish_write(head, Some(data), event, ev_id, blocking, false, false)
     })
 }
 
@@ -731,7 +771,7 @@ pub unsafe extern "C" fn clEnqueueWriteImage(
                 },
             )
         };
-        finish_write(head, Some(data), event, ev_id, blocking, false)
+        finish_write(head, Some(data), event, ev_id, blocking, false, false)
     })
 }
 
@@ -1041,7 +1081,7 @@ pub unsafe extern "C" fn clEnqueueUnmapMemObject(
                     },
                 )
             };
-            let st = Reader::new(&call_with_data(head, data)?).i32()?;
+            let st = Reader::new(&call_with_data(head, data, false)?).i32()?;
             if st == CL_SUCCESS {
                 // SAFETY: as above.
                 unsafe { set_event(event, ev_id) };

@@ -105,6 +105,15 @@ pub fn call_async(w: Writer) -> Result<Vec<u8>, ClErr> {
     Ok(CL_SUCCESS.to_le_bytes().to_vec())
 }
 
+/// `call_async` with bulk data that follows the request straight from the application's
+/// memory (copied into the lane before this returns).
+pub fn call_async_bulk(w: Writer, payload: &[u8]) -> Result<Vec<u8>, ClErr> {
+    crate::custom::push_fine();
+    let conn = connection::get().ok_or(ClErr(CL_OUT_OF_RESOURCES))?;
+    conn.send_async_bulk(w, payload).map_err(call_failed)?;
+    Ok(CL_SUCCESS.to_le_bytes().to_vec())
+}
+
 pub fn log_unsupported(what: &str) {
     connection::log(&format!(
         "{what} is not forwarded by Wormhole; returning CL_INVALID_OPERATION"

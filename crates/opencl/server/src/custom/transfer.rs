@@ -334,7 +334,7 @@ type ReadCall<'a> = dyn Fn(u32, *mut c_void, u32, *const Handle, *mut Handle) ->
 /// and those too large for one reply, into a staging buffer kept under `read_id`.
 #[allow(clippy::too_many_arguments)]
 fn read_common(
-    s: &Session,
+    s: &Call<'_>,
     w: &mut Writer,
     queue: u64,
     blocking: u32,
@@ -346,7 +346,10 @@ fn read_common(
 ) -> Result<(), i32> {
     let (n, list) = wl.resolve(s)?;
     let mut ev = EventOut::new(s, event_id)?;
-    let now = at_once(s, queue, blocking, n, len);
+    // A pipelined read's bytes cannot go with its reply (none goes): they wait for COLLECT.
+    let now = (!s.pipelined())
+        .then(|| at_once(s, queue, blocking, n, len))
+        .flatten();
     let blocking = if now.is_some() { CL_TRUE } else { blocking };
     if blocking != 0 && len <= MAX_TRANSFER {
         let mark = w.mark();
@@ -610,7 +613,7 @@ pub fn clEnqueueWriteBuffer(
 }
 
 pub fn clEnqueueReadBufferRect(
-    s: &Session,
+    s: &Call<'_>,
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
@@ -762,7 +765,7 @@ fn image_info(img: Handle) -> Result<(usize, u32), i32> {
 }
 
 pub fn clEnqueueReadImage(
-    s: &Session,
+    s: &Call<'_>,
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {

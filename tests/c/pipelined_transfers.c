@@ -1,10 +1,11 @@
-/* Non-blocking writes that repeat one the driver accepted (the same buffer and queue, no wait
- * list, in range) keep their place in the queue and their data: each round writes a new
- * pattern behind a kernel still running, adds to it with another kernel, and reads it back
- * without blocking, for buffers of 4 KiB to 1 MiB and a sub-buffer. Through Wormhole such
- * writes are sent without waiting; what the driver refuses is still refused at the call (a
- * range past the end, a buffer the host may not write, a NULL pointer), and an event of a
- * write completes. Rounds: argv[1] (default 100). Prints "pipelined writes OK". */
+/* Non-blocking writes and reads that repeat one the driver accepted (the same buffer, queue
+ * and direction, no wait list, in range) keep their place in the queue and their data: each
+ * round writes a new pattern behind a kernel still running, adds to it with another kernel,
+ * and reads it back without blocking, for buffers of 4 KiB to 1 MiB and a sub-buffer; the
+ * reads land by the finish. Through Wormhole such transfers are sent without waiting; what
+ * the driver refuses is still refused at the call (a range past the end, a buffer the host
+ * may not write or read, a NULL pointer), and an event of one completes with its data there.
+ * Rounds: argv[1] (default 100). Prints "pipelined transfers OK". */
 #include "common.h"
 #include <string.h>
 
@@ -72,17 +73,26 @@ int main(int argc, char **argv) {
                 }
             }
         }
-        /* Refused at the call, however many writes of the buffer went before. */
+        /* Refused at the call, however many transfers of the buffer went before. */
         EXPECT(clEnqueueWriteBuffer(q, b, CL_FALSE, 4, bytes, src[0], 0, NULL, NULL) == CL_INVALID_VALUE);
         EXPECT(clEnqueueWriteBuffer(q, b, CL_FALSE, 0, bytes, NULL, 0, NULL, NULL) == CL_INVALID_VALUE);
-        /* A write with an event: the event completes with the write. */
+        EXPECT(clEnqueueReadBuffer(q, b, CL_FALSE, 4, bytes, dst[0], 0, NULL, NULL) == CL_INVALID_VALUE);
+        EXPECT(clEnqueueReadBuffer(q, b, CL_FALSE, 0, bytes, NULL, 0, NULL, NULL) == CL_INVALID_VALUE);
+        /* A write, then a read, with events: each completes with its transfer, the read's
+         * bytes there once its event says so. */
         cl_event ev;
+        for (size_t i = 0; i < n; i++) src[0][i] = (int)(i ^ 0x5a5a);
         CHECK(clEnqueueWriteBuffer(q, b, CL_FALSE, 0, bytes, src[0], 0, NULL, &ev));
         CHECK(clWaitForEvents(1, &ev));
         cl_int status = 1;
         CHECK(clGetEventInfo(ev, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, NULL));
         EXPECT(status == CL_COMPLETE);
         CHECK(clReleaseEvent(ev));
+        memset(dst[1], 0, bytes);
+        CHECK(clEnqueueReadBuffer(q, b, CL_FALSE, 0, bytes, dst[1], 0, NULL, &ev));
+        CHECK(clWaitForEvents(1, &ev));
+        CHECK(clReleaseEvent(ev));
+        for (size_t i = 0; i < n; i++) EXPECT(dst[1][i] == (int)(i ^ 0x5a5a));
         for (int i = 0; i < SLOTS; i++) {
             free(src[i]);
             free(dst[i]);
@@ -90,18 +100,26 @@ int main(int argc, char **argv) {
         if (sub) CHECK(clReleaseMemObject(b));
         CHECK(clReleaseMemObject(parent));
     }
-    /* A buffer the host may only read: every write is refused, the tenth as the first. */
+    /* A buffer the host may only read: every write is refused, the tenth as the first, while
+     * reads go; and the other way round. */
     int host[16] = {0};
     cl_mem ro = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_HOST_READ_ONLY, sizeof host, NULL, &err);
     CHECK(err);
-    for (int i = 0; i < 10; i++)
+    cl_mem wo = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_HOST_WRITE_ONLY, sizeof host, NULL, &err);
+    CHECK(err);
+    for (int i = 0; i < 10; i++) {
         EXPECT(clEnqueueWriteBuffer(q, ro, CL_FALSE, 0, sizeof host, host, 0, NULL, NULL) == CL_INVALID_OPERATION);
-    CHECK(clFinish(q));
+        CHECK(clEnqueueReadBuffer(q, ro, CL_FALSE, 0, sizeof host, host, 0, NULL, NULL));
+        EXPECT(clEnqueueReadBuffer(q, wo, CL_FALSE, 0, sizeof host, host, 0, NULL, NULL) == CL_INVALID_OPERATION);
+        CHECK(clEnqueueWriteBuffer(q, wo, CL_FALSE, 0, sizeof host, host, 0, NULL, NULL));
+        CHECK(clFinish(q));
+    }
     CHECK(clReleaseMemObject(ro));
+    CHECK(clReleaseMemObject(wo));
     CHECK(clReleaseKernel(k));
     CHECK(clReleaseProgram(prog));
     CHECK(clReleaseCommandQueue(q));
     CHECK(clReleaseContext(ctx));
-    printf("pipelined writes OK\n");
+    printf("pipelined transfers OK\n");
     return 0;
 }

@@ -281,19 +281,20 @@ def test_a_kernel_object_per_call_is_pipelined(server, c_programs):
         assert waited.get(call, 0) < 12, (call, r.stderr)
 
 
-def test_repeated_non_blocking_transfers_are_pipelined(any_server, c_programs):
-    """A non-blocking write or read repeating the buffer, queue and direction of one the
-    driver accepted, in a range the client checks, no wait list, is sent without waiting (a
-    write with its data, behind a busy queue's kernels; a read's bytes collected at the next
-    synchronisation point); what the driver refuses (past the end, a NULL pointer, a buffer
-    the host may not write or read) is still refused at the call, as natively."""
+def test_repeated_non_blocking_writes_are_pipelined(any_server, c_programs):
+    """A non-blocking write repeating the buffer and queue of one the driver accepted, in a
+    range the client checks, no wait list, is sent without waiting (with its data, behind a
+    busy queue's kernels); what the driver refuses (past the end, a NULL pointer, a buffer
+    the host may only read) is still refused at the call, as natively. (Reads keep waiting:
+    one the worker runs at once brings its bytes with the reply, which was faster than
+    collecting them later, on every transport here.)"""
     r, waited = waited_calls_as_native(any_server, c_programs, "pipelined_transfers", "100")
-    # 4 buffers of 100 rounds: the first of each waits (or goes the direct way), and the
-    # refused ones.
-    for call in ("clEnqueueWriteBuffer", "clEnqueueReadBuffer"):
-        assert waited.get(call, 0) < 50, (call, r.stderr)
-        pipelined = re.search(rf"^wormhole call counts:   {call} waited=\d+ pipelined=(\d+)$", r.stderr, re.M)
-        assert pipelined and int(pipelined.group(1)) >= 300, (call, r.stderr)
+    # 4 buffers of 100 rounds: the first of each waits, and the refused ones. Over shared
+    # memory a write that finds its queue idle (or soon idle) goes the direct way instead.
+    assert waited.get("clEnqueueWriteBuffer", 0) < 50, r.stderr
+    pipelined = re.search(r"^wormhole call counts:   clEnqueueWriteBuffer waited=\d+ pipelined=(\d+)$",
+                          r.stderr, re.M)
+    assert pipelined and int(pipelined.group(1)) >= 150, r.stderr
 
 
 def test_repeated_buffer_copies_and_fills_are_pipelined(server, c_programs):

@@ -1,9 +1,9 @@
-/* Non-blocking writes and reads that repeat one the driver accepted (the same buffer, queue
- * and direction, no wait list, in range) keep their place in the queue and their data: each
- * round writes a new pattern behind a kernel still running, adds to it with another kernel,
- * and reads it back without blocking, for buffers of 4 KiB to 1 MiB and a sub-buffer; the
- * reads land by the finish. Through Wormhole such transfers are sent without waiting; what
- * the driver refuses is still refused at the call (a range past the end, a buffer the host
+/* Non-blocking writes that repeat one the driver accepted (the same buffer and queue, no wait
+ * list, in range) keep their place in the queue and their data: each round writes a new
+ * pattern behind a kernel still running, adds to it with another kernel, and reads it back
+ * without blocking, for buffers of 4 KiB to 1 MiB and a sub-buffer; the reads land by the
+ * finish. Through Wormhole such writes are sent without waiting; what the driver refuses is
+ * still refused at the call, writes and reads alike (a range past the end, a buffer the host
  * may not write or read, a NULL pointer), and an event of one completes with its data there.
  * Rounds: argv[1] (default 100). Prints "pipelined transfers OK". */
 #include "common.h"

@@ -143,7 +143,7 @@ fn answer(p: &Pending, c: Completion, status: i32) {
         p.session.queue_idle(p.queue, p.enqueues);
     }
     let request = p.queue.to_le_bytes();
-    let s = Call::new(p.session, false);
+    let s = Call::new(p.session);
     c.complete(|w| {
         w.i32(status);
         Ok(OpenCl::answer(

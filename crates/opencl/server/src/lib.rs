@@ -66,7 +66,7 @@ impl OpenCl {
         // The request as it arrived, for what deferred errors need of it after the handler
         // has consumed it (a copy of the reader: no bytes are copied).
         let request = r.clone();
-        let s = &session::Call::new(session, asynchronous);
+        let s = &session::Call::new(session);
         let op = Op::from_u16(opcode);
         // The tenant's limit of queued commands: one relaxed load when there is none.
         let limit = session.limits().max_queued();

@@ -308,23 +308,14 @@ impl Session {
 pub struct Call<'a> {
     session: &'a Session,
     trailer: std::cell::RefCell<Option<Box<dyn wormhole_server::backend::Trailer>>>,
-    pipelined: bool,
 }
 
 impl<'a> Call<'a> {
-    /// `pipelined`: the client sent the request without waiting (no reply goes back).
-    pub fn new(session: &'a Session, pipelined: bool) -> Call<'a> {
+    pub fn new(session: &'a Session) -> Call<'a> {
         Call {
             session,
             trailer: std::cell::RefCell::new(None),
-            pipelined,
         }
-    }
-
-    /// Whether nobody reads this request's reply: what it would carry must go elsewhere (a
-    /// read's bytes are kept for the client's COLLECT).
-    pub fn pipelined(&self) -> bool {
-        self.pipelined
     }
 
     /// Bulk data to send after the reply's body (the body announced its length).

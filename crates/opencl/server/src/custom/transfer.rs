@@ -334,7 +334,7 @@ type ReadCall<'a> = dyn Fn(u32, *mut c_void, u32, *const Handle, *mut Handle) ->
 /// and those too large for one reply, into a staging buffer kept under `read_id`.
 #[allow(clippy::too_many_arguments)]
 fn read_common(
-    s: &Call<'_>,
+    s: &Session,
     w: &mut Writer,
     queue: u64,
     blocking: u32,
@@ -346,10 +346,7 @@ fn read_common(
 ) -> Result<(), i32> {
     let (n, list) = wl.resolve(s)?;
     let mut ev = EventOut::new(s, event_id)?;
-    // A pipelined read's bytes cannot go with its reply (none goes): they wait for COLLECT.
-    let now = (!s.pipelined())
-        .then(|| at_once(s, queue, blocking, n, len))
-        .flatten();
+    let now = at_once(s, queue, blocking, n, len);
     let blocking = if now.is_some() { CL_TRUE } else { blocking };
     if blocking != 0 && len <= MAX_TRANSFER {
         let mark = w.mark();
@@ -613,7 +610,7 @@ pub fn clEnqueueWriteBuffer(
 }
 
 pub fn clEnqueueReadBufferRect(
-    s: &Call<'_>,
+    s: &Session,
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
@@ -765,7 +762,7 @@ fn image_info(img: Handle) -> Result<(usize, u32), i32> {
 }
 
 pub fn clEnqueueReadImage(
-    s: &Call<'_>,
+    s: &Session,
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {

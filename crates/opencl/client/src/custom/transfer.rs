@@ -225,11 +225,6 @@ fn within_image(
     }
 }
 
-/// Non-blocking writes up to this size are pipelined once their kind was accepted: above it,
-/// a round trip costs little next to moving the data, and each pending write holds a copy of
-/// its bytes on the server until it completes.
-const PIPELINED_WRITE_MAX: usize = 4 << 20;
-
 /// How long a non-blocking transfer may wait for its queue to go the direct way, per byte: the
 /// ordinary path (through the rings and a staging buffer the driver copies) costs about 1 ns
 /// per byte on PoCL, so waiting as long never loses much.
@@ -405,7 +400,7 @@ pub unsafe extern "C" fn clEnqueueWriteBuffer(
             && b.mem().is_some_and(|m| m.size > 0);
         let pipelined = like_accepted
             && blocking == 0
-            && size <= PIPELINED_WRITE_MAX
+            && crate::connection::get().is_some_and(|c| size <= c.async_bulk_max())
             && lock(&b.writes_accepted).contains(&q.id);
         let plain = n == 0 && list.is_null() && event.is_null();
         // SAFETY: the application promises `size` readable bytes at `ptr`.

@@ -1000,8 +1000,8 @@ impl Connection {
     /// The most bulk data a request sent without waiting should carry: over shared memory,
     /// half a lane's ring, so that sending it never waits for the worker to drain the ring
     /// mid-frame (a guest's 1 MiB non-blocking writes through its 512 KiB ring, alternating
-    /// runs: 3.5-8.2 GB/s pipelined, 6.9-10.8 waited); over TCP 4 MiB (the socket's buffers take it, and past that a
-    /// round trip costs little next to moving the data).
+    /// runs: 3.5-8.2 GB/s pipelined, 6.9-10.8 waited); over TCP 4 MiB (the socket's buffers
+    /// take it, and past that a round trip costs little next to moving the data).
     pub fn async_bulk_max(&self) -> usize {
         match &self.transport {
             Transport::Shm { region, .. } => (region.layout().ring_capacity / 2) as usize,

@@ -73,9 +73,22 @@ fn emit_traced(s: &mut String, api: &Api, f: &Func, name: &str, what: &str, attr
     };
     let entry = entry_name(api, f);
     // An ICD's hand-written handlers take the C types they read, not the description's: the
-    // table holds them as addresses, and so does this call.
+    // table holds them as addresses, and so does this call. Their ABI (arity, sizes) must be
+    // the description's, which a const assertion checks at build time (`rt::abi`).
     let callee = if api.abi == Abi::Icd && !entry.starts_with("wire_") {
         let types: Vec<&str> = f.params.iter().map(|p| c_type(&p.kind)).collect();
+        let holes = vec!["_"; types.len()].join(", ");
+        let sizes: Vec<String> = types
+            .iter()
+            .map(|t| format!("std::mem::size_of::<{t}>()"))
+            .collect();
+        let _ = writeln!(
+            s,
+            "const _: () = assert!(\n    rt::abi::matches(&({entry} as unsafe extern \"C\" fn({holes}) -> _), &[{}], std::mem::size_of::<{}>()),\n    \"{}: the hand-written handler's arguments differ from the description's\"\n);",
+            sizes.join(", "),
+            ret_type(&f.ret),
+            f.name
+        );
         format!(
             "std::mem::transmute::<*const c_void, unsafe extern \"C\" fn({}) -> {}>({entry} as *const c_void)",
             types.join(", "),

@@ -1,6 +1,7 @@
 //! What the generated stubs and the hand-written entry points share: error plumbing, handle
 //! conversion, argument encoding, reply decoding.
 
+pub mod abi;
 pub mod callbacks;
 pub mod info;
 pub mod pending;

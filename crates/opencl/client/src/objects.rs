@@ -82,9 +82,6 @@ pub struct ClObject {
     /// References an event's pending callbacks hold (not the application's: its reference
     /// count is reported without them).
     pub callback_holds: AtomicU32,
-    /// The queues on which the driver accepted a plain non-blocking write of this buffer:
-    /// repeats there are pipelined (`custom::transfer`).
-    pub writes_accepted: Mutex<Vec<u64>>,
 }
 
 #[derive(Default)]
@@ -132,7 +129,6 @@ pub fn new_object(kind: HandleKind, id: u64, mem: Option<MemInfo>) -> *mut c_voi
         mem: mem.map_or_else(OnceLock::new, OnceLock::from),
         kernel: (kind == HandleKind::Kernel).then(Mutex::default),
         callback_holds: AtomicU32::new(0),
-        writes_accepted: Mutex::default(),
     });
     let p = Box::into_raw(obj) as usize;
     let mut r = lock();

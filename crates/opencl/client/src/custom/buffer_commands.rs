@@ -8,14 +8,30 @@ use crate::generated;
 use std::collections::HashSet;
 use std::sync::{Mutex, OnceLock};
 
-/// (opcode, queue, buffer, buffer or pattern size) the driver accepted a command for.
-type Accepted = (u16, u64, u64, u64);
+/// (opcode, queue, buffer, buffer or pattern size) the driver accepted a command for: copies
+/// and fills here, non-blocking writes (`transfer`).
+pub(super) type Accepted = (u16, u64, u64, u64);
 
 fn accepted() -> std::sync::MutexGuard<'static, HashSet<Accepted>> {
     static A: OnceLock<Mutex<HashSet<Accepted>>> = OnceLock::new();
     A.get_or_init(Mutex::default)
         .lock()
         .unwrap_or_else(|p| p.into_inner())
+}
+
+/// Whether the driver accepted a command like `key` before.
+pub(super) fn was_accepted(key: Accepted) -> bool {
+    accepted().contains(&key)
+}
+
+/// The driver accepted a command like `key`: repeats may be pipelined.
+pub(super) fn remember_accepted(key: Accepted) {
+    let mut a = accepted();
+    // Objects the application released stay named here; ids are never reused.
+    if a.len() >= 4096 {
+        a.clear();
+    }
+    a.insert(key);
 }
 
 /// Runs `call`, pipelined when the command repeats an accepted one (`key`) in a range the
@@ -27,19 +43,13 @@ fn forward(
     list: *const Handle,
     call: impl FnOnce() -> i32,
 ) -> i32 {
-    let known =
-        in_range && n == 0 && list.is_null() && key.is_some_and(|k| accepted().contains(&k));
+    let known = in_range && n == 0 && list.is_null() && key.is_some_and(was_accepted);
     if known {
         rt::send_next_async();
     }
     let st = call();
     if let (CL_SUCCESS, false, Some(k)) = (st, known, key) {
-        let mut a = accepted();
-        // Objects the application released stay named here; ids are never reused.
-        if a.len() >= 4096 {
-            a.clear();
-        }
-        a.insert(k);
+        remember_accepted(k);
     }
     st
 }

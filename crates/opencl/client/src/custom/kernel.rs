@@ -28,6 +28,10 @@ pub fn forget_program(program: Handle) {
     }
 }
 
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// A kernel made by name from a program the driver made one of that name from before (and not
 /// built since) succeeds again: pipelined, with the id the client chose. Kernels of one name
 /// share what the driver accepted of their arguments and launches.

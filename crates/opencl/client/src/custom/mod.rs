@@ -27,12 +27,6 @@ use wormhole_opencl_proto::{cl::*, HandleKind, Op, Writer};
 
 pub type Handle = *mut c_void;
 
-/// A lock of the client's own state (a panic while holding it left nothing half-done that
-/// matters more than going on).
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// The object behind a handle or the native error for a bad one.
 unsafe fn obj<'a>(h: Handle, kind: HandleKind) -> Result<&'a objects::ClObject, ClErr> {
     // SAFETY: the application's handle, per the OpenCL contract.

@@ -398,10 +398,11 @@ pub unsafe extern "C" fn clEnqueueWriteBuffer(
             && !ptr.is_null()
             && size > 0
             && b.mem().is_some_and(|m| m.size > 0);
+        let key = (Op::clEnqueueWriteBuffer as u16, q.id, b.id, 0);
         let pipelined = like_accepted
             && blocking == 0
             && crate::connection::get().is_some_and(|c| size <= c.async_bulk_max())
-            && lock(&b.writes_accepted).contains(&q.id);
+            && super::buffer_commands::was_accepted(key);
         let plain = n == 0 && list.is_null() && event.is_null();
         // SAFETY: the application promises `size` readable bytes at `ptr`.
         let direct =
@@ -431,13 +432,7 @@ pub unsafe extern "C" fn clEnqueueWriteBuffer(
         };
         let st = finish_write(head, data, event, ev_id, blocking, true, pipelined)?;
         if st == CL_SUCCESS && like_accepted && !pipelined {
-            let mut queues = lock(&b.writes_accepted);
-            if !queues.contains(&q.id) {
-                if queues.len() >= 8 {
-                    queues.remove(0);
-                }
-                queues.push(q.id);
-            }
+            super::buffer_commands::remember_accepted(key);
         }
         Ok(st)
     })

@@ -100,10 +100,7 @@ pub fn call_bulk(
 /// reply is CL_SUCCESS by construction. The lane keeps it in order with the thread's later
 /// calls; the server logs (and counts) a failure it did not expect.
 pub fn call_async(w: Writer) -> Result<Vec<u8>, ClErr> {
-    crate::custom::push_fine();
-    let conn = connection::get().ok_or(ClErr(CL_OUT_OF_RESOURCES))?;
-    conn.send_async(w).map_err(call_failed)?;
-    Ok(CL_SUCCESS.to_le_bytes().to_vec())
+    call_async_bulk(w, &[])
 }
 
 /// `call_async` with bulk data that follows the request straight from the application's

@@ -485,6 +485,17 @@ def test_while_cpus_are_oversubscribed_lanes_and_brief_threads_get_short_slices(
             return {sl for _, sl, _, _ in flooding + idle} == {default}
 
         wait_until_threads(workers[light.pid], oversubscribed, "slices while oversubscribed")
+        if short:
+            # And the flood's computing threads stay so, but for a look or two when the flood
+            # stalls: PoCL's threads that run its kernels sleep every 0.5-1 ms (work-groups
+            # handed out under a lock), and were taken for brief threads, for good in some runs.
+            looks = []
+            for _ in range(20):
+                name, sl, _, tid = max(threads_of(workers[flood.pid]), key=lambda t: t[2])
+                looks.append((name, tid, sl, sorted(cpus_allowed(workers[flood.pid], tid))))
+                time.sleep(0.1)
+            computing = [l for l in looks if l[2] == default and l[3] == sorted(everywhere)]
+            assert len(computing) >= 15, f"the flood's busiest thread as seen 20 times: {looks}"
         for p in spinners + [flood]:
             p.kill()
             p.wait()

@@ -15,9 +15,9 @@
 //! - every lane for [`LANE_SLICE`], the shortest there is, so that a lane's wake-up preempts
 //!   a flooding thread;
 //! - the worker's other threads (the driver's) for [`BRIEF_SLICE`] while they run briefly
-//!   between sleeps (less than [`BRIEF_BURST`] on average), and for the kernel's default
-//!   slice once they compute for long (a flooding tenant's driver threads), so that a brief
-//!   thread's wake-up preempts those too;
+//!   between sleeps (less than [`BRIEF_BURST`] on average) and little in all (under
+//!   [`COMPUTING_SHARE`] of a CPU), and for the kernel's default slice once they compute (a
+//!   flooding tenant's driver threads), so that a brief thread's wake-up preempts those too;
 //! - lanes and brief threads on the CPU the client sends from ([`Follow`]; local sessions
 //!   only), computing threads anywhere. Traces of that setup showed two kinds of runs: in
 //!   good ones client, lane and driver threads shared a CPU and handed it to each other
@@ -51,6 +51,14 @@ pub const LANE_SLICE: Duration = Duration::from_micros(100);
 pub const BRIEF_SLICE: Duration = LANE_SLICE;
 /// A thread that runs longer than this between sleeps, on average, computes: default slice.
 pub const BRIEF_BURST: Duration = Duration::from_millis(1);
+/// A thread that ran more than this share of a CPU since the last look computes, however
+/// often it slept. PoCL's threads running a flood's kernels (16 work-groups of ~0.6 ms,
+/// handed out under a lock) sleep every 0.5-1 ms, so their bursts alone made them brief,
+/// pinned beside the lanes, in some runs for good; they ran 0.45-0.55 of a CPU on 2 CPUs
+/// beside 4 spinning processes, 0.13-0.36 in single windows. A light tenant's driver
+/// threads ran 0.08-0.11 (tiny kernel + `clFinish` back to back, 7-10 µs bursts), its lane
+/// 0.16-0.21.
+pub const COMPUTING_SHARE: f64 = 0.3;
 /// The first look of a session (and after a park) comes sooner: a light tenant's whole run
 /// may last well under a second.
 pub const FIRST_LOOK: Duration = Duration::from_millis(50);
@@ -300,9 +308,12 @@ impl Pressure {
 /// What the review knew of each thread at its last look.
 #[derive(Clone, Copy)]
 struct Thread {
-    /// Run time (ns) and voluntary sleeps so far.
+    /// Run time (ns) and voluntary sleeps so far, and when they were read.
     run: u64,
     sleeps: u64,
+    at: std::time::Instant,
+    /// None: not known before its first window.
+    share: Option<Share>,
     /// What its behaviour calls for while the CPUs are oversubscribed.
     class: Slice,
     /// The slice it was given.
@@ -365,6 +376,8 @@ impl Seen {
             let Some((run, sleeps)) = thread_counts(tid) else {
                 continue;
             };
+            let at = std::time::Instant::now();
+            let mut share = None;
             alive.insert(tid);
             let before = self.threads.get(&tid).copied();
             let class = if is_lane(tid) {
@@ -374,7 +387,12 @@ impl Seen {
                     Some(b) => {
                         let (ran, slept) =
                             (run.saturating_sub(b.run), sleeps.saturating_sub(b.sleeps));
-                        classify(ran, slept).unwrap_or(b.class)
+                        let window = at.duration_since(b.at).as_nanos().max(1) as f64;
+                        // A thread's first window is all its average knows.
+                        let last = ran as f64 / window;
+                        let share =
+                            *share.insert(Share::new(last, b.share.map_or(last, |s| s.average)));
+                        classify(ran, slept, share, b.class).unwrap_or(b.class)
                     }
                     // First sight: brief until it shows otherwise.
                     None => Slice::Brief,
@@ -403,6 +421,8 @@ impl Seen {
                 Thread {
                     run,
                     sleeps,
+                    at,
+                    share,
                     class,
                     given,
                     kept_on,
@@ -432,13 +452,37 @@ fn keep(tid: libc::pid_t, cpu: Option<u32>, allowed: &libc::cpu_set_t) -> std::i
     Ok(())
 }
 
-/// The slice for a thread that ran `run_ns` and slept voluntarily `sleeps` times since the
-/// last look; `None` (keep what it has) if it did not run.
-pub fn classify(run_ns: u64, sleeps: u64) -> Option<Slice> {
+/// A thread's run time as a share of a CPU: in the window since the last look, and on
+/// average (each look halves the weight of the ones before).
+#[derive(Debug, Clone, Copy)]
+pub struct Share {
+    pub last: f64,
+    pub average: f64,
+}
+
+impl Share {
+    pub fn new(last: f64, average_before: f64) -> Share {
+        Share {
+            last,
+            average: (last + average_before) / 2.0,
+        }
+    }
+}
+
+/// The slice for a thread of class `was` that ran `run_ns` and slept voluntarily `sleeps`
+/// times since the last look, `share` of a CPU; `None` (keep what it has) if it did not run.
+/// A thread computes as soon as one window shows it, and turns brief again only once its
+/// average share is under half [`COMPUTING_SHARE`]: a flood's thread that waited for its
+/// next kernel through one window (0.2-13 ms of 100) stays where it is.
+pub fn classify(run_ns: u64, sleeps: u64, share: Share, was: Slice) -> Option<Slice> {
     if run_ns == 0 {
         return None;
     }
-    if run_ns / sleeps.max(1) < BRIEF_BURST.as_nanos() as u64 {
+    let little = match was {
+        Slice::Default => share.average < COMPUTING_SHARE / 2.0,
+        Slice::Brief | Slice::Lane => share.last < COMPUTING_SHARE,
+    };
+    if run_ns / sleeps.max(1) < BRIEF_BURST.as_nanos() as u64 && little {
         Some(Slice::Brief)
     } else {
         Some(Slice::Default)
@@ -475,13 +519,27 @@ mod tests {
 
     #[test]
     fn sorts_by_run_between_sleeps() {
-        // A light tenant's driver thread: 20 µs per wake-up.
-        assert_eq!(classify(2_000_000, 100), Some(Slice::Brief));
+        let (brief, computing) = (Slice::Brief, Slice::Default);
+        let share = |last| Share::new(last, last);
+        // A light tenant's driver thread: 20 µs per wake-up, 0.02 of a CPU.
+        assert_eq!(classify(2_000_000, 100, share(0.02), brief), Some(brief));
         // A flooding one: 100 ms of kernels between two sleeps.
-        assert_eq!(classify(100_000_000, 1), Some(Slice::Default));
+        assert_eq!(classify(100_000_000, 1, share(1.0), brief), Some(computing));
         // Ran without sleeping at all.
-        assert_eq!(classify(5_000_000, 0), Some(Slice::Default));
-        assert_eq!(classify(0, 0), None);
+        assert_eq!(classify(5_000_000, 0, share(0.05), brief), Some(computing));
+        // Computed half the window, sleeping every 0.7 ms (work-groups handed out).
+        assert_eq!(classify(50_000_000, 70, share(0.5), brief), Some(computing));
+        // The same at 0.05 of a CPU: brief.
+        assert_eq!(classify(50_000_000, 70, share(0.05), brief), Some(brief));
+        // A computing thread's quiet window after busy ones leaves it computing (its
+        // average is 0.25); a second one makes it brief (0.125).
+        let quiet = Share::new(0.002, 0.5);
+        assert_eq!(classify(200_000, 16, quiet, computing), Some(computing));
+        let quieter = Share::new(0.002, quiet.average);
+        assert_eq!(classify(200_000, 16, quieter, computing), Some(brief));
+        // A brief thread's window at 0.2 leaves it brief.
+        assert_eq!(classify(20_000_000, 40, share(0.2), brief), Some(brief));
+        assert_eq!(classify(0, 0, share(0.0), brief), None);
     }
 
     #[test]

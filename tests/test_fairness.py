@@ -454,14 +454,15 @@ def test_while_cpus_are_oversubscribed_lanes_and_brief_threads_get_short_slices(
         # The server's own main thread has the kernel's default slice.
         default = [sl for name, sl, _, _ in threads_of(s.proc.pid) if name == "wh"][0]
         everywhere = cpus_allowed(s.proc.pid, s.proc.pid)
+        # Twice as many spinning processes as CPUs from the start: the light session's review
+        # parks a second after its last call (until the next), so it must see the CPUs
+        # oversubscribed within that second, however long the flood takes to start.
+        spinners = hogs(2 * os.cpu_count())
         light = s.popen([c_programs["many_kernels"], "200"], WORMHOLE_SERVER="")
         assert light.stdout.readline().strip() == "ready", light.stderr.read()
         flood = s.popen([c_programs["flood"], ITERS, "4"], WORMHOLE_SERVER="")
         assert flood.stdout.readline().strip() == "ready", flood.stderr.read()
         workers = {x["client_pid"]: x["worker"] for x in wait_for(lambda: len(s.status()["sessions"]) == 2 and s.status()["sessions"])}
-        # With CPUs to spare (the flood alone may keep them busy: then it counts as
-        # oversubscribed already), and then with twice as many spinning processes as CPUs.
-        spinners = hogs(2 * os.cpu_count())
 
         def oversubscribed(_):
             flooding, idle = threads_of(workers[flood.pid]), threads_of(workers[light.pid])

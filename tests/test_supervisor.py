@@ -52,8 +52,9 @@ def test_idle_local_connections_do_not_delay_other_sessions(server, c_programs):
             s.connect(server.socket)
             idle.append(s)  # connected, never says HELLO
         elapsed = time_to_session(server, c_programs)
-        # Before: each idle connection held the accept loop for its 5 s HELLO timeout.
-        assert elapsed < 1.0, f"session start took {elapsed:.2f}s behind 3 idle connections"
+        # Before: each idle connection held the accept loop for its 5 s HELLO timeout (15 s
+        # in all); a loaded machine may take a second or two to start the client.
+        assert elapsed < 4.0, f"session start took {elapsed:.2f}s behind 3 idle connections"
         t0 = time.monotonic()
         r = server.run([c_programs["vector_add"]], timeout=60)
         assert r.returncode == 0, r.stderr
@@ -104,12 +105,16 @@ def test_stopped_workers_do_not_stall_status_or_new_sessions(server, c_programs)
         # SIGSTOP takes effect asynchronously: until then a worker may still answer.
         for pid in pids:
             wait_for(lambda: open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "T")
-        # Three stuck workers cost one timeout (0.5 s) in all, not one each.
-        t0 = time.monotonic()
-        st = server.status()
-        took = time.monotonic() - t0
-        assert [s["detail"] for s in st["sessions"]] == [None] * 3
-        assert took < 1.2, f"wh status took {took:.2f}s with 3 stopped workers"
+        # Three stuck workers cost one timeout (0.5 s) in all, not one each (1.5 s): the
+        # quickest of three queries, so that a slow start of `wh` on a loaded machine is no
+        # failure.
+        took = []
+        for _ in range(3):
+            t0 = time.monotonic()
+            st = server.status()
+            took.append(time.monotonic() - t0)
+            assert [s["detail"] for s in st["sessions"]] == [None] * 3
+        assert min(took) < 1.2, f"wh status took {took} s with 3 stopped workers"
 
         # Status queries all the time (a dashboard, a metrics scraper): before, each held the
         # server's lock while it waited for the stuck workers, and every accept waited too.
@@ -121,8 +126,9 @@ def test_stopped_workers_do_not_stall_status_or_new_sessions(server, c_programs)
         for t in pollers:
             t.start()
         time.sleep(0.5)
-        elapsed = time_to_session(server, c_programs)
-        assert elapsed < 1.0, f"session start took {elapsed:.2f}s while status queries waited on stopped workers"
+        # The quickest of three: each waited behind the queries before.
+        elapsed = [time_to_session(server, c_programs) for _ in range(3)]
+        assert min(elapsed) < 1.0, f"session starts took {elapsed} s while status queries waited on stopped workers"
     finally:
         stop.set()
         for t in pollers:

@@ -1076,8 +1076,12 @@ fn open_registry(config: &Config) -> Result<Registry, String> {
     })
 }
 
-/// How long a session over its tenant's limit waits for one that is ending.
-const SESSION_END_WAIT: Duration = Duration::from_millis(500);
+/// How long a session over its tenant's limit waits for one that is ending. A worker ends
+/// within tens of milliseconds of its client's exit on an idle machine, but a loaded one
+/// (driver teardown, a large arena unmapped) may take longer than half a second, and a
+/// batch system that runs a tenant's jobs one after another must not see the next refused;
+/// a session truly over the limit is refused this much later.
+const SESSION_END_WAIT: Duration = Duration::from_secs(2);
 
 /// How long after a standby worker takes a session its successor starts.
 const STANDBY_DELAY: Duration = Duration::from_millis(250);

@@ -65,30 +65,39 @@ impl Rendezvous {
 }
 
 /// Watches a heartbeat word: the peer is alive while the word keeps changing. Time is measured
-/// on the watcher's own clock (a guest's and its host's clocks need not agree).
+/// on the watcher's own clock (a guest's and its host's clocks need not agree), and only while
+/// the watcher watches: after it looked away for longer than the timeout (no call for a
+/// while, or a stall of the whole machine, after which the watcher's thread may run before
+/// the peer's beating one) the silence it did not see gives the peer a new window, not a
+/// verdict. A peer that stays silent is still found dead one timeout later.
 #[derive(Debug)]
 pub struct BeatWatch {
-    last: Mutex<(u32, Instant)>,
+    /// The word as last seen to change, and when; when the watcher last looked.
+    last: Mutex<(u32, Instant, Instant)>,
     timeout: Duration,
 }
 
 impl BeatWatch {
     pub fn new(current: u32, timeout: Duration) -> BeatWatch {
+        let now = Instant::now();
         BeatWatch {
-            last: Mutex::new((current, Instant::now())),
+            last: Mutex::new((current, now, now)),
             timeout,
         }
     }
 
     /// Whether the beat changed within the timeout (as of this check).
     pub fn alive(&self, word: &AtomicU32) -> bool {
-        let now = word.load(Ordering::Acquire);
+        let beat = word.load(Ordering::Acquire);
+        let now = Instant::now();
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        if now != last.0 {
-            *last = (now, Instant::now());
+        let away = now.duration_since(last.2) > self.timeout;
+        last.2 = now;
+        if beat != last.0 || away {
+            (last.0, last.1) = (beat, now);
             return true;
         }
-        last.1.elapsed() < self.timeout
+        now.duration_since(last.1) < self.timeout
     }
 }
 
@@ -102,14 +111,36 @@ mod tests {
         assert!(RENDEZVOUS_OFFSET >= std::mem::size_of::<crate::region::RegionHeader>());
     }
 
+    /// Looks every 5 ms for `ms`: whether the peer was alive at the last look.
+    fn watch_for(watch: &BeatWatch, w: &AtomicU32, ms: u64) -> bool {
+        let until = Instant::now() + Duration::from_millis(ms);
+        let mut alive = watch.alive(w);
+        while Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+            alive = watch.alive(w);
+        }
+        alive
+    }
+
     #[test]
     fn a_silent_beat_times_out() {
         let w = AtomicU32::new(0);
-        let watch = BeatWatch::new(0, Duration::from_millis(30));
+        let watch = BeatWatch::new(0, Duration::from_millis(100));
         assert!(watch.alive(&w));
-        std::thread::sleep(Duration::from_millis(40));
-        assert!(!watch.alive(&w));
+        assert!(!watch_for(&watch, &w, 150));
         w.fetch_add(1, Ordering::Relaxed);
         assert!(watch.alive(&w));
+    }
+
+    #[test]
+    fn silence_the_watcher_did_not_watch_gives_a_new_window() {
+        let w = AtomicU32::new(0);
+        let watch = BeatWatch::new(0, Duration::from_millis(100));
+        assert!(watch.alive(&w));
+        // The watcher looks away (a stall of its own) for longer than the timeout.
+        std::thread::sleep(Duration::from_millis(150));
+        assert!(watch.alive(&w), "judged on silence it did not watch");
+        // Still silent while it watches: dead one timeout later.
+        assert!(!watch_for(&watch, &w, 150));
     }
 }

@@ -129,9 +129,18 @@ class Server:
     def popen(self, argv, **kw):
         return subprocess.Popen(self.cmd(argv), env=self.env(**kw), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    def status(self):
-        out = subprocess.run([str(WH), "status", "--socket", self.socket], capture_output=True, text=True, timeout=10, check=True)
-        return json.loads(out.stdout)
+    def status(self, details=True):
+        """`wh status` as JSON. A worker has 0.5 s to send its session's detail (a stuck one
+        must not stall the answer), which one on a loaded machine may miss: with `details`,
+        asks again for up to 3 s until every session has one (a worker that is ending or
+        stopped still has none then)."""
+        deadline = time.monotonic() + 3
+        while True:
+            out = subprocess.run([str(WH), "status", "--socket", self.socket], capture_output=True, text=True, timeout=10, check=True)
+            st = json.loads(out.stdout)
+            if not details or time.monotonic() > deadline or all(x.get("detail") is not None for x in st.get("sessions", [])):
+                return st
+            time.sleep(0.1)
 
     def tenant(self, *argv, check=True):
         """`wh tenant ARGV...` against this server: its JSON answer (check) or the CompletedProcess."""

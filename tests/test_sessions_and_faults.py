@@ -106,10 +106,15 @@ def test_sessions_start_on_a_standby_worker(server, c_programs):
         # Asleep until it gets a session: no CPU time beyond its start.
         ticks = lambda pid: sum(int(x) for x in open(f"/proc/{pid}/stat").read().split()[13:15])  # noqa: E731
 
-        def settled():  # its start (loading the driver) is over: a 0.3 s window without CPU
+        def settled():
+            # Its start (loading the driver) is over: asleep (not waiting for the disk, nor
+            # starved of a CPU: those look quiet too, then run) through 0.5 s without CPU.
+            state = lambda: open(f"/proc/{second}/stat").read().rsplit(")", 1)[1].split()[0]  # noqa: E731
             b = ticks(second)
-            time.sleep(0.3)
-            return ticks(second) == b
+            if state() != "S":
+                return False
+            time.sleep(0.5)
+            return ticks(second) == b and state() == "S"
 
         wait_for(settled, timeout=10)
         before = ticks(second)

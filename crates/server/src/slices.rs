@@ -312,8 +312,8 @@ struct Thread {
     run: u64,
     sleeps: u64,
     at: std::time::Instant,
-    /// None: not known before its first window.
-    share: Option<Share>,
+    /// Its average share of a CPU ([`Share`]); None before its first window.
+    average_share: Option<f64>,
     /// What its behaviour calls for while the CPUs are oversubscribed.
     class: Slice,
     /// The slice it was given.
@@ -377,7 +377,7 @@ impl Seen {
                 continue;
             };
             let at = std::time::Instant::now();
-            let mut share = None;
+            let mut average_share = None;
             alive.insert(tid);
             let before = self.threads.get(&tid).copied();
             let class = if is_lane(tid) {
@@ -390,8 +390,8 @@ impl Seen {
                         let window = at.duration_since(b.at).as_nanos().max(1) as f64;
                         // A thread's first window is all its average knows.
                         let last = ran as f64 / window;
-                        let share =
-                            *share.insert(Share::new(last, b.share.map_or(last, |s| s.average)));
+                        let share = Share::new(last, b.average_share.unwrap_or(last));
+                        average_share = Some(share.average);
                         classify(ran, slept, share, b.class).unwrap_or(b.class)
                     }
                     // First sight: brief until it shows otherwise.
@@ -422,7 +422,7 @@ impl Seen {
                     run,
                     sleeps,
                     at,
-                    share,
+                    average_share,
                     class,
                     given,
                     kept_on,

@@ -72,16 +72,29 @@ impl Rendezvous {
 /// verdict. A peer that stays silent is still found dead one timeout later.
 #[derive(Debug)]
 pub struct BeatWatch {
-    /// The word as last seen to change, and when; when the watcher last looked.
-    last: Mutex<(u32, Instant, Instant)>,
+    seen: Mutex<Seen>,
     timeout: Duration,
+}
+
+/// What the watcher saw of the beat.
+#[derive(Debug)]
+struct Seen {
+    /// The word as last seen to change, and when.
+    beat: u32,
+    changed_at: Instant,
+    /// When the watcher last looked.
+    looked_at: Instant,
 }
 
 impl BeatWatch {
     pub fn new(current: u32, timeout: Duration) -> BeatWatch {
         let now = Instant::now();
         BeatWatch {
-            last: Mutex::new((current, now, now)),
+            seen: Mutex::new(Seen {
+                beat: current,
+                changed_at: now,
+                looked_at: now,
+            }),
             timeout,
         }
     }
@@ -90,14 +103,14 @@ impl BeatWatch {
     pub fn alive(&self, word: &AtomicU32) -> bool {
         let beat = word.load(Ordering::Acquire);
         let now = Instant::now();
-        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        let away = now.duration_since(last.2) > self.timeout;
-        last.2 = now;
-        if beat != last.0 || away {
-            (last.0, last.1) = (beat, now);
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let away = now.duration_since(seen.looked_at) > self.timeout;
+        seen.looked_at = now;
+        if beat != seen.beat || away {
+            (seen.beat, seen.changed_at) = (beat, now);
             return true;
         }
-        now.duration_since(last.1) < self.timeout
+        now.duration_since(seen.changed_at) < self.timeout
     }
 }
 

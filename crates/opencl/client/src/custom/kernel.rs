@@ -28,6 +28,8 @@ pub fn forget_program(program: Handle) {
     }
 }
 
+/// A lock of the client's own state (a panic while holding it left nothing half-done that
+/// matters more than going on).
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }

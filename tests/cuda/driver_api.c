@@ -198,6 +198,9 @@ int main(int argc, char **argv) {
     CHECK(cuMemcpyHtoD(dbig, hbig, big));
     CHECK(cuMemcpyDtoH(hback, dbig, big));
     printf("150 MiB round trip: %s\n", memcmp(hbig, hback, big) == 0 ? "equal" : "different");
+    /* free(NULL) semantics, which runtimes rely on (cudart forwards cudaFree(0), and cuBLAS's
+     * start fails on its error): not statuses of their own, the driver's. */
+    printf("freeing NULL: device %d, page-locked host %d\n", (int)cuMemFree(0), (int)cuMemFreeHost(NULL));
     CHECK(cuMemFree(dbig));
     free(hbig);
     free(hback);
@@ -272,7 +275,9 @@ int main(int argc, char **argv) {
     CHECK(cuKernelGetAttribute(&kthreads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, kvadd, dev));
     int kblocks = 0, kregs = -1;
     CHECK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&kblocks, (CUfunction)kvadd, 256, 0));
-    CHECK(cuFuncGetAttribute(&kregs, CU_FUNC_ATTRIBUTE_NUM_REGS, (CUfunction)kvadd));
+    /* Not cuFuncGetAttribute of the kernel cast to a function: driver 580 answers
+     * CUDA_ERROR_INVALID_HANDLE there (the cast holds for launches and occupancy). */
+    CHECK(cuKernelGetAttribute(&kregs, CU_FUNC_ATTRIBUTE_NUM_REGS, kvadd, dev));
     printf("library: %u kernels, vadd's n at %zu (%zu bytes), up to %d threads a block\n", kernels,
            poff, psize, kthreads);
     printf("a kernel as a function: %d blocks of 256 per SM (as the module's: %s), registers known: %s\n",

@@ -81,8 +81,12 @@ int main(void) {
                                          0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa, 0x7e};
     const unsigned char integrity_id[16] = {0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b,
                                             0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2};
-    const unsigned char logger_id[16] = {0xf8, 0xcf, 0xf9, 0x51, 0x21, 0x46, 0x8b, 0x4e,
-                                         0xb9, 0xe2, 0xfb, 0x46, 0x9e, 0x7c, 0x0d, 0xd9};
+    /* The runtimes' optional shortcut (absent: CUDA_ERROR_NOT_FOUND, quietly) and a table no
+     * one asks for (CUDA_ERROR_NOT_SUPPORTED, named in the log). */
+    const unsigned char shortcut_id[16] = {0xf8, 0xcf, 0xf9, 0x51, 0x21, 0x46, 0x8b, 0x4e,
+                                           0xb9, 0xe2, 0xfb, 0x46, 0x9e, 0x7c, 0x0d, 0xd9};
+    const unsigned char unknown_id[16] = {0x57, 0x48, 0x57, 0x48, 0x57, 0x48, 0x57, 0x48,
+                                          0x57, 0x48, 0x57, 0x48, 0x57, 0x48, 0x57, 0x48};
     const uintptr_t *t = NULL;
     EXPECT(table((const void **)&t, cudart_id) == 0 && t && t[0] == 13 * 8,
            "CUDART_INTERFACE must be served with 13 slots");
@@ -116,7 +120,9 @@ int main(void) {
                "the integrity check's fixed first answer");
     }
     t = (const uintptr_t *)1;
-    EXPECT(table((const void **)&t, logger_id) == 801 && t == NULL, "an unknown table must fail");
+    EXPECT(table((const void **)&t, shortcut_id) == 500 && t == NULL, "the shortcut table must be absent");
+    t = (const uintptr_t *)1;
+    EXPECT(table((const void **)&t, unknown_id) == 801 && t == NULL, "an unknown table must fail");
 
     /* Entry points not forwarded (a graph call, a GL interop call): NOT_SUPPORTED. */
     nullary_t graph = (nullary_t)dlsym(lib, "cuGraphClone");

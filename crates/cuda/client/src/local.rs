@@ -193,9 +193,10 @@ fn table_hex(uuid: &[u8; 16]) -> String {
 }
 
 /// `cuGetExportTable`: NVIDIA's private tables (what cudart, cuBLAS and cuDNN ask of the
-/// driver beyond its documented API), served by `export_tables`. Any other table asked for is
-/// named once in the log, and the call fails with the table NULL (what callers of an optional
-/// table expect of a driver that lacks it).
+/// driver beyond its documented API), served by `export_tables`. The runtimes' optional
+/// shortcut table is absent (CUDA_ERROR_NOT_FOUND); any other table asked for is named once in
+/// the log, and the call fails with the table NULL (what callers of an optional table expect
+/// of a driver that lacks it).
 ///
 /// # Safety
 /// `pp_table` NULL or a writable pointer, `table_id` NULL or 16 readable bytes.
@@ -219,6 +220,10 @@ pub unsafe fn cuGetExportTable(pp_table: *mut c_void, table_id: *mut c_void) -> 
         });
         if table.is_some() {
             return Ok(CUDA_SUCCESS);
+        }
+        if uuid == wormhole_cuda_proto::export_tables::RUNTIME_SHORTCUT {
+            // Known and optional: every runtime asks, and starts the ordinary way without it.
+            return Err(ApiErr(CUDA_ERROR_NOT_FOUND));
         }
         let hex = table_hex(&uuid);
         static LOGGED: Mutex<Option<HashSet<String>>> = Mutex::new(None);

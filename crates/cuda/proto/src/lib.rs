@@ -52,6 +52,11 @@ pub mod export_tables {
     pub const CONTEXT_CHECKS: [u8; 16] = uuid(0x263e8860_7cd2_6143_92f6_bbd5006dfa7e);
     pub const INTEGRITY_CHECK: [u8; 16] = uuid(0xd4082055_bde6_704b_8d34_ba123c66e1f2);
     pub const TOOLS_CONTEXT: [u8; 16] = uuid(0x21318c60_9714_3248_8ca6_41ff7324c8f2);
+    /// Asked for by every CUDA runtime (cudart, and the ones inside NVIDIA's libraries)
+    /// before `cuInit`: a shortcut past the runtime's ordinary start. Optional: Wormhole
+    /// answers CUDA_ERROR_NOT_FOUND, a table this driver lacks, and the runtime starts
+    /// through CUDART_INTERFACE.
+    pub const RUNTIME_SHORTCUT: [u8; 16] = uuid(0xf8cff951_2146_8b4e_b9e2_fb469e7c0dd9);
 
     const fn uuid(v: u128) -> [u8; 16] {
         v.to_be_bytes()

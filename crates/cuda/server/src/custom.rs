@@ -205,13 +205,16 @@ pub fn cuMemFreeAsync_ptsz(
 
 /// Frees `dptr` by `release_it` if it starts an allocation of this session; its status.
 fn free(s: &Call<'_>, dptr: u64, release_it: impl FnOnce(u64) -> i32) -> i32 {
+    if dptr == 0 {
+        // The driver's own answer: freeing 0 is free(NULL) (CUDA_SUCCESS), which runtimes
+        // rely on (cudart forwards `cudaFree(0)`, cuBLAS's start checks its status).
+        return release_it(0);
+    }
     let Some((len, ctx)) = s.freed(dptr) else {
-        if dptr != 0 {
-            tracing::warn!(
-                dptr = format_args!("{dptr:#x}"),
-                "free of an address the session did not allocate"
-            );
-        }
+        tracing::warn!(
+            dptr = format_args!("{dptr:#x}"),
+            "free of an address the session did not allocate"
+        );
         return CUDA_ERROR_INVALID_VALUE;
     };
     let st = release_it(dptr);

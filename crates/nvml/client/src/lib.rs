@@ -8,6 +8,7 @@
 //! and every failure becomes an NVML status.
 
 mod connection;
+mod custom;
 mod local;
 mod objects;
 pub mod rt;

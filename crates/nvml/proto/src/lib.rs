@@ -27,6 +27,11 @@ pub const MEMORY_V2_SIZE: usize = 40;
 /// (`NVML_STRUCT_VERSION(Memory, 2)`: its size, and the version in the top byte).
 pub const MEMORY_V2_VERSION: u32 = MEMORY_V2_SIZE as u32 | 2 << 24;
 
+/// `nvmlProcessInfo_v1_t` (`nvmlDeviceGetComputeRunningProcesses`): pid, padding, used memory.
+pub const PROCESS_INFO_V1_SIZE: usize = 16;
+/// `nvmlProcessInfo_t` (`_v2` and `_v3`): pid, padding, used memory, GPU and compute instance.
+pub const PROCESS_INFO_SIZE: usize = 24;
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;
@@ -60,7 +65,7 @@ mod tests {
     fn what_frameworks_ask_is_forwarded() {
         let api = description();
         let mode = |n: &str| api.funcs.iter().find(|f| f.name == n).map(|f| f.mode);
-        use wormhole_apigen::Mode::{Gen, Local, Unsupported};
+        use wormhole_apigen::Mode::{Custom, Gen, Local, Unsupported};
         for n in [
             "nvmlDeviceGetCount_v2",
             "nvmlDeviceGetHandleByIndex_v2",
@@ -78,11 +83,16 @@ mod tests {
         for n in ["nvmlInit_v2", "nvmlShutdown", "nvmlErrorString"] {
             assert_eq!(mode(n), Some(Local), "{n}");
         }
-        // Other tenants' processes are not the tenant's to see.
-        assert_eq!(
-            mode("nvmlDeviceGetComputeRunningProcesses_v3"),
-            Some(Unsupported)
-        );
+        // The tenant's own processes are answered (PyTorch's out-of-memory report asks);
+        // other tenants' are not the tenant's to see.
+        for n in [
+            "nvmlDeviceGetComputeRunningProcesses",
+            "nvmlDeviceGetComputeRunningProcesses_v2",
+            "nvmlDeviceGetComputeRunningProcesses_v3",
+        ] {
+            assert_eq!(mode(n), Some(Custom), "{n}");
+        }
+        assert_eq!(mode("nvmlDeviceGetAccountingPids"), Some(Unsupported));
     }
 
     #[test]

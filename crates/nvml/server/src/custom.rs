@@ -10,7 +10,7 @@ use crate::generated::{args, ffi};
 use crate::session::Call;
 use wormhole_nvml_proto::nv::*;
 use wormhole_nvml_proto::{
-    DecodeError, HandleKind, Writer, MEMORY_SIZE, MEMORY_V2_SIZE, MEMORY_V2_VERSION,
+    DecodeError, HandleKind, Reader, Writer, MEMORY_SIZE, MEMORY_V2_SIZE, MEMORY_V2_VERSION,
 };
 
 /// Device memory: total, reserved (for the driver and firmware), free, used, in bytes.
@@ -374,6 +374,52 @@ pub fn nvmlDeviceGetIndex(
         Err(st) => w.i32(st),
     }
     Ok(())
+}
+
+/// The compute processes on a device, as the tenant sees them (the client makes them one
+/// entry, see its `custom.rs`): the device memory the tenant holds, if it may use the device.
+fn running_processes(s: &Call<'_>, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), DecodeError> {
+    let id = r.u64()?;
+    r.finish()?;
+    let Some(dev) = device_or_reply(s, id, w) else {
+        return Ok(());
+    };
+    match visible_devices(s).map(|v| v.contains(&(dev as usize))) {
+        Ok(true) => {
+            w.i32(NVML_SUCCESS);
+            w.u64(s.limits().tenant_bytes().max(0) as u64);
+        }
+        Ok(false) => w.i32(NVML_ERROR_NOT_FOUND),
+        Err(st) => w.i32(st),
+    }
+    Ok(())
+}
+
+/// `nvmlDeviceGetComputeRunningProcesses`.
+pub fn nvmlDeviceGetComputeRunningProcesses(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    running_processes(s, r, w)
+}
+
+/// `nvmlDeviceGetComputeRunningProcesses_v2`.
+pub fn nvmlDeviceGetComputeRunningProcesses_v2(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    running_processes(s, r, w)
+}
+
+/// `nvmlDeviceGetComputeRunningProcesses_v3`.
+pub fn nvmlDeviceGetComputeRunningProcesses_v3(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    running_processes(s, r, w)
 }
 
 #[cfg(test)]

@@ -180,6 +180,9 @@ int main(int argc, char **argv) {
     float *hx = malloc(bytes);
     CHECK(cuMemcpy(db, (CUdeviceptr)ha, bytes));
     CHECK(cuMemcpy(dc, db, bytes));
+    /* A device-to-device cuMemcpy may still run when it returns, and `stream` does not wait
+     * for the NULL stream (CU_STREAM_NON_BLOCKING): natively the copy back raced it. */
+    CHECK(cuCtxSynchronize());
     CHECK(cuMemcpyAsync((CUdeviceptr)hx, dc, bytes, stream));
     CHECK(cuStreamSynchronize(stream));
     bad = 0;

@@ -66,6 +66,17 @@ impl Pinned {
     pub fn mapped(&self) -> bool {
         self.arena.is_some_and(|a| a.same_address)
     }
+
+    /// Its flags as `cuMemHostGetFlags` reads them back. With unified addressing the driver
+    /// maps every allocation of page-locked memory into the device's space and says so
+    /// (driver 580: an allocation made PORTABLE reads back PORTABLE | DEVICEMAP); so does
+    /// Wormhole where the device reaches the allocation at its address.
+    pub fn flags_read_back(&self) -> u32 {
+        match self.allocated && self.mapped() {
+            true => self.flags | ALLOC_DEVICEMAP,
+            false => self.flags,
+        }
+    }
 }
 
 fn table() -> MutexGuard<'static, BTreeMap<u64, Pinned>> {
@@ -392,7 +403,7 @@ pub unsafe fn cuMemHostGetFlags(flags: *mut c_void, p: *mut c_void) -> i32 {
         }
         let (_, pinned) = range_of(p as u64).ok_or(ApiErr(CUDA_ERROR_INVALID_VALUE))?;
         // SAFETY: per the contract.
-        unsafe { *flags = pinned.flags };
+        unsafe { *flags = pinned.flags_read_back() };
         Ok(CUDA_SUCCESS)
     })
 }
@@ -540,6 +551,16 @@ mod tests {
             attribute(0x6000_3040, start, &p, ATTR_MAPPED),
             Some(vec![1])
         );
+        // Allocated where the device reaches it: mapped, as the driver says of its own.
+        let portable = |same_address| Pinned {
+            flags: ALLOC_PORTABLE,
+            ..in_arena(0x10000, same_address)
+        };
+        assert_eq!(
+            portable(true).flags_read_back(),
+            ALLOC_PORTABLE | ALLOC_DEVICEMAP
+        );
+        assert_eq!(portable(false).flags_read_back(), ALLOC_PORTABLE);
         table().remove(&0x6000_0000);
         table().remove(&0x6000_3000);
     }

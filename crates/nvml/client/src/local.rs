@@ -65,7 +65,7 @@ pub unsafe fn nvmlErrorString(result: i32) -> *mut c_void {
 }
 
 /// `nvmlDeviceGetMemoryInfo_v2`: the caller names the struct's version in it; a version this
-/// library does not know is refused as NVML refuses it, before anything is sent.
+/// library does not know is refused as NVIDIA's library refuses it, before anything is sent.
 ///
 /// # Safety
 /// `memory` NULL or a writable `nvmlMemory_v2_t`.
@@ -78,7 +78,9 @@ pub unsafe fn nvmlDeviceGetMemoryInfo_v2(device: *mut c_void, memory: *mut c_voi
         // SAFETY: per the contract (the version is the struct's first field).
         let version = unsafe { (memory as *const u32).read_unaligned() };
         if version != wormhole_nvml_proto::MEMORY_V2_VERSION {
-            return Err(ApiErr(NVML_ERROR_ARGUMENT_VERSION_MISMATCH));
+            // What driver 580's NVML answers (seen for version 1), not the
+            // NVML_ERROR_ARGUMENT_VERSION_MISMATCH one might expect.
+            return Err(ApiErr(NVML_ERROR_FUNCTION_NOT_FOUND));
         }
         // SAFETY: per the contract.
         Ok(unsafe { generated::wire_nvmlDeviceGetMemoryInfo_v2(device, memory) })

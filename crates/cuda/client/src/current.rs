@@ -54,12 +54,23 @@ pub fn contexts_changed() {
     GENERATION.fetch_add(1, Ordering::AcqRel);
 }
 
+/// How many times contexts may have gone or changed: what the client learnt of a context
+/// under an older generation may be stale (see `context_facts`).
+pub fn generation() -> u64 {
+    GENERATION.load(Ordering::Acquire)
+}
+
+/// Held by the tests that bump or read the generation: they run in parallel, in one process.
+#[cfg(test)]
+pub static GENERATION_TEST_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn the_answer_holds_until_a_context_may_have_changed() {
+        let _serial = GENERATION_TEST_LOCK.lock();
         assert_eq!(known(), None, "unknown until learnt");
         let ctx = 0x1000 as *mut c_void;
         set(ctx);

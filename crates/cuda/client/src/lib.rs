@@ -11,6 +11,7 @@
 mod allocations;
 mod capture;
 mod connection;
+mod context_facts;
 mod copies;
 mod copies_2d;
 mod current;

@@ -8,6 +8,11 @@
 
 pub use crate::capture::*;
 use crate::connection;
+pub use crate::context_facts::{
+    cuCtxGetDevice, cuCtxGetDevice_v2, cuCtxGetId, cuCtxSetFlags, cuDeviceGetAttribute,
+    cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxSetFlags,
+    cuDevicePrimaryCtxSetFlags_v2,
+};
 pub use crate::copies::*;
 use crate::current;
 use crate::generated;

@@ -135,22 +135,25 @@ if wants cuda-bench; then
 fi
 # OpenCL on NVIDIA's driver, native vs Wormhole: the calls table, whose blocking transfers go
 # through pinned staging on a discrete GPU (#11: >= 0.9x native at >= 1 MiB). Only PoCL is
-# registered there, so NVIDIA's library is named in a vendors directory of our own (the
-# Wormhole side's client is pointed at Wormhole's ICD by `wh bench` itself).
+# registered there, and the loader that comes first on the library path (the CUDA toolkit's)
+# kept reaching PoCL with NVIDIA's library named in OCL_ICD_VENDORS (seen on the H200): it is
+# named in OCL_ICD_FILENAMES too, and the bench client measures the platform named like
+# $WH_PLATFORM (the Wormhole side's client is pointed at Wormhole's ICD alone by `wh bench`,
+# and the server's platforms come prefixed with "Wormhole →").
 if wants opencl-bench; then
     nvidia_cl=$(ls /usr/lib/libnvidia-opencl.so.1 /usr/lib/x86_64-linux-gnu/libnvidia-opencl.so.1 2>/dev/null | head -1 || true)
     if [ -n "$nvidia_cl" ]; then
         vendors=$(mktemp -d)
         echo "$nvidia_cl" > "$vendors/nvidia.icd"
-        export OCL_ICD_VENDORS="$vendors"
+        export OCL_ICD_VENDORS="$vendors" OCL_ICD_FILENAMES="$nvidia_cl" WH_PLATFORM=NVIDIA
         # Which loader and platform the native side reaches (the toolkit's libOpenCL.so.1
         # comes first on the library path there).
         { ldd target/release/wh-bench-client | grep -i opencl || true; } | keep opencl-bench
-        { timeout 20 target/release/wh-bench-client platform 2>&1 || echo "gpu-test: the native side reached no OpenCL platform"; } | keep opencl-bench
+        { timeout 20 target/release/wh-bench-client platform 2>&1 || echo "gpu-test: the native side reached no NVIDIA OpenCL platform"; } | keep opencl-bench
         # Pinned staging on (auto), then without (mapped transfers): what staging buys.
         part opencl-bench target/release/wh bench --part calls
         WORMHOLE_PINNED_STAGING=never part opencl-bench-unstaged target/release/wh bench --part calls
-        unset OCL_ICD_VENDORS
+        unset OCL_ICD_VENDORS OCL_ICD_FILENAMES WH_PLATFORM
     else
         echo "gpu-test: no NVIDIA OpenCL library here: no OpenCL table" >&2
         rc=1

@@ -45,7 +45,7 @@ pub enum Part {
     Torch,
 }
 
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy, PartialEq, Debug)]
 enum Mode {
     Native,
     Shm,
@@ -167,7 +167,10 @@ fn client_command(
     let mut c = Command::new(client);
     c.arg(arg);
     if mode != Mode::Native {
-        c.env("OCL_ICD_VENDORS", icd_dir)
+        // Wormhole's platform only: a native ICD named by file (the GPU machine's NVIDIA one)
+        // would be listed beside it, and a platform choice ($WH_PLATFORM) could take it.
+        c.env_remove("OCL_ICD_FILENAMES")
+            .env("OCL_ICD_VENDORS", icd_dir)
             .env("OPENCL_VENDOR_PATH", icd_dir)
             .env("WORMHOLE_SOCKET", &server.socket);
         match mode {
@@ -404,9 +407,16 @@ pub fn run(icd_lib: &Path, part: Part) -> Result<(), BenchError> {
     // figure is the median of its rounds.
     const ROUNDS: usize = 5;
     let mut rounds: Vec<Vec<Figures>> = vec![Vec::new(); modes.len()];
-    for _ in 0..ROUNDS {
+    for round in 0..ROUNDS {
         for (i, m) in modes.iter().enumerate() {
+            let started = Instant::now();
             rounds[i].push(run_calls(&client, *m, server_for(*m), &icd)?);
+            // Where a slow machine's time goes (a device call's output is all that comes back).
+            eprintln!(
+                "wh bench:   round {} of {ROUNDS}, {m:?}: {:.1} s",
+                round + 1,
+                started.elapsed().as_secs_f64()
+            );
         }
     }
     let mut figs: Vec<Figures> = rounds.iter().map(|r| median_of(r)).collect();

@@ -13,8 +13,11 @@
 # below (default 900 s); POCL_ICD the vendor file of the native driver (default
 # /etc/OpenCL/vendors/pocl.icd); CTS_FULL=1 also runs the tests the table below leaves out as
 # too slow; CTS_TRANSPORT=tcp reaches the server over TCP on loopback (127.0.0.1, port
-# CTS_TCP_PORT, default 7787) instead of shared memory. SUITE:T1,T2 runs only those tests of
-# SUITE; "images" stands for every images_* suite.
+# CTS_TCP_PORT, default 7787) instead of shared memory; CTS_ICD_BY_FILE=1 names the native
+# driver's library in OCL_ICD_FILENAMES too, for a loader that does not honour OCL_ICD_VENDORS
+# (the CUDA toolkit's, first on the GPU machine's library path; `wh run` keeps it from the
+# Wormhole side's program). SUITE:T1,T2 runs only those tests of SUITE; "images" stands for
+# every images_* suite.
 # Exit status: 0 when no test's outcome differs, 1 when one does, 2 on a usage or setup error.
 set -uo pipefail
 
@@ -86,7 +89,7 @@ SUITE_TABLE=(
 )
 
 usage() {
-    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' >&2
     echo "suites: $(for s in "${SUITE_TABLE[@]}"; do printf '%s ' "${s%%|*}"; done)" >&2
     exit 2
 }
@@ -145,6 +148,10 @@ OUT="$(cd "$OUT" && pwd)"
 ICD_DIR="$OUT/icd"
 rm -rf "$ICD_DIR" && mkdir -p "$ICD_DIR" && cp "$POCL_ICD" "$ICD_DIR/"
 export OCL_ICD_VENDORS="$ICD_DIR" OPENCL_VENDOR_PATH="$ICD_DIR"
+if [ "${CTS_ICD_BY_FILE:-0}" = 1 ]; then
+    OCL_ICD_FILENAMES="$(head -n 1 "$POCL_ICD" | tr -d '[:space:]')"
+    export OCL_ICD_FILENAMES
+fi
 export WORMHOLE_SOCKET="$OUT/wh.sock"
 # PoCL keeps the kernels it compiled (its own cache, shared by default): one per side, so the
 # side that runs second does not find the first side's kernels compiled (timings), kept

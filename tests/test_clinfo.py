@@ -4,6 +4,8 @@ differences are the forwarded device name and the capabilities Wormhole does not
 (PoCL's cl_khr_command_buffer and cl_pocl_content_size, test_extensions.py), as the README
 says."""
 
+import os
+import pathlib
 import re
 import subprocess
 
@@ -41,6 +43,19 @@ def test_clinfo_matches_native(server):
             continue
         assert allowed.search(n.strip()) and allowed.search(f.strip()), f"differs:\n  native: {n}\n  wormhole: {f}"
     assert devices >= 1
+
+
+def test_a_native_icd_named_by_file_is_not_passed_on(server):
+    """`wh run` drops OCL_ICD_FILENAMES (how the GPU machine names NVIDIA's OpenCL): the
+    program must not reach a native platform beside Wormhole's."""
+    pocl = pathlib.Path("/etc/OpenCL/vendors/pocl.icd").read_text().strip()
+    native = subprocess.run(["clinfo", "-l"], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "OCL_ICD_FILENAMES": pocl})
+    assert "Portable Computing Language" in native.stdout, native.stdout + native.stderr
+    r = server.run(["clinfo", "-l"], OCL_ICD_FILENAMES=pocl)
+    assert "OCL_ICD_FILENAMES is not passed on" in r.stderr
+    devices = [l for l in r.stdout.splitlines() if "Device #" in l]
+    assert devices and all("Wormhole" in l for l in devices), r.stdout
 
 
 def test_no_server_means_no_platforms_quickly(tmp_path):

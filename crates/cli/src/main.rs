@@ -544,6 +544,12 @@ fn run_program(socket: Option<PathBuf>, program: Vec<String>) -> Result<(), CliE
     cmd.args(&program[1..])
         .env("OCL_ICD_VENDORS", &dir)
         .env("OPENCL_VENDOR_PATH", &dir);
+    // ICDs named by file are loaded beside the vendor directory's: a native one there (how
+    // the GPU machine reaches NVIDIA's OpenCL) would let the program bypass the server.
+    if std::env::var_os("OCL_ICD_FILENAMES").is_some() {
+        eprintln!("wh run: OCL_ICD_FILENAMES is not passed on: the program sees Wormhole's platforms only");
+        cmd.env_remove("OCL_ICD_FILENAMES");
+    }
     // CUDA programs (and cudart's dlopen), and NVML's users, find those libraries by their
     // sonames on the library path: the same directory holds links to Wormhole's.
     let mut linked = false;

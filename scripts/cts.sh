@@ -10,8 +10,8 @@
 # log, the harness's JSON results and exit status as SIDE.p1.*, the tests a hang or crash
 # kept from running run again as SIDE.p2.* and so on, and the server's log for that suite);
 # CTS_TIMEOUT (or -t) the limit per run of a suite's binary for suites without their own
-# below (default 900 s); POCL_ICD the vendor file of the native driver (default
-# /etc/OpenCL/vendors/pocl.icd); CTS_FULL=1 also runs the tests the table below leaves out as
+# below (default 900 s), CTS_CAP a bound on every suite's limit; POCL_ICD the vendor file of
+# the native driver (default /etc/OpenCL/vendors/pocl.icd); CTS_FULL=1 also runs the tests the table below leaves out as
 # too slow; CTS_TRANSPORT=tcp reaches the server over TCP on loopback (127.0.0.1, port
 # CTS_TCP_PORT, default 7787) instead of shared memory; CTS_ICD_BY_FILE=1 names the native
 # driver's library in OCL_ICD_FILENAMES too, for a loader that does not honour OCL_ICD_VENDORS
@@ -124,7 +124,10 @@ declare -A BIN ARGS TMO EXCL SLOW
 ALL=()
 for row in "${SUITE_TABLE[@]}"; do
     IFS='|' read -r name bin args tmo excl slow <<<"$row"
-    BIN[$name]="$bin" ARGS[$name]="$args" TMO[$name]="${tmo:-$DEFAULT_TIMEOUT}" EXCL[$name]="$excl"
+    tmo="${tmo:-$DEFAULT_TIMEOUT}"
+    # CTS_CAP bounds every suite's limit, its own included (a device call's time is short).
+    [ -n "${CTS_CAP:-}" ] && [ "$tmo" -gt "$CTS_CAP" ] && tmo="$CTS_CAP"
+    BIN[$name]="$bin" ARGS[$name]="$args" TMO[$name]="$tmo" EXCL[$name]="$excl"
     SLOW[$name]="$slow"
     ALL+=("$name")
 done

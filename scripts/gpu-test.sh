@@ -15,6 +15,11 @@
 #   opencl-bench  the OpenCL calls table on NVIDIA's OpenCL, with pinned staging and   100 s
 #                 without (half each)
 #   torch-bench   `wh bench --part torch` (where python3 has PyTorch)                   60 s
+#   cts           (only when named) the OpenCL conformance suites #11 compares on the GPU
+#                 (events, mem_host_flags, api, buffers, profiling, printf), natively and
+#                 through Wormhole on NVIDIA's OpenCL (scripts/cts.sh), from the CTS build
+#                 `--prepare` carried (CTS_DIR, default /work/cts/build); its tables and logs
+#                 in $OUT/cts                                                         300 s
 # A session has 15 minutes of the GPU machine in all, its start (a minute or two) included,
 # and a machine is not started with under 4 left: plan on one call. So all the parts fit one
 # device command (at most 600 s): each part stops at its share plus what the parts before it
@@ -26,6 +31,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILT=(wh libwormhole_cuda.so libwormhole_nvml.so libwormhole_opencl.so wh-cuda-bench-client wh-bench-client)
+# The CTS suites the `cts` part runs (#11's GPU table), and where each binary lies in a build.
+CTS_SUITES=(events mem_host_flags api buffers profiling printf)
+cts_binary() { echo "test_conformance/$1/test_$1"; }
 if [ "${1:-}" = "--prepare" ]; then
     cargo build --release --workspace --quiet
     ./scripts/bench-clients.sh
@@ -35,6 +43,17 @@ if [ "${1:-}" = "--prepare" ]; then
     for f in "${BUILT[@]}"; do strip --strip-debug -o "target/gpu/release/$f" "target/release/$f"; done
     # Pure-Python pytest for another machine's python3 (no venv there: no network to fill one).
     .venv/bin/python -m pip install -q --target target/gpu/py pytest pytest-timeout
+    # The CTS suites of the `cts` part, where a CTS build is at hand (never built here).
+    cts_build=${CTS_DIR:-/work/cts/build}
+    if [ -d "$cts_build/test_conformance" ]; then
+        for s in "${CTS_SUITES[@]}"; do
+            bin=$(cts_binary "$s")
+            mkdir -p "target/gpu/cts/$(dirname "$bin")"
+            strip --strip-debug -o "target/gpu/cts/$bin" "$cts_build/$bin"
+        done
+    else
+        echo "gpu-test: no CTS build at $cts_build (CTS_DIR): the cts part will have nothing to run"
+    fi
     du -sh target/gpu
     echo "gpu-test: carry [\"target/gpu\"]; there run scripts/gpu-test.sh PART..."
     exit 0
@@ -45,13 +64,13 @@ if [ -d target/gpu/release ] && ! command -v cargo >/dev/null 2>&1; then
     mkdir -p target/release
     cp -p target/gpu/release/* target/release/
 fi
-ALL=(cuda-tests torch-tests cuda-bench opencl-bench torch-bench)
+ALL=(cuda-tests torch-tests cuda-bench opencl-bench torch-bench)  # cts only when named
 parts=()
 pytest_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --) shift; pytest_args=("$@"); break ;;
-        cuda-tests|torch-tests|cuda-bench|opencl-bench|torch-bench) parts+=("$1") ;;
+        cuda-tests|torch-tests|cuda-bench|opencl-bench|torch-bench|cts) parts+=("$1") ;;
         # Arguments before any part name go to pytest, as before parts existed.
         *) pytest_args+=("$1") ;;
     esac
@@ -60,7 +79,7 @@ done
 [ ${#parts[@]} -gt 0 ] || parts=("${ALL[@]}")
 wants() { local p; for p in "${parts[@]}"; do [ "$p" = "$1" ] && return 0; done; return 1; }
 # The call's seconds are shared among the parts asked for, in proportion to their shares.
-declare -A share=([cuda-tests]=150 [torch-tests]=150 [cuda-bench]=80 [opencl-bench]=100 [torch-bench]=60)
+declare -A share=([cuda-tests]=150 [torch-tests]=150 [cuda-bench]=80 [opencl-bench]=100 [torch-bench]=60 [cts]=300)
 planned=0
 for p in "${parts[@]}"; do planned=$((planned + ${share[$p]})); done
 share[opencl-bench-unstaged]=$((share[opencl-bench] / 2))
@@ -157,6 +176,22 @@ if wants opencl-bench; then
     else
         echo "gpu-test: no NVIDIA OpenCL library here: no OpenCL table" >&2
         rc=1
+    fi
+fi
+# The conformance suites on NVIDIA's OpenCL, natively and through Wormhole: the native
+# library named as the opencl-bench part names it (OCL_ICD_FILENAMES too).
+if wants cts; then
+    nvidia_cl=$(ls /usr/lib/libnvidia-opencl.so.1 /usr/lib/x86_64-linux-gnu/libnvidia-opencl.so.1 2>/dev/null | head -1 || true)
+    if [ -z "$nvidia_cl" ] || [ ! -d target/gpu/cts ]; then
+        echo "gpu-test: cts needs NVIDIA's OpenCL here and a CTS build carried (target/gpu/cts)" | keep cts
+        rc=1
+    else
+        icd_file=$(mktemp -d)/nvidia.icd
+        echo "$nvidia_cl" > "$icd_file"
+        # Each suite's runs get an equal part of the part's time (both sides, with room).
+        per_run=$(( (${PART_LIMIT:-$((share[cts] * call_limit / planned + spare))}) / (2 * ${#CTS_SUITES[@]} + 1) ))
+        [ "$per_run" -ge 20 ] || per_run=20
+        part cts env CTS_ICD_BY_FILE=1 CTS_CAP="$per_run" POCL_ICD="$icd_file" scripts/cts.sh -o "${OUT:-/tmp}/cts" target/gpu/cts "${CTS_SUITES[@]}"
     fi
 fi
 # PyTorch training, native vs Wormhole (bench/torch_train.py), where python3 has PyTorch.

@@ -1,7 +1,9 @@
 //! Copies between the host and the device. Host memory in the session's arena (page-locked
 //! memory the worker registered, see `host_memory_pinned`) is copied by the worker's driver
 //! where it lies: the request names the range, and an asynchronous copy is not waited for at
-//! all (it completes with its stream, as natively). Other host memory travels in the
+//! all (it completes with its stream, as natively). Synchronous copies of other host memory
+//! from 256 KiB go through a staging range in the arena where the session has one
+//! (`staging`). Other host memory travels in the
 //! requests and replies, in pieces: one request carries at most what a frame and the worker's
 //! output buffer hold, so a copy larger than that travels as several, one after another on the
 //! caller's lane (copies to the device are not waited for, so the pieces follow each other
@@ -14,6 +16,7 @@
 use crate::generated::{self, Handle};
 use crate::host_memory_pinned;
 use crate::rt;
+use crate::staging;
 use std::ffi::c_void;
 use wormhole_cuda_proto::cu::CUDA_SUCCESS;
 use wormhole_cuda_proto::requests::{Message, PinnedCopy};
@@ -107,6 +110,11 @@ pub unsafe fn cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, n: usize) -> i32 {
     if let Some(st) = through_arena(false, src, dst as u64, n, SYNC) {
         return st;
     }
+    // SAFETY: per the contract, `dst` holds `n` writable bytes.
+    let staged = unsafe { staging::copy(false, src, dst.cast(), n, SYNC.per_thread) };
+    if let Some(st) = staged {
+        return st;
+    }
     in_pieces(n, |at, len| {
         // SAFETY: per the contract, `dst` holds `n` bytes, so each piece lies inside them.
         unsafe {
@@ -121,6 +129,11 @@ pub unsafe fn cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, n: usize) -> i32 {
 /// As the C function.
 pub unsafe fn cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: u64, n: usize) -> i32 {
     if let Some(st) = through_arena(false, src, dst as u64, n, SYNC_PER_THREAD) {
+        return st;
+    }
+    // SAFETY: per the contract, `dst` holds `n` writable bytes.
+    let staged = unsafe { staging::copy(false, src, dst.cast(), n, SYNC_PER_THREAD.per_thread) };
+    if let Some(st) = staged {
         return st;
     }
     in_pieces(n, |at, len| {
@@ -186,6 +199,11 @@ pub unsafe fn cuMemcpyHtoD_v2(dst: u64, src: *const c_void, n: usize) -> i32 {
     if let Some(st) = through_arena(true, dst, src as u64, n, SYNC) {
         return st;
     }
+    // SAFETY: per the contract, `src` holds `n` readable bytes (only read: to the device).
+    let staged = unsafe { staging::copy(true, dst, src as *mut u8, n, SYNC.per_thread) };
+    if let Some(st) = staged {
+        return st;
+    }
     in_pieces(n, |at, len| {
         // SAFETY: per the contract, `src` holds `n` bytes, so each piece lies inside them.
         unsafe {
@@ -200,6 +218,11 @@ pub unsafe fn cuMemcpyHtoD_v2(dst: u64, src: *const c_void, n: usize) -> i32 {
 /// As the C function.
 pub unsafe fn cuMemcpyHtoD_v2_ptds(dst: u64, src: *const c_void, n: usize) -> i32 {
     if let Some(st) = through_arena(true, dst, src as u64, n, SYNC_PER_THREAD) {
+        return st;
+    }
+    // SAFETY: per the contract, `src` holds `n` readable bytes (only read: to the device).
+    let staged = unsafe { staging::copy(true, dst, src as *mut u8, n, SYNC_PER_THREAD.per_thread) };
+    if let Some(st) = staged {
         return st;
     }
     in_pieces(n, |at, len| {

@@ -323,12 +323,12 @@ pub unsafe fn cuMemHostGetDevicePointer_v2(pdptr: *mut c_void, p: *mut c_void, f
 }
 
 /// The session's arena, if it has one (local sessions).
-fn session_arena() -> Option<&'static Arena> {
+pub(crate) fn session_arena() -> Option<&'static Arena> {
     crate::connection::get().ok()?.arena()
 }
 
 /// Page-locked memory from the worker (see the module's comment): the program's pointer to it.
-fn alloc_in_arena(
+pub(crate) fn alloc_in_arena(
     arena: &Arena,
     bytesize: usize,
     flags: u32,

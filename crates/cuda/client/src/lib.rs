@@ -26,6 +26,7 @@ mod local;
 mod memory;
 mod objects;
 pub mod rt;
+mod staging;
 mod tensor_maps;
 
 /// The generated entry points: every symbol exported by name (see `crates/apigen`).

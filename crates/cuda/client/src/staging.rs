@@ -15,7 +15,7 @@
 use crate::host_memory_pinned;
 use crate::rt;
 use std::sync::Mutex;
-use wormhole_cuda_proto::cu::{CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
+use wormhole_cuda_proto::cu::{CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS};
 use wormhole_cuda_proto::requests::{Message, PinnedCopy};
 use wormhole_cuda_proto::{pinned, Writer};
 use wormhole_session::host_memory;
@@ -60,6 +60,7 @@ pub unsafe fn copy(
     if matches!(*range, Range::Unasked) {
         *range = take_range();
     }
+    // Unasked still: not now (see `take_range`).
     let Range::Held {
         host: staging,
         offset,
@@ -110,7 +111,9 @@ pub unsafe fn copy(
     Some(CUDA_SUCCESS)
 }
 
-/// Asks the worker for the staging range (once per process: a refusal stands).
+/// Asks the worker for the staging range. A session without an arena, or one whose tenant
+/// or arena has no room, goes without for good; another refusal (the calling thread has no
+/// context for the worker to register the range in) is asked again at the next copy.
 fn take_range() -> Range {
     let Some(arena) = host_memory_pinned::session_arena() else {
         return Range::Refused;
@@ -120,12 +123,12 @@ fn take_range() -> Range {
             host: host as usize,
             offset: in_arena.offset,
         },
-        Err(e) => {
-            crate::connection::log(&format!(
-                "no page-locked staging memory for copies of pageable memory (status {}): they go through the rings",
-                e.0
-            ));
+        Err(e) if e.0 == CUDA_ERROR_OUT_OF_MEMORY => {
+            crate::connection::log(
+                "no room for page-locked staging memory (the tenant's quota or the arena): copies of pageable memory go through the rings",
+            );
             Range::Refused
         }
+        Err(_) => Range::Unasked,
     }
 }

@@ -30,16 +30,20 @@ static PRIMARY_GENERATION: AtomicU64 = AtomicU64::new(0);
 /// programs run (`nvidia-smi -c`): always asked.
 const ATTRIBUTE_COMPUTE_MODE: i32 = 20;
 
+/// Answers the client keeps, by what they are about: the generation each was learnt in, and
+/// the answer.
+type Kept<K, G, V> = HashMap<K, (G, V)>;
+
 #[derive(Default)]
 struct Facts {
-    /// Context → (generation, device).
-    device: HashMap<usize, (u64, u32)>,
-    /// Context → (generation, id).
-    id: HashMap<usize, (u64, u64)>,
-    /// Device → ((generation, primary generation), flags, active).
-    primary: HashMap<i32, ((u64, u64), u32, u32)>,
-    /// (attribute, device) → value.
-    attribute: HashMap<(i32, i32), u32>,
+    /// Context → its device.
+    device: Kept<usize, u64, u32>,
+    /// Context → its id.
+    id: Kept<usize, u64, u64>,
+    /// Device → its primary context's flags and whether it is active.
+    primary: Kept<i32, (u64, u64), (u32, u32)>,
+    /// (attribute, device) → its value (for the device's life).
+    attribute: Kept<(i32, i32), (), u32>,
 }
 
 fn facts() -> MutexGuard<'static, Facts> {
@@ -70,30 +74,50 @@ fn named(ctx: *mut c_void) -> Option<usize> {
     }
 }
 
+/// The answer kept in `table` under `key` for `generation` (written with `give`), or else
+/// the server's (`ask`), kept when it succeeds (read back from the caller's outputs with
+/// `got`). Without a key (nothing to name the answer by), or before `cuInit`, the server is
+/// asked.
+fn remembered<K: std::hash::Hash + Eq, G: Copy + PartialEq, V: Copy>(
+    table: impl Fn(&mut Facts) -> &mut Kept<K, G, V>,
+    key: Option<K>,
+    generation: G,
+    give: impl FnOnce(V),
+    got: impl FnOnce() -> V,
+    ask: impl FnOnce() -> i32,
+) -> i32 {
+    let Some(key) = key.filter(|_| rt::check_initialized().is_ok()) else {
+        return ask();
+    };
+    let known = table(&mut facts()).get(&key).copied();
+    if let Some((_, v)) = known.filter(|(g, _)| *g == generation) {
+        give(v);
+        return CUDA_SUCCESS;
+    }
+    let status = ask();
+    if status == CUDA_SUCCESS {
+        let v = got();
+        table(&mut facts()).insert(key, (generation, v));
+    }
+    status
+}
+
 /// `ctx`'s device (NULL: the current context's), from the server the first time.
 ///
 /// # Safety
 /// `device` NULL or a writable `CUdevice`.
 unsafe fn device_of(device: *mut u32, ctx: *mut c_void, ask: impl FnOnce() -> i32) -> i32 {
-    let key = named(ctx);
-    if let (Some(key), false, Ok(())) = (key, device.is_null(), rt::check_initialized()) {
-        let generation = current::generation();
-        if let Some(&(g, dev)) = facts().device.get(&key) {
-            if g == generation {
-                // SAFETY: per the contract.
-                unsafe { *device = dev };
-                return CUDA_SUCCESS;
-            }
-        }
-        let status = ask();
-        if status == CUDA_SUCCESS {
-            // SAFETY: the call succeeded, so it wrote the device.
-            let dev = unsafe { *device };
-            facts().device.insert(key, (generation, dev));
-        }
-        return status;
-    }
-    ask()
+    let key = named(ctx).filter(|_| !device.is_null());
+    remembered(
+        |f| &mut f.device,
+        key,
+        current::generation(),
+        // SAFETY: per the contract (a key means `device` is not NULL).
+        |dev| unsafe { *device = dev },
+        // SAFETY: the call succeeded, so it wrote the device.
+        || unsafe { *device },
+        ask,
+    )
 }
 
 /// `cuCtxGetDevice`: the current context's device.
@@ -127,29 +151,17 @@ pub unsafe fn cuCtxGetDevice_v2(device: *mut u32, ctx: *mut c_void) -> i32 {
 /// # Safety
 /// `id` NULL or a writable `unsigned long long`.
 pub unsafe fn cuCtxGetId(ctx: *mut c_void, id: *mut u64) -> i32 {
-    let ask = || {
-        // SAFETY: per the contract.
-        unsafe { generated::wire_cuCtxGetId(ctx.cast(), id) }
-    };
-    let key = named(ctx);
-    let (Some(key), false, Ok(())) = (key, id.is_null(), rt::check_initialized()) else {
-        return ask();
-    };
-    let generation = current::generation();
-    if let Some(&(g, known)) = facts().id.get(&key) {
-        if g == generation {
-            // SAFETY: per the contract.
-            unsafe { *id = known };
-            return CUDA_SUCCESS;
-        }
-    }
-    let status = ask();
-    if status == CUDA_SUCCESS {
+    remembered(
+        |f| &mut f.id,
+        named(ctx).filter(|_| !id.is_null()),
+        current::generation(),
+        // SAFETY: per the contract (a key means `id` is not NULL).
+        |v| unsafe { *id = v },
         // SAFETY: the call succeeded, so it wrote the id.
-        let known = unsafe { *id };
-        facts().id.insert(key, (generation, known));
-    }
-    status
+        || unsafe { *id },
+        // SAFETY: per the contract.
+        || unsafe { generated::wire_cuCtxGetId(ctx.cast(), id) },
+    )
 }
 
 /// `cuDevicePrimaryCtxGetState`: `dev`'s primary context's flags and whether it is active.
@@ -175,24 +187,16 @@ unsafe fn primary_state(
     active: *mut u32,
     ask: impl FnOnce() -> i32,
 ) -> i32 {
-    if flags.is_null() || active.is_null() || rt::check_initialized().is_err() {
-        return ask();
-    }
-    let generation = primary_generation();
-    if let Some(&(g, f, a)) = facts().primary.get(&dev) {
-        if g == generation {
-            // SAFETY: per the contract.
-            unsafe { (*flags, *active) = (f, a) };
-            return CUDA_SUCCESS;
-        }
-    }
-    let status = ask();
-    if status == CUDA_SUCCESS {
+    remembered(
+        |f| &mut f.primary,
+        Some(dev).filter(|_| !flags.is_null() && !active.is_null()),
+        primary_generation(),
+        // SAFETY: per the contract (a key means neither is NULL).
+        |(f, a)| unsafe { (*flags, *active) = (f, a) },
         // SAFETY: the call succeeded, so it wrote both.
-        let (f, a) = unsafe { (*flags, *active) };
-        facts().primary.insert(dev, (generation, f, a));
-    }
-    status
+        || unsafe { (*flags, *active) },
+        ask,
+    )
 }
 
 /// `cuDevicePrimaryCtxRetain`: the first retain activates the context.
@@ -244,25 +248,17 @@ pub unsafe fn cuCtxSetFlags(flags: u32) -> i32 {
 /// # Safety
 /// `pi` NULL or a writable `int`.
 pub unsafe fn cuDeviceGetAttribute(pi: *mut u32, attrib: i32, dev: i32) -> i32 {
-    let ask = || {
-        // SAFETY: per the contract.
-        unsafe { generated::wire_cuDeviceGetAttribute(pi, attrib, dev) }
-    };
-    if pi.is_null() || attrib == ATTRIBUTE_COMPUTE_MODE || rt::check_initialized().is_err() {
-        return ask();
-    }
-    if let Some(&v) = facts().attribute.get(&(attrib, dev)) {
-        // SAFETY: per the contract.
-        unsafe { *pi = v };
-        return CUDA_SUCCESS;
-    }
-    let status = ask();
-    if status == CUDA_SUCCESS {
+    remembered(
+        |f| &mut f.attribute,
+        Some((attrib, dev)).filter(|_| !pi.is_null() && attrib != ATTRIBUTE_COMPUTE_MODE),
+        (),
+        // SAFETY: per the contract (a key means `pi` is not NULL).
+        |v| unsafe { *pi = v },
         // SAFETY: the call succeeded, so it wrote the value.
-        let v = unsafe { *pi };
-        facts().attribute.insert((attrib, dev), v);
-    }
-    status
+        || unsafe { *pi },
+        // SAFETY: per the contract.
+        || unsafe { generated::wire_cuDeviceGetAttribute(pi, attrib, dev) },
+    )
 }
 
 #[cfg(test)]

@@ -914,6 +914,12 @@ impl Connection {
         self.arena.as_ref()
     }
 
+    /// Whether calls can still be carried: the session is not gone, and this process is not
+    /// the child of a fork (whose memory shared with the worker is the parent's too).
+    pub fn usable(&self) -> bool {
+        !self.dead.load(Ordering::Relaxed) && !FORKED.load(Ordering::Relaxed)
+    }
+
     /// Sends a request on this thread's lane and returns the reply body.
     pub fn call(&self, w: Writer) -> Result<Vec<u8>, CallError> {
         self.call_bulk(w, &[], None).map(|(r, _)| r)

@@ -199,13 +199,16 @@ unsafe fn primary_state(
     )
 }
 
-/// `cuDevicePrimaryCtxRetain`: the first retain activates the context.
+/// `cuDevicePrimaryCtxRetain`: the first retain activates the context, which after its last
+/// release is one anew, with an id of its own: what was known of contexts goes (retains are
+/// rare: cudart's come once per device).
 ///
 /// # Safety
 /// `pctx` NULL or a writable `CUcontext`.
 pub unsafe fn cuDevicePrimaryCtxRetain(pctx: *mut *mut c_void, dev: i32) -> i32 {
     // SAFETY: per the contract.
     let status = unsafe { generated::wire_cuDevicePrimaryCtxRetain(pctx, dev) };
+    current::contexts_changed();
     primary_changed();
     status
 }

@@ -168,7 +168,13 @@ pub unsafe fn cuMemHostAlloc(pp: *mut c_void, bytesize: usize, flags: u32) -> i3
             arena,
         };
         if let Some(arena) = session_arena() {
-            let (p, in_arena) = alloc_in_arena(arena, bytesize, flags)?;
+            let (p, in_arena) = match alloc_in_arena(arena, bytesize, flags) {
+                // The copies' staging range gives its room to the program's own memory.
+                Err(ApiErr(CUDA_ERROR_OUT_OF_MEMORY)) if crate::staging::give_back() => {
+                    alloc_in_arena(arena, bytesize, flags)?
+                }
+                other => other?,
+            };
             table().insert(p as u64, pinned(Some(in_arena)));
             // SAFETY: per the contract.
             unsafe { *pp = p };

@@ -8,15 +8,17 @@
 //!
 //! One staging range serves the session, taken by one copy at a time: a copy that finds it
 //! taken (another thread's), or a session without an arena or without the range (the worker
-//! refused it: the tenant's quota, a full arena), travels through the rings as before.
+//! refused it: the tenant's quota, a full arena), travels through the rings as before. The
+//! range counts against the tenant's page-locked memory like the program's own; the program's
+//! comes first (`give_back`).
 //! Asynchronous copies always do: the range is reused as soon as a piece is copied, which a
 //! piece queued on a stream would not allow.
 
 use crate::host_memory_pinned;
 use crate::rt;
 use std::sync::Mutex;
-use wormhole_cuda_proto::cu::{CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS};
-use wormhole_cuda_proto::requests::{Message, PinnedCopy};
+use wormhole_cuda_proto::cu::{CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
+use wormhole_cuda_proto::requests::{Message, PinnedCopy, PinnedFree};
 use wormhole_cuda_proto::{pinned, Writer};
 use wormhole_session::host_memory;
 
@@ -51,7 +53,9 @@ pub unsafe fn copy(
     n: usize,
     per_thread: bool,
 ) -> Option<i32> {
-    if n < STAGED_FROM {
+    // In a fork's child the range is the parent's memory still: never written there (the
+    // rings' path then fails the call, as every call of a child fails).
+    if n < STAGED_FROM || !crate::connection::get().is_ok_and(|c| c.usable()) {
         return None;
     }
     let Ok(mut range) = RANGE.try_lock() else {
@@ -123,12 +127,32 @@ fn take_range() -> Range {
             host: host as usize,
             offset: in_arena.offset,
         },
-        Err(e) if e.0 == CUDA_ERROR_OUT_OF_MEMORY => {
-            crate::connection::log(
-                "no room for page-locked staging memory (the tenant's quota or the arena): copies of pageable memory go through the rings",
-            );
+        // No context current on the calling thread for the worker to register it in.
+        Err(e) if e.0 == CUDA_ERROR_INVALID_CONTEXT => Range::Unasked,
+        Err(e) => {
+            crate::connection::log(&format!(
+                "no page-locked staging memory (status {}): copies of pageable memory go through the rings",
+                e.0
+            ));
             Range::Refused
         }
-        Err(_) => Range::Unasked,
     }
+}
+
+/// Gives the staging range back to the worker, if the session holds it, so that its room
+/// (the tenant's quota of page-locked memory, the arena) is the program's: true if it did.
+/// Later copies go through the rings. `cuMemHostAlloc` calls this when refused for want of
+/// room, then asks again.
+pub fn give_back() -> bool {
+    // A copy holding the range is running: the program's allocation fails as it would have.
+    let Ok(mut range) = RANGE.try_lock() else {
+        return false;
+    };
+    let Range::Held { offset, .. } = *range else {
+        return false;
+    };
+    *range = Range::Refused;
+    let mut w = Writer::new(pinned::FREE);
+    PinnedFree { offset }.encode(&mut w);
+    rt::call(w).and_then(|reply| rt::status_of(&reply)).is_ok()
 }

@@ -10,9 +10,10 @@ use wormhole_nvml_proto::nv::*;
 use wormhole_nvml_proto::{HandleKind, Op, Reader, PROCESS_INFO_SIZE, PROCESS_INFO_V1_SIZE};
 
 /// The compute processes on `device` as a tenant sees them: its own only. The worker knows
-/// what the tenant holds on the GPU, not which of its processes holds it, so the tenant's
-/// processes appear as one, the caller, holding all of it (none while the tenant holds
-/// nothing, as NVML lists only processes with a context). PyTorch asks when it reports an
+/// what the tenant holds in device memory, not which of its processes holds it nor (with
+/// several GPUs) on which, so the tenant's processes appear as one, the caller, holding all of
+/// it on each of its GPUs (none while the tenant holds nothing, as NVML lists only processes
+/// with a context). PyTorch asks when it reports an
 /// out-of-memory error, and fails with an internal assertion on any status but success.
 ///
 /// # Safety

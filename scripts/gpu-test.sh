@@ -92,6 +92,8 @@ nvidia-smi -L || { echo "gpu-test: no NVIDIA GPU here" >&2; exit 1; }
 # The machine's own pytest where it has pytest-timeout too, else the one carried.
 if python3 -c "import pytest, pytest_timeout" 2>/dev/null; then py=(python3); else py=(env PYTHONPATH=target/gpu/py python3); fi
 has_torch() { python3 -c "import torch" 2>/dev/null; }
+# NVIDIA's OpenCL library there, if any (only PoCL is registered with the loader).
+nvidia_opencl() { ls /usr/lib/libnvidia-opencl.so.1 /usr/lib/x86_64-linux-gnu/libnvidia-opencl.so.1 2>/dev/null | head -1 || true; }
 export PYTHONUNBUFFERED=1
 # A part's output, kept in $OUT/<part>.log too where $OUT is set. A part stops after its
 # share of the call (plus what earlier parts left unused), and all of them together after
@@ -160,7 +162,7 @@ fi
 # $WH_PLATFORM (the Wormhole side's client is pointed at Wormhole's ICD alone by `wh bench`,
 # and the server's platforms come prefixed with "Wormhole →").
 if wants opencl-bench; then
-    nvidia_cl=$(ls /usr/lib/libnvidia-opencl.so.1 /usr/lib/x86_64-linux-gnu/libnvidia-opencl.so.1 2>/dev/null | head -1 || true)
+    nvidia_cl=$(nvidia_opencl)
     if [ -n "$nvidia_cl" ]; then
         vendors=$(mktemp -d)
         echo "$nvidia_cl" > "$vendors/nvidia.icd"
@@ -181,7 +183,7 @@ fi
 # The conformance suites on NVIDIA's OpenCL, natively and through Wormhole: the native
 # library named as the opencl-bench part names it (OCL_ICD_FILENAMES too).
 if wants cts; then
-    nvidia_cl=$(ls /usr/lib/libnvidia-opencl.so.1 /usr/lib/x86_64-linux-gnu/libnvidia-opencl.so.1 2>/dev/null | head -1 || true)
+    nvidia_cl=$(nvidia_opencl)
     if [ -z "$nvidia_cl" ] || [ ! -d target/gpu/cts ]; then
         echo "gpu-test: cts needs NVIDIA's OpenCL here and a CTS build carried (target/gpu/cts)" | keep cts
         rc=1

@@ -934,7 +934,7 @@ impl Connection {
         payload: &[u8],
         sink: Option<(usize, &mut [u8])>,
     ) -> Result<(Vec<u8>, bool), CallError> {
-        if self.dead.load(Ordering::Relaxed) || FORKED.load(Ordering::Relaxed) {
+        if !self.usable() {
             return Err(CallError::Unavailable);
         }
         call_counts::count(self.hooks.api, self.hooks.op_name, w.opcode(), true);
@@ -1024,7 +1024,7 @@ impl Connection {
     /// caller's memory (see `Writer::trailing_bytes`); it is in the lane or the stream, and the
     /// caller's memory free again, when this returns.
     pub fn send_async_bulk(&self, w: Writer, payload: &[u8]) -> Result<(), CallError> {
-        if self.dead.load(Ordering::Relaxed) || FORKED.load(Ordering::Relaxed) {
+        if !self.usable() {
             return Err(CallError::Unavailable);
         }
         call_counts::count(self.hooks.api, self.hooks.op_name, w.opcode(), false);

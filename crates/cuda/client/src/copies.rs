@@ -57,23 +57,49 @@ fn through_arena(to_device: bool, device: u64, host: u64, n: usize, how: Call) -
             Some(h) => Some(unsafe { rt::id_of(h, HandleKind::Stream, true) }?),
             None => None,
         };
-        let mut w = Writer::new(pinned::COPY);
-        PinnedCopy {
+        arena_copy(PinnedCopy {
             to_device,
             device,
             offset,
             len: n as u64,
             stream,
             per_thread: how.per_thread,
-        }
-        .encode(&mut w);
-        let reply = match stream {
-            Some(_) => rt::call_async(w)?,
-            None => rt::call(w)?,
-        };
-        rt::status_of(&reply)?;
-        Ok(CUDA_SUCCESS)
+        })
     }))
+}
+
+/// Sends a copy of arena memory to the worker: waited for without a stream, not waited for
+/// with one (it completes with its stream).
+pub fn arena_copy(copy: PinnedCopy) -> Result<i32, rt::ApiErr> {
+    let mut w = Writer::new(pinned::COPY);
+    copy.encode(&mut w);
+    let reply = match copy.stream {
+        Some(_) => rt::call_async(w)?,
+        None => rt::call(w)?,
+    };
+    rt::status_of(&reply)?;
+    Ok(CUDA_SUCCESS)
+}
+
+/// A synchronous copy that need not travel through the rings: the host side in the arena,
+/// or staged through it (`staging`); None: it must.
+///
+/// # Safety
+/// `host` points to `n` bytes of the program's that the copy may read (`to_device`) or write.
+unsafe fn without_rings(
+    to_device: bool,
+    device: u64,
+    host: *mut u8,
+    n: usize,
+    how: Call,
+) -> Option<i32> {
+    through_arena(to_device, device, host as u64, n, how).or_else(|| {
+        let synchronous = how.stream.is_none();
+        // SAFETY: per the contract.
+        synchronous
+            .then(|| unsafe { staging::copy(to_device, device, host, n, how.per_thread) })
+            .flatten()
+    })
 }
 
 /// The largest piece: what the worker returns in one reply.
@@ -107,12 +133,8 @@ fn device_at(base: u64, at: usize) -> u64 {
 /// # Safety
 /// As the C function.
 pub unsafe fn cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, n: usize) -> i32 {
-    if let Some(st) = through_arena(false, src, dst as u64, n, SYNC) {
-        return st;
-    }
     // SAFETY: per the contract, `dst` holds `n` writable bytes.
-    let staged = unsafe { staging::copy(false, src, dst.cast(), n, SYNC.per_thread) };
-    if let Some(st) = staged {
+    if let Some(st) = unsafe { without_rings(false, src, dst.cast(), n, SYNC) } {
         return st;
     }
     in_pieces(n, |at, len| {
@@ -128,12 +150,8 @@ pub unsafe fn cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, n: usize) -> i32 {
 /// # Safety
 /// As the C function.
 pub unsafe fn cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: u64, n: usize) -> i32 {
-    if let Some(st) = through_arena(false, src, dst as u64, n, SYNC_PER_THREAD) {
-        return st;
-    }
     // SAFETY: per the contract, `dst` holds `n` writable bytes.
-    let staged = unsafe { staging::copy(false, src, dst.cast(), n, SYNC_PER_THREAD.per_thread) };
-    if let Some(st) = staged {
+    if let Some(st) = unsafe { without_rings(false, src, dst.cast(), n, SYNC_PER_THREAD) } {
         return st;
     }
     in_pieces(n, |at, len| {
@@ -196,12 +214,8 @@ pub unsafe fn cuMemcpyDtoHAsync_v2_ptsz(
 /// # Safety
 /// As the C function.
 pub unsafe fn cuMemcpyHtoD_v2(dst: u64, src: *const c_void, n: usize) -> i32 {
-    if let Some(st) = through_arena(true, dst, src as u64, n, SYNC) {
-        return st;
-    }
-    // SAFETY: per the contract, `src` holds `n` readable bytes (only read: to the device).
-    let staged = unsafe { staging::copy(true, dst, src as *mut u8, n, SYNC.per_thread) };
-    if let Some(st) = staged {
+    // SAFETY: per the contract, `src` holds `n` readable (only read: to the device) bytes.
+    if let Some(st) = unsafe { without_rings(true, dst, src as *mut u8, n, SYNC) } {
         return st;
     }
     in_pieces(n, |at, len| {
@@ -217,12 +231,8 @@ pub unsafe fn cuMemcpyHtoD_v2(dst: u64, src: *const c_void, n: usize) -> i32 {
 /// # Safety
 /// As the C function.
 pub unsafe fn cuMemcpyHtoD_v2_ptds(dst: u64, src: *const c_void, n: usize) -> i32 {
-    if let Some(st) = through_arena(true, dst, src as u64, n, SYNC_PER_THREAD) {
-        return st;
-    }
-    // SAFETY: per the contract, `src` holds `n` readable bytes (only read: to the device).
-    let staged = unsafe { staging::copy(true, dst, src as *mut u8, n, SYNC_PER_THREAD.per_thread) };
-    if let Some(st) = staged {
+    // SAFETY: per the contract, `src` holds `n` readable (only read: to the device) bytes.
+    if let Some(st) = unsafe { without_rings(true, dst, src as *mut u8, n, SYNC_PER_THREAD) } {
         return st;
     }
     in_pieces(n, |at, len| {

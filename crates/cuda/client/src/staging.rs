@@ -90,18 +90,14 @@ pub unsafe fn copy(
             unsafe { std::ptr::copy_nonoverlapping(host.add(at), staging, len) };
         }
         let status = rt::entry_status(|| {
-            let mut w = Writer::new(pinned::COPY);
-            PinnedCopy {
+            crate::copies::arena_copy(PinnedCopy {
                 to_device,
                 device: device.wrapping_add(at as u64),
                 offset,
                 len: len as u64,
                 stream: None,
                 per_thread,
-            }
-            .encode(&mut w);
-            rt::status_of(&rt::call(w)?)?;
-            Ok(CUDA_SUCCESS)
+            })
         });
         if status != CUDA_SUCCESS {
             return Some(status);

@@ -362,6 +362,10 @@ fn emit_stub(s: &mut String, api: &Api, f: &Func) {
     } else {
         s.push_str("        let reply = rt::call(w)?;\n");
     }
+    // Whether or not the call succeeded: what it may have changed is asked again.
+    for what in &f.forgets {
+        let _ = writeln!(s, "        rt::forget_{what}();");
+    }
     s.push_str("        let mut r = Reader::new(&reply);\n        let status = r.i32()?;\n");
     if let Some(k) = &f.release {
         let h = first_handle(f).expect("release has a handle");

@@ -249,4 +249,20 @@ mod tests {
         let gap = parse("icd", "1 toyGet gen (u32 v)\n").unwrap_err();
         assert!(gap.msg.contains("dense"), "{gap}");
     }
+
+    #[test]
+    fn a_call_that_forgets_asks_the_client_to_forget_once_its_request_went() {
+        let api = parse(
+            "exports",
+            "0 toySet gen @forgets(things) @forgets(sizes) (h<thing> t, u32 v)\n",
+        )
+        .unwrap();
+        let client = emit_client(&api);
+        let call = client.find("rt::call(w)?").unwrap();
+        let things = client.find("rt::forget_things();").unwrap();
+        let sizes = client.find("rt::forget_sizes();").unwrap();
+        assert!(call < things && things < sizes, "{client}");
+        let hand = parse("exports", "0 toySet custom @forgets(things) (u32 v)\n").unwrap_err();
+        assert!(hand.msg.contains("@forgets"), "{hand}");
+    }
 }

@@ -71,6 +71,9 @@ pub struct Func {
     pub driver: bool,
     pub retain: Option<String>,
     pub release: Option<String>,
+    /// What the client keeps that the call may make stale (`@forgets(what)`): after its
+    /// request went, the stub calls `rt::forget_<what>()`.
+    pub forgets: Vec<String>,
     /// A synchronisation point: data of finished non-blocking reads is collected after it.
     pub sync: bool,
     /// Sent without waiting for the reply: every error it can return is checked in the client.
@@ -403,6 +406,7 @@ fn parse_func(line: &str) -> Result<Func, String> {
         driver: false,
         retain: None,
         release: None,
+        forgets: Vec::new(),
         sync: false,
         asynchronous: false,
         since: None,
@@ -436,8 +440,12 @@ fn parse_func(line: &str) -> Result<Func, String> {
             }
             t if t.starts_with("@retain(") => func.retain = Some(paren(t)?.to_string()),
             t if t.starts_with("@release(") => func.release = Some(paren(t)?.to_string()),
+            t if t.starts_with("@forgets(") => func.forgets.push(paren(t)?.to_string()),
             t => return Err(format!("unexpected `{t}`")),
         }
+    }
+    if !func.forgets.is_empty() && func.mode != Mode::Gen {
+        return Err("@forgets needs a generated stub (mode gen)".into());
     }
     for p in params_src
         .split(',')

@@ -1,15 +1,18 @@
-//! What the client knows of contexts without asking: a context's device and id (fixed for
-//! the context's life), each device's primary context state (its flags and whether it is
-//! active: only this process's own calls change it, since a primary context is per process)
-//! and the device's attributes (fixed for a device). cudart and PyTorch ask these around
-//! nearly every launch: on the H200, 9 in 10 of a PyTorch MLP training step's 237 round trips
-//! were `cuCtxGetDevice_v2` and `cuDevicePrimaryCtxGetState`. Each is asked of the server
-//! once and then answered here.
+//! What the client knows without asking, kept from the server's first answer: a context's
+//! device and id (fixed for the context's life), each device's primary context state (its
+//! flags and whether it is active: only this process's own calls change it, since a primary
+//! context is per process), the device's attributes (fixed for a device), and of functions
+//! and kernels their function in a context, their attributes and their occupancy. cudart,
+//! cuBLAS and PyTorch ask these around nearly every launch: on the H200, 9 in 10 of a PyTorch
+//! MLP training step's 237 round trips were `cuCtxGetDevice_v2` and
+//! `cuDevicePrimaryCtxGetState`, and most of the rest `cuKernelGetFunction` and
+//! `cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags`.
 //!
 //! An answer is kept under the generation it was learnt in (`current::generation`, bumped
-//! when a context may have gone: destroyed, reset, released) and, for the primary contexts'
-//! state, under this module's own generation, bumped by every call that may change that
-//! state (retain, release, reset, flags set).
+//! when a context may have gone: destroyed, reset, released) and under its own kind's
+//! generation, bumped by every call that may change such answers (the description's
+//! `@forgets(...)`: for primary contexts retain, flags set; for functions their attributes and
+//! cache settings, the context's, and unloads).
 
 // Entry points keep the C names of the functions they stand for.
 #![allow(non_snake_case)]
@@ -22,9 +25,14 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use wormhole_cuda_proto::cu::CUDA_SUCCESS;
+use wormhole_cuda_proto::HandleKind;
 
 /// Bumped by every call that may change a primary context's state.
 static PRIMARY_GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// Bumped by every call that may change what a function or kernel answers (its attributes,
+/// cache and shared memory settings, the context's) or end it (unloads).
+static FUNCTION_GENERATION: AtomicU64 = AtomicU64::new(0);
 
 /// `CU_DEVICE_ATTRIBUTE_COMPUTE_MODE`: the one attribute an administrator changes while
 /// programs run (`nvidia-smi -c`): always asked.
@@ -44,6 +52,25 @@ struct Facts {
     primary: Kept<i32, (u64, u64), (u32, u32)>,
     /// (attribute, device) → its value (for the device's life).
     attribute: Kept<(i32, i32), (), u32>,
+    /// (kernel, context) → the kernel's function in the context (the program's handle).
+    function: Kept<(u64, usize), (u64, u64), usize>,
+    /// (function or kernel, where, attribute) → its value.
+    function_attribute: Kept<(u64, Where, i32), (u64, u64), u32>,
+    /// (function or kernel, context, block size, dynamic shared memory, flags if given) →
+    /// active blocks per multiprocessor.
+    occupancy: Kept<OccupancyOf, (u64, u64), u32>,
+}
+
+/// What an occupancy answer is of: the function (or kernel), the context, the block size,
+/// the dynamic shared memory and the flags (None: the call without).
+type OccupancyOf = (u64, usize, i32, usize, Option<u32>);
+
+/// Where a function's attribute is asked: a function's (or a kernel's as a function) in the
+/// current context, a kernel's on a device.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Where {
+    Context(usize),
+    Device(i32),
 }
 
 fn facts() -> MutexGuard<'static, Facts> {
@@ -54,9 +81,27 @@ fn facts() -> MutexGuard<'static, Facts> {
         .unwrap_or_else(|p| p.into_inner())
 }
 
-/// A call changed (or may have changed) a primary context's state.
-pub fn primary_changed() {
+/// A call may have changed a primary context's state.
+pub fn forget_primary_contexts() {
     PRIMARY_GENERATION.fetch_add(1, Ordering::AcqRel);
+}
+
+/// A call may have changed or ended contexts (a primary context's retain: after its last
+/// release the context is one anew, with a new id).
+pub fn forget_contexts() {
+    current::contexts_changed();
+}
+
+/// A call may have changed what functions answer, or ended some.
+pub fn forget_functions() {
+    FUNCTION_GENERATION.fetch_add(1, Ordering::AcqRel);
+}
+
+fn function_generation() -> (u64, u64) {
+    (
+        current::generation(),
+        FUNCTION_GENERATION.load(Ordering::Acquire),
+    )
 }
 
 fn primary_generation() -> (u64, u64) {
@@ -199,53 +244,6 @@ unsafe fn primary_state(
     )
 }
 
-/// `cuDevicePrimaryCtxRetain`: the first retain activates the context, which after its last
-/// release is one anew, with an id of its own: what was known of contexts goes (retains are
-/// rare: cudart's come once per device).
-///
-/// # Safety
-/// `pctx` NULL or a writable `CUcontext`.
-pub unsafe fn cuDevicePrimaryCtxRetain(pctx: *mut *mut c_void, dev: i32) -> i32 {
-    // SAFETY: per the contract.
-    let status = unsafe { generated::wire_cuDevicePrimaryCtxRetain(pctx, dev) };
-    current::contexts_changed();
-    primary_changed();
-    status
-}
-
-/// `cuDevicePrimaryCtxSetFlags`.
-///
-/// # Safety
-/// None (value parameters).
-pub unsafe fn cuDevicePrimaryCtxSetFlags(dev: i32, flags: u32) -> i32 {
-    // SAFETY: value parameters.
-    let status = unsafe { generated::wire_cuDevicePrimaryCtxSetFlags(dev, flags) };
-    primary_changed();
-    status
-}
-
-/// `cuDevicePrimaryCtxSetFlags_v2`.
-///
-/// # Safety
-/// None (value parameters).
-pub unsafe fn cuDevicePrimaryCtxSetFlags_v2(dev: i32, flags: u32) -> i32 {
-    // SAFETY: value parameters.
-    let status = unsafe { generated::wire_cuDevicePrimaryCtxSetFlags_v2(dev, flags) };
-    primary_changed();
-    status
-}
-
-/// `cuCtxSetFlags`: the current context's flags (a primary context's among them).
-///
-/// # Safety
-/// None (a value parameter).
-pub unsafe fn cuCtxSetFlags(flags: u32) -> i32 {
-    // SAFETY: a value parameter.
-    let status = unsafe { generated::wire_cuCtxSetFlags(flags) };
-    primary_changed();
-    status
-}
-
 /// `cuDeviceGetAttribute`: fixed for a device (but its compute mode), asked once.
 ///
 /// # Safety
@@ -264,9 +262,190 @@ pub unsafe fn cuDeviceGetAttribute(pi: *mut u32, attrib: i32, dev: i32) -> i32 {
     )
 }
 
+/// The id of a function (or a kernel standing in for one), if the handle is the program's
+/// (None: the server is asked, and answers what the driver answers).
+fn function_id(func: *mut c_void) -> Option<u64> {
+    // SAFETY: `id_of` dereferences only registered objects.
+    unsafe { rt::id_of(func, HandleKind::Function, false) }
+        .ok()
+        .filter(|&id| id != 0)
+}
+
+/// `cuKernelGetFunction`: the kernel's function in the current context, from the server
+/// (`ask`) the first time.
+///
+/// # Safety
+/// `pfunc` NULL or a writable `CUfunction`.
+pub unsafe fn kernel_function(
+    pfunc: *mut c_void,
+    kernel: *mut c_void,
+    ask: impl FnOnce() -> i32,
+) -> i32 {
+    let pfunc = pfunc as *mut usize;
+    // SAFETY: `id_of` dereferences only registered objects.
+    let kernel = unsafe { rt::id_of(kernel, HandleKind::Kernel, false) }.ok();
+    let key = kernel
+        .zip(named(std::ptr::null_mut()))
+        .filter(|_| !pfunc.is_null());
+    remembered(
+        |f| &mut f.function,
+        key,
+        function_generation(),
+        // SAFETY: per the contract (a key means `pfunc` is not NULL).
+        |v| unsafe { *pfunc = v },
+        // SAFETY: the call succeeded, so it wrote the function.
+        || unsafe { *pfunc },
+        ask,
+    )
+}
+
+/// `cuFuncGetAttribute`: fixed for a function but for what `@forgets(functions)` calls set.
+///
+/// # Safety
+/// `pi` NULL or a writable `int`.
+pub unsafe fn cuFuncGetAttribute(pi: *mut u32, attrib: i32, hfunc: *mut c_void) -> i32 {
+    let ctx = named(std::ptr::null_mut());
+    let key = function_id(hfunc)
+        .zip(ctx)
+        .map(|(f, c)| (f, Where::Context(c), attrib));
+    // SAFETY: per the contract.
+    unsafe {
+        function_attribute(pi, key, || {
+            generated::wire_cuFuncGetAttribute(pi, attrib, hfunc)
+        })
+    }
+}
+
+/// `cuKernelGetAttribute`: as `cuFuncGetAttribute`, of a kernel on a device.
+///
+/// # Safety
+/// `pi` NULL or a writable `int`.
+pub unsafe fn cuKernelGetAttribute(
+    pi: *mut u32,
+    attrib: i32,
+    kernel: *mut c_void,
+    dev: i32,
+) -> i32 {
+    // SAFETY: `id_of` dereferences only registered objects.
+    let id = unsafe { rt::id_of(kernel, HandleKind::Kernel, false) }.ok();
+    let key = id
+        .filter(|&k| k != 0)
+        .map(|k| (k, Where::Device(dev), attrib));
+    // SAFETY: per the contract.
+    unsafe {
+        function_attribute(pi, key, || {
+            generated::wire_cuKernelGetAttribute(pi, attrib, kernel, dev)
+        })
+    }
+}
+
+/// # Safety
+/// `pi` NULL or a writable `int`.
+unsafe fn function_attribute(
+    pi: *mut u32,
+    key: Option<(u64, Where, i32)>,
+    ask: impl FnOnce() -> i32,
+) -> i32 {
+    remembered(
+        |f| &mut f.function_attribute,
+        key.filter(|_| !pi.is_null()),
+        function_generation(),
+        // SAFETY: per the contract (a key means `pi` is not NULL).
+        |v| unsafe { *pi = v },
+        // SAFETY: the call succeeded, so it wrote the value.
+        || unsafe { *pi },
+        ask,
+    )
+}
+
+/// `cuOccupancyMaxActiveBlocksPerMultiprocessor`.
+///
+/// # Safety
+/// `num_blocks` NULL or a writable `int`.
+pub unsafe fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
+    num_blocks: *mut u32,
+    func: *mut c_void,
+    block_size: i32,
+    dynamic_smem: usize,
+) -> i32 {
+    // SAFETY: per the contract.
+    unsafe {
+        occupancy(num_blocks, func, block_size, dynamic_smem, None, || {
+            generated::wire_cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                num_blocks,
+                func,
+                block_size,
+                dynamic_smem,
+            )
+        })
+    }
+}
+
+/// `cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags`.
+///
+/// # Safety
+/// `num_blocks` NULL or a writable `int`.
+pub unsafe fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+    num_blocks: *mut u32,
+    func: *mut c_void,
+    block_size: i32,
+    dynamic_smem: usize,
+    flags: u32,
+) -> i32 {
+    // SAFETY: per the contract.
+    unsafe {
+        occupancy(
+            num_blocks,
+            func,
+            block_size,
+            dynamic_smem,
+            Some(flags),
+            || {
+                generated::wire_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+                    num_blocks,
+                    func,
+                    block_size,
+                    dynamic_smem,
+                    flags,
+                )
+            },
+        )
+    }
+}
+
+/// The active blocks per multiprocessor of `func` in the current context, from the server
+/// (`ask`) the first time for these settings.
+///
+/// # Safety
+/// `num_blocks` NULL or a writable `int`.
+unsafe fn occupancy(
+    num_blocks: *mut u32,
+    func: *mut c_void,
+    block_size: i32,
+    dynamic_smem: usize,
+    flags: Option<u32>,
+    ask: impl FnOnce() -> i32,
+) -> i32 {
+    let key = function_id(func)
+        .zip(named(std::ptr::null_mut()))
+        .filter(|_| !num_blocks.is_null())
+        .map(|(f, ctx)| (f, ctx, block_size, dynamic_smem, flags));
+    remembered(
+        |f| &mut f.occupancy,
+        key,
+        function_generation(),
+        // SAFETY: per the contract (a key means `num_blocks` is not NULL).
+        |v| unsafe { *num_blocks = v },
+        // SAFETY: the call succeeded, so it wrote the count.
+        || unsafe { *num_blocks },
+        ask,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::objects;
     use std::cell::Cell;
 
     /// A context's device is asked once, and again after contexts may have changed.
@@ -323,7 +502,7 @@ mod tests {
         // SAFETY: as above.
         unsafe { primary_state(dev, f, a, ask) };
         assert_eq!((asked.get(), flags, active), (1, 4, 1));
-        primary_changed();
+        forget_primary_contexts();
         // SAFETY: as above.
         unsafe { primary_state(dev, f, a, ask) };
         assert_eq!((asked.get(), active), (2, 2));
@@ -331,5 +510,102 @@ mod tests {
         // SAFETY: as above.
         unsafe { primary_state(dev, f, a, ask) };
         assert_eq!(asked.get(), 3);
+    }
+
+    /// Occupancy is asked once per function, context and settings, and again after a call
+    /// that may change what functions answer; a kernel standing in for a function is one too.
+    #[test]
+    fn occupancy_is_asked_once_per_setting_until_functions_may_change() {
+        let _serial = current::GENERATION_TEST_LOCK.lock();
+        rt::set_initialized();
+        current::set(0x7777_2000 as *mut c_void);
+        let func = objects::new_object(HandleKind::Function, objects::alloc_id());
+        let kernel = objects::new_object(HandleKind::Kernel, objects::alloc_id());
+        let asked = Cell::new(0);
+        let mut blocks = 0u32;
+        let p = &mut blocks as *mut u32;
+        let ask = |n: u32| {
+            asked.set(asked.get() + 1);
+            // SAFETY: `p` is the test's.
+            unsafe { *p = n };
+            CUDA_SUCCESS
+        };
+        let occ = |f: *mut c_void, block: i32, flags: Option<u32>, n: u32| {
+            // SAFETY: `p` is writable.
+            unsafe { occupancy(p, f, block, 0, flags, || ask(n)) }
+        };
+        assert_eq!(occ(func, 128, Some(0), 8), CUDA_SUCCESS);
+        assert_eq!(occ(func, 128, Some(0), 99), CUDA_SUCCESS);
+        assert_eq!((asked.get(), blocks), (1, 8), "kept");
+        occ(func, 256, Some(0), 4);
+        occ(func, 128, None, 7);
+        occ(kernel, 128, Some(0), 6);
+        assert_eq!(
+            asked.get(),
+            4,
+            "other settings, the flagless call, a kernel: asked"
+        );
+        occ(kernel, 128, Some(0), 99);
+        assert_eq!((asked.get(), blocks), (4, 6));
+        forget_functions();
+        occ(func, 128, Some(0), 5);
+        assert_eq!((asked.get(), blocks), (5, 5), "asked again after a change");
+        current::set(0x7777_3000 as *mut c_void);
+        occ(func, 128, Some(0), 3);
+        assert_eq!(asked.get(), 6, "in another context: asked");
+        // A failure is not kept, and a handle that is not the program's is the server's to
+        // answer.
+        // SAFETY: as above.
+        let st = unsafe { occupancy(p, func, 512, 0, None, || 1) };
+        assert_eq!(st, 1);
+        occ(func, 512, None, 2);
+        assert_eq!(asked.get(), 7);
+        let stranger = 0x5555_0000 as *mut c_void;
+        occ(stranger, 128, None, 1);
+        occ(stranger, 128, None, 1);
+        assert_eq!(asked.get(), 9);
+        objects::destroy(func);
+        objects::destroy(kernel);
+        current::forget();
+    }
+
+    /// A kernel's function is asked once per context; without a known current context it is
+    /// always asked.
+    #[test]
+    fn a_kernels_function_is_asked_once_per_context() {
+        let _serial = current::GENERATION_TEST_LOCK.lock();
+        rt::set_initialized();
+        let kernel = objects::new_object(HandleKind::Kernel, objects::alloc_id());
+        let asked = Cell::new(0);
+        let mut out: *mut c_void = std::ptr::null_mut();
+        let p = (&mut out as *mut *mut c_void).cast::<c_void>();
+        let ask = |f: usize| {
+            asked.set(asked.get() + 1);
+            // SAFETY: `p` is the test's.
+            unsafe { *(p as *mut usize) = f };
+            CUDA_SUCCESS
+        };
+        let kf = |f: usize| {
+            // SAFETY: `p` is writable.
+            unsafe { kernel_function(p, kernel, || ask(f)) }
+        };
+        current::forget();
+        kf(0x10);
+        kf(0x10);
+        assert_eq!(asked.get(), 2, "no context known: asked");
+        current::set(0x7777_4000 as *mut c_void);
+        kf(0x20);
+        kf(0x30);
+        assert_eq!((asked.get(), out as usize), (3, 0x20));
+        current::contexts_changed();
+        current::set(0x7777_4000 as *mut c_void);
+        kf(0x40);
+        assert_eq!(
+            (asked.get(), out as usize),
+            (4, 0x40),
+            "contexts may have changed"
+        );
+        objects::destroy(kernel);
+        current::forget();
     }
 }

@@ -436,6 +436,15 @@ unsafe fn get_entry(
 /// # Safety
 /// `pfunc` NULL or a writable `CUfunction`.
 pub unsafe fn cuKernelGetFunction(pfunc: *mut c_void, kernel: *mut c_void) -> i32 {
+    // SAFETY: per the contract.
+    unsafe {
+        crate::context_facts::kernel_function(pfunc, kernel, || ask_kernel_function(pfunc, kernel))
+    }
+}
+
+/// # Safety
+/// As [`cuKernelGetFunction`].
+unsafe fn ask_kernel_function(pfunc: *mut c_void, kernel: *mut c_void) -> i32 {
     entry_status(|| {
         rt::check_initialized()?;
         if pfunc.is_null() {

@@ -9,9 +9,10 @@
 pub use crate::capture::*;
 use crate::connection;
 pub use crate::context_facts::{
-    cuCtxGetDevice, cuCtxGetDevice_v2, cuCtxGetId, cuCtxSetFlags, cuDeviceGetAttribute,
-    cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxSetFlags,
-    cuDevicePrimaryCtxSetFlags_v2,
+    cuCtxGetDevice, cuCtxGetDevice_v2, cuCtxGetId, cuDeviceGetAttribute,
+    cuDevicePrimaryCtxGetState, cuFuncGetAttribute, cuKernelGetAttribute,
+    cuOccupancyMaxActiveBlocksPerMultiprocessor,
+    cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags,
 };
 pub use crate::copies::*;
 use crate::current;

@@ -12,6 +12,8 @@ use wormhole_cuda_proto::{
     DecodeError, HandleKind, Op, Reader, Writer, STREAM_LEGACY_ID, STREAM_PER_THREAD_ID,
 };
 pub use wormhole_session::trace::{returned as trace_return, Returned};
+// What the stubs of `@forgets(...)` calls make the client ask again.
+pub use crate::context_facts::{forget_contexts, forget_functions, forget_primary_contexts};
 use wormhole_session::{host_memory, marshal};
 
 pub use objects::alloc_id;

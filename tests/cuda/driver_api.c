@@ -201,6 +201,22 @@ int main(int argc, char **argv) {
     CHECK(cuMemcpyHtoD(dbig, hbig, big));
     CHECK(cuMemcpyDtoH(hback, dbig, big));
     printf("150 MiB round trip: %s\n", memcmp(hbig, hback, big) == 0 ? "equal" : "different");
+    /* Asynchronous copies of pageable memory (Wormhole stages those from 256 KiB through
+     * page-locked memory, in 4 MiB pieces), in stream order after a memset: on a stream and
+     * on the NULL stream. */
+    const size_t mid = (9u << 20) + 12;
+    for (int s = 0; s < 2; s++) {
+        CUstream on = s ? NULL : stream;
+        memset(hback, 0, mid + 8192);
+        CHECK(cuMemsetD8Async(dbig, 0x5a, mid + 8192, on));
+        CHECK(cuMemcpyHtoDAsync(dbig + 4096, hbig, mid, on));
+        CHECK(cuMemcpyDtoHAsync(hback, dbig, mid + 8192, on));
+        CHECK(cuStreamSynchronize(on));
+        long wrong = memcmp(hback + 4096, hbig, mid) != 0;
+        for (size_t i = 0; i < 4096; i++) wrong += hback[i] != 0x5a;
+        for (size_t i = 4096 + mid; i < mid + 8192; i++) wrong += hback[i] != 0x5a;
+        printf("async pageable copies on %s: %ld wrong\n", s ? "the NULL stream" : "a stream", wrong);
+    }
     /* free(NULL) semantics, which runtimes rely on (cudart forwards cudaFree(0), and cuBLAS's
      * start fails on its error): not statuses of their own, the driver's. */
     printf("freeing NULL: device %d, page-locked host %d\n", (int)cuMemFree(0), (int)cuMemFreeHost(NULL));

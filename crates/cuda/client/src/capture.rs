@@ -41,6 +41,11 @@ fn never_capturing(stream: *mut c_void) -> bool {
         && (stream as usize > 2 || current::known().is_some_and(|c| !c.is_null()))
 }
 
+/// Whether the program ever began a stream capture (so that a stream may be capturing now).
+pub fn ever_begun() -> bool {
+    BEGUN.load(Ordering::Acquire)
+}
+
 fn began() {
     BEGUN.store(true, Ordering::Release);
 }

@@ -1,10 +1,9 @@
 //! Copies between the host and the device. Host memory in the session's arena (page-locked
 //! memory the worker registered, see `host_memory_pinned`) is copied by the worker's driver
 //! where it lies: the request names the range, and an asynchronous copy is not waited for at
-//! all (it completes with its stream, as natively). Synchronous copies of other host memory
-//! from 256 KiB go through a staging range in the arena where the session has one
-//! (`staging`). Other host memory travels in the
-//! requests and replies, in pieces: one request carries at most what a frame and the worker's
+//! all (it completes with its stream, as natively). Copies of other host memory from 256 KiB
+//! go through a staging range in the arena where the session has one (`staging`). Other host
+//! memory travels in the requests and replies, in pieces: one request carries at most what a frame and the worker's
 //! output buffer hold, so a copy larger than that travels as several, one after another on the
 //! caller's lane (copies to the device are not waited for, so the pieces follow each other
 //! without a round trip each). A piece the driver refuses ends the copy with its status: the
@@ -64,25 +63,26 @@ fn through_arena(to_device: bool, device: u64, host: u64, n: usize, how: Call) -
             len: n as u64,
             stream,
             per_thread: how.per_thread,
+            complete: false,
         })
     }))
 }
 
-/// Sends a copy of arena memory to the worker: waited for without a stream, not waited for
-/// with one (it completes with its stream).
+/// Sends a copy of arena memory to the worker: waited for without a stream or when it is to
+/// be answered once complete, else not (it completes with its stream).
 pub fn arena_copy(copy: PinnedCopy) -> Result<i32, rt::ApiErr> {
     let mut w = Writer::new(pinned::COPY);
     copy.encode(&mut w);
     let reply = match copy.stream {
-        Some(_) => rt::call_async(w)?,
-        None => rt::call(w)?,
+        Some(_) if !copy.complete => rt::call_async(w)?,
+        _ => rt::call(w)?,
     };
     rt::status_of(&reply)?;
     Ok(CUDA_SUCCESS)
 }
 
-/// A synchronous copy that need not travel through the rings: the host side in the arena,
-/// or staged through it (`staging`); None: it must.
+/// A copy that need not travel through the rings: the host side in the arena, or staged
+/// through it (`staging`); None: it must.
 ///
 /// # Safety
 /// `host` points to `n` bytes of the program's that the copy may read (`to_device`) or write.
@@ -94,11 +94,8 @@ unsafe fn without_rings(
     how: Call,
 ) -> Option<i32> {
     through_arena(to_device, device, host as u64, n, how).or_else(|| {
-        let synchronous = how.stream.is_none();
         // SAFETY: per the contract.
-        synchronous
-            .then(|| unsafe { staging::copy(to_device, device, host, n, how.per_thread) })
-            .flatten()
+        unsafe { staging::copy(to_device, device, host, n, how.stream, how.per_thread) }
     })
 }
 
@@ -167,7 +164,8 @@ pub unsafe fn cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: u64, n: usize) -> i32 
 /// # Safety
 /// As the C function.
 pub unsafe fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: u64, n: usize, stream: Handle) -> i32 {
-    if let Some(st) = through_arena(false, src, dst as u64, n, on(stream, false)) {
+    // SAFETY: per the contract, `dst` holds `n` writable bytes.
+    if let Some(st) = unsafe { without_rings(false, src, dst.cast(), n, on(stream, false)) } {
         return st;
     }
     in_pieces(n, |at, len| {
@@ -193,7 +191,8 @@ pub unsafe fn cuMemcpyDtoHAsync_v2_ptsz(
     n: usize,
     stream: Handle,
 ) -> i32 {
-    if let Some(st) = through_arena(false, src, dst as u64, n, on(stream, true)) {
+    // SAFETY: per the contract, `dst` holds `n` writable bytes.
+    if let Some(st) = unsafe { without_rings(false, src, dst.cast(), n, on(stream, true)) } {
         return st;
     }
     in_pieces(n, |at, len| {
@@ -248,7 +247,8 @@ pub unsafe fn cuMemcpyHtoD_v2_ptds(dst: u64, src: *const c_void, n: usize) -> i3
 /// # Safety
 /// As the C function.
 pub unsafe fn cuMemcpyHtoDAsync_v2(dst: u64, src: *const c_void, n: usize, stream: Handle) -> i32 {
-    if let Some(st) = through_arena(true, dst, src as u64, n, on(stream, false)) {
+    // SAFETY: per the contract, `src` holds `n` readable (only read: to the device) bytes.
+    if let Some(st) = unsafe { without_rings(true, dst, src as *mut u8, n, on(stream, false)) } {
         return st;
     }
     in_pieces(n, |at, len| {
@@ -274,7 +274,8 @@ pub unsafe fn cuMemcpyHtoDAsync_v2_ptsz(
     n: usize,
     stream: Handle,
 ) -> i32 {
-    if let Some(st) = through_arena(true, dst, src as u64, n, on(stream, true)) {
+    // SAFETY: per the contract, `src` holds `n` readable (only read: to the device) bytes.
+    if let Some(st) = unsafe { without_rings(true, dst, src as *mut u8, n, on(stream, true)) } {
         return st;
     }
     in_pieces(n, |at, len| {

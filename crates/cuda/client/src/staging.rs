@@ -1,25 +1,30 @@
-//! Synchronous copies between the device and pageable host memory, staged through page-locked
-//! memory in the session's arena (local sessions): the client copies each piece between the
-//! program's memory and the staging range, and the worker's driver copies between that range
-//! and the device by DMA, as a copy of the program's own page-locked memory is made
+//! Copies between the device and pageable host memory, staged through page-locked memory in
+//! the session's arena (local sessions): the client copies each piece between the program's
+//! memory and the staging range, and the worker's driver copies between that range and the
+//! device by DMA, as a copy of the program's own page-locked memory is made
 //! (`copies::through_arena`). Through the rings a piece was read into a new vector, copied
 //! into the request, carried into the worker's buffer and handed to the driver as pageable
 //! memory: on the H200, 0.38 GB/s for 16 MiB to the device against 11.4 natively.
+//!
+//! Asynchronous copies are staged too, each piece answered once its stream has done it (the
+//! range is reused for the next): the driver's own asynchronous copies of pageable memory
+//! wait as long (to the device, for the stream's earlier work and the bytes to be out of the
+//! program's memory; from it, for the copy to complete). Not once the program has begun a
+//! stream capture: a captured copy is the graph's to make, at launch.
 //!
 //! One staging range serves the session, taken by one copy at a time: a copy that finds it
 //! taken (another thread's), or a session without an arena or without the range (the worker
 //! refused it: the tenant's quota, a full arena), travels through the rings as before. The
 //! range counts against the tenant's page-locked memory like the program's own; the program's
 //! comes first (`give_back`).
-//! Asynchronous copies always do: the range is reused as soon as a piece is copied, which a
-//! piece queued on a stream would not allow.
 
 use crate::host_memory_pinned;
 use crate::rt;
+use std::ffi::c_void;
 use std::sync::Mutex;
 use wormhole_cuda_proto::cu::{CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
 use wormhole_cuda_proto::requests::{Message, PinnedCopy, PinnedFree};
-use wormhole_cuda_proto::{pinned, Writer};
+use wormhole_cuda_proto::{pinned, HandleKind, Writer};
 use wormhole_session::host_memory;
 
 /// The staging range's size: the largest piece (DMA reaches most of its speed from 1 MiB).
@@ -40,8 +45,9 @@ enum Range {
 static RANGE: Mutex<Range> = Mutex::new(Range::Unasked);
 
 /// The copy of `n` bytes between device address `device` and the program's pageable memory
-/// at `host` (`to_device`: from the host), staged; None when it cannot be (see the module's
-/// comment): the caller sends it through the rings.
+/// at `host` (`to_device`: from the host), on `stream` (None: the synchronous entry point;
+/// `per_thread`: its NULL stream is the thread's), staged; None when it cannot be (see the
+/// module's comment): the caller sends it through the rings.
 ///
 /// # Safety
 /// `host` points to `n` bytes of the program's that the caller may read (`to_device`) or
@@ -51,13 +57,25 @@ pub unsafe fn copy(
     device: u64,
     host: *mut u8,
     n: usize,
+    stream: Option<*mut c_void>,
     per_thread: bool,
 ) -> Option<i32> {
     // In a fork's child the range is the parent's memory still: never written there (the
     // rings' path then fails the call, as every call of a child fails).
-    if n < STAGED_FROM || !crate::connection::get().is_ok_and(|c| c.usable()) {
+    if n < STAGED_FROM
+        || (stream.is_some() && crate::capture::ever_begun())
+        || !crate::connection::get().is_ok_and(|c| c.usable())
+    {
         return None;
     }
+    let stream = match stream {
+        // SAFETY: `id_of` dereferences only registered objects.
+        Some(h) => match unsafe { rt::id_of(h, HandleKind::Stream, true) } {
+            Ok(id) => Some(id),
+            Err(e) => return Some(e.0),
+        },
+        None => None,
+    };
     let Ok(mut range) = RANGE.try_lock() else {
         return None;
     };
@@ -95,8 +113,9 @@ pub unsafe fn copy(
                 device: device.wrapping_add(at as u64),
                 offset,
                 len: len as u64,
-                stream: None,
+                stream,
                 per_thread,
+                complete: true,
             })
         });
         if status != CUDA_SUCCESS {

@@ -74,7 +74,8 @@ pub mod pinned {
     pub const ALLOC: u16 = 0xE001;
     /// [`crate::requests::PinnedFree`] → the status.
     pub const FREE: u16 = 0xE002;
-    /// [`crate::requests::PinnedCopy`] → the status. With a stream, sent without waiting.
+    /// [`crate::requests::PinnedCopy`] → the status. With a stream, sent without waiting
+    /// unless it is to be answered once complete.
     pub const COPY: u16 = 0xE003;
 }
 

@@ -678,6 +678,10 @@ pub struct PinnedCopy {
     pub stream: Option<u64>,
     /// The `_ptds`/`_ptsz` entry point (the NULL stream is the thread's own).
     pub per_thread: bool,
+    /// An asynchronous copy answered once its stream has done it (a copy of the program's
+    /// pageable memory staged through the arena, which the next piece reuses: the driver's
+    /// own asynchronous copies of pageable memory return once the bytes are out of it).
+    pub complete: bool,
 }
 
 impl<'a> Message<'a> for PinnedCopy {
@@ -689,6 +693,7 @@ impl<'a> Message<'a> for PinnedCopy {
         w.bool(self.stream.is_some());
         w.u64(self.stream.unwrap_or(0));
         w.bool(self.per_thread);
+        w.bool(self.complete);
     }
     fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
         let to_device = r.bool()?;
@@ -704,6 +709,7 @@ impl<'a> Message<'a> for PinnedCopy {
             len,
             stream: has_stream.then_some(stream),
             per_thread: r.bool()?,
+            complete: r.bool()?,
         })
     }
 }
@@ -1305,7 +1311,11 @@ mod tests {
             &mut Vec::new(),
         );
         roundtrip(&PinnedFree { offset: 8192 }, &mut Vec::new());
-        for (stream, per_thread) in [(None, false), (Some(0), true), (Some(77), false)] {
+        for (stream, per_thread, complete) in [
+            (None, false, false),
+            (Some(0), true, false),
+            (Some(77), false, true),
+        ] {
             roundtrip(
                 &PinnedCopy {
                     to_device: stream.is_some(),
@@ -1314,6 +1324,7 @@ mod tests {
                     len: 1 << 28,
                     stream,
                     per_thread,
+                    complete,
                 },
                 &mut Vec::new(),
             );

@@ -4,7 +4,8 @@
 //! which the worker registers with its driver (`cuMemHostRegister`, portable and mapped), so:
 //! - copies between it and the device are the driver's own DMA, no byte through the rings;
 //! - asynchronous copies are queued on their stream and complete when it does, as natively
-//!   (a device-to-host copy lands in the program's memory without a reply carrying it);
+//!   (a device-to-host copy lands in the program's memory without a reply carrying it); those
+//!   the client stages from the program's pageable memory are answered once complete;
 //! - under unified addressing the device reaches it at its host address, which is the
 //!   program's address too when both sides mapped the arena at one place.
 //!
@@ -232,7 +233,19 @@ impl Pinned {
                 (false, Some(h), true) => ffi::cuMemcpyDtoHAsync_v2_ptsz(host, dev, n, h),
             }
         };
-        if m.stream.is_none() {
+        // An asynchronous copy to be answered once complete waits for its stream, as the
+        // driver's copies of pageable memory wait for theirs (the range is reused at once).
+        let st = match stream {
+            Some(h) if m.complete && st == CUDA_SUCCESS => unsafe {
+                // SAFETY: one of the session's streams (resolved above).
+                match m.per_thread {
+                    true => ffi::cuStreamSynchronize_ptsz(h),
+                    false => ffi::cuStreamSynchronize(h),
+                }
+            },
+            _ => st,
+        };
+        if m.stream.is_none() || m.complete {
             // A synchronous copy is a synchronisation point: what kernels printed comes first.
             wormhole_server::output::drain();
         }
@@ -264,6 +277,7 @@ mod tests {
             len,
             stream: None,
             per_thread: false,
+            complete: false,
         }
     }
 

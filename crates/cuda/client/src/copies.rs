@@ -56,7 +56,8 @@ fn through_arena(to_device: bool, device: u64, host: u64, n: usize, how: Call) -
             Some(h) => Some(unsafe { rt::id_of(h, HandleKind::Stream, true) }?),
             None => None,
         };
-        arena_copy(PinnedCopy {
+        let waited = stream.is_none();
+        let copy = PinnedCopy {
             to_device,
             device,
             offset,
@@ -64,18 +65,20 @@ fn through_arena(to_device: bool, device: u64, host: u64, n: usize, how: Call) -
             stream,
             per_thread: how.per_thread,
             complete: false,
-        })
+            signal: None,
+        };
+        arena_copy(copy, waited)
     }))
 }
 
-/// Sends a copy of arena memory to the worker: waited for without a stream or when it is to
-/// be answered once complete, else not (it completes with its stream).
-pub fn arena_copy(copy: PinnedCopy) -> Result<i32, rt::ApiErr> {
+/// Sends a copy of arena memory to the worker, `waited` for or not (a copy on a stream then
+/// completes with it; a staged copy's piece signals its end).
+pub fn arena_copy(copy: PinnedCopy, waited: bool) -> Result<i32, rt::ApiErr> {
     let mut w = Writer::new(pinned::COPY);
     copy.encode(&mut w);
-    let reply = match copy.stream {
-        Some(_) if !copy.complete => rt::call_async(w)?,
-        _ => rt::call(w)?,
+    let reply = match waited {
+        false => rt::call_async(w)?,
+        true => rt::call(w)?,
     };
     rt::status_of(&reply)?;
     Ok(CUDA_SUCCESS)

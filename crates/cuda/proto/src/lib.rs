@@ -77,6 +77,11 @@ pub mod pinned {
     /// [`crate::requests::PinnedCopy`] → the status. With a stream, sent without waiting
     /// unless it is to be answered once complete.
     pub const COPY: u16 = 0xE003;
+    /// Nothing → the status, once every request before it on the lane is done: a
+    /// synchronisation point (a staged copy's end, see `staging` in the client).
+    pub const FENCE: u16 = 0xE004;
+    /// In a [`crate::requests::Signal`]'s value: the copy failed.
+    pub const SIGNAL_FAILED: u32 = 1 << 31;
 }
 
 /// Host functions (`cuLaunchHostFunc`, `cuStreamAddCallback`): the driver in the worker calls a

@@ -682,6 +682,17 @@ pub struct PinnedCopy {
     /// pageable memory staged through the arena, which the next piece reuses: the driver's
     /// own asynchronous copies of pageable memory return once the bytes are out of it).
     pub complete: bool,
+    /// Where to say that the copy is done (a piece of a staged copy, sent without waiting).
+    pub signal: Option<Signal>,
+}
+
+/// A word pair in the session's page-locked memory that the worker writes when a copy is
+/// done: at `offset` + 4 the copy's status, then at `offset` `value` (with
+/// [`crate::pinned::SIGNAL_FAILED`] when the status is a failure).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Signal {
+    pub offset: u64,
+    pub value: u32,
 }
 
 impl<'a> Message<'a> for PinnedCopy {
@@ -694,6 +705,13 @@ impl<'a> Message<'a> for PinnedCopy {
         w.u64(self.stream.unwrap_or(0));
         w.bool(self.per_thread);
         w.bool(self.complete);
+        w.bool(self.signal.is_some());
+        let signal = self.signal.unwrap_or(Signal {
+            offset: 0,
+            value: 0,
+        });
+        w.u64(signal.offset);
+        w.u32(signal.value);
     }
     fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
         let to_device = r.bool()?;
@@ -710,6 +728,12 @@ impl<'a> Message<'a> for PinnedCopy {
             stream: has_stream.then_some(stream),
             per_thread: r.bool()?,
             complete: r.bool()?,
+            signal: {
+                let has = r.bool()?;
+                let offset = r.u64()?;
+                let value = r.u32()?;
+                has.then_some(Signal { offset, value })
+            },
         })
     }
 }
@@ -1311,10 +1335,14 @@ mod tests {
             &mut Vec::new(),
         );
         roundtrip(&PinnedFree { offset: 8192 }, &mut Vec::new());
-        for (stream, per_thread, complete) in [
-            (None, false, false),
-            (Some(0), true, false),
-            (Some(77), false, true),
+        let signal = Some(Signal {
+            offset: 8 << 20,
+            value: 3,
+        });
+        for (stream, per_thread, complete, signal) in [
+            (None, false, false, None),
+            (Some(0), true, false, signal),
+            (Some(77), false, true, signal),
         ] {
             roundtrip(
                 &PinnedCopy {
@@ -1325,6 +1353,7 @@ mod tests {
                     stream,
                     per_thread,
                     complete,
+                    signal,
                 },
                 &mut Vec::new(),
             );

@@ -98,10 +98,13 @@ fn settle(s: &session::Session, h: &FrameHeader, status: i32, w: &mut Writer) ->
         return status;
     }
     // The deferred failures' lock is taken only at synchronisation points (a synchronous copy
-    // of page-locked memory is one, as the native copy is).
+    // of page-locked memory is one, as the native copy is, and a staged copy's closing fence).
     let sync = match Op::from_u16(h.opcode) {
         Some(op) => op.is_sync(),
-        None => h.opcode == wormhole_cuda_proto::pinned::COPY,
+        None => matches!(
+            h.opcode,
+            wormhole_cuda_proto::pinned::COPY | wormhole_cuda_proto::pinned::FENCE
+        ),
     };
     if status != CUDA_SUCCESS || !sync || s.deferred.is_empty() {
         return status;
@@ -236,7 +239,11 @@ mod tests {
     use super::*;
 
     fn header(op: Op, flags: u8) -> FrameHeader {
-        let mut w = Writer::new(op as u16);
+        header_of(op as u16, flags)
+    }
+
+    fn header_of(opcode: u16, flags: u8) -> FrameHeader {
+        let mut w = Writer::new(opcode);
         w.i32(0);
         let frame = w.finish(flags, 7).unwrap();
         FrameHeader::decode(frame[..wormhole_cuda_proto::HEADER_LEN].try_into().unwrap()).unwrap()
@@ -276,6 +283,23 @@ mod tests {
         );
         assert_eq!(w.status(), CUDA_ERROR_INVALID_VALUE);
         assert_eq!(settle(&s, &sync, CUDA_SUCCESS, &mut reply(0)), CUDA_SUCCESS);
+    }
+
+    /// A staged copy's pieces go without waiting: the fence that closes it answers their
+    /// failure.
+    #[test]
+    fn a_staged_copys_fence_answers_its_pieces_failure() {
+        use wormhole_cuda_proto::pinned;
+        let s = session::Session::default();
+        let piece = header_of(pinned::COPY, FLAG_ASYNC);
+        let failed = CUDA_ERROR_INVALID_VALUE;
+        assert_eq!(settle(&s, &piece, failed, &mut reply(failed)), failed);
+        let fence = header_of(pinned::FENCE, 0);
+        assert_eq!(settle(&s, &fence, CUDA_SUCCESS, &mut reply(0)), failed);
+        assert_eq!(
+            settle(&s, &fence, CUDA_SUCCESS, &mut reply(0)),
+            CUDA_SUCCESS
+        );
     }
 
     #[test]

@@ -15,10 +15,11 @@ use crate::generated::ffi;
 use crate::session::Call;
 use std::collections::BTreeMap;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use wormhole_cuda_proto::cu::*;
 use wormhole_cuda_proto::requests::{
-    Message, PinnedAlloc, PinnedAllocated, PinnedCopy, PinnedFree,
+    Message, PinnedAlloc, PinnedAllocated, PinnedCopy, PinnedFree, Signal,
 };
 use wormhole_cuda_proto::{pinned, DecodeError, HandleKind, Reader, Writer};
 use wormhole_transport::{Arena, ArenaSpace};
@@ -58,7 +59,10 @@ pub fn handle(
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Option<Result<(), DecodeError>> {
-    if !matches!(opcode, pinned::ALLOC | pinned::FREE | pinned::COPY) {
+    if !matches!(
+        opcode,
+        pinned::ALLOC | pinned::FREE | pinned::COPY | pinned::FENCE
+    ) {
         return None;
     }
     let Some(p) = PINNED.get() else {
@@ -106,10 +110,11 @@ impl Pinned {
                 reply.encode(w);
             }
             pinned::FREE => w.i32(self.free(s, PinnedFree::decode_rest(r)?)),
-            _ => {
-                let m = PinnedCopy::decode_rest(r)?;
-                w.i32(self.copy(s, &m).err().unwrap_or(CUDA_SUCCESS));
+            pinned::FENCE => {
+                r.finish()?;
+                w.i32(CUDA_SUCCESS);
             }
+            _ => w.i32(self.copy_and_signal(s, &PinnedCopy::decode_rest(r)?)),
         }
         Ok(())
     }
@@ -203,6 +208,43 @@ impl Pinned {
             .map(|p| p as *mut c_void)
     }
 
+    /// The copy's status, said in its signal's words too if it names some.
+    fn copy_and_signal(&self, s: &Call<'_>, m: &PinnedCopy) -> i32 {
+        let status = self.copy(s, m).err().unwrap_or(CUDA_SUCCESS);
+        if let Some(signal) = m.signal {
+            self.signal(signal, status);
+        }
+        status
+    }
+
+    /// Says that a copy is done, with its status, in the words `signal` names (a range of the
+    /// session's): the client, which sent it without waiting, reuses its memory then.
+    fn signal(&self, signal: Signal, status: i32) {
+        let Some(p) = self
+            .host_range(signal.offset, 8)
+            .filter(|p| (*p as usize).is_multiple_of(4))
+        else {
+            tracing::warn!(
+                offset = signal.offset,
+                "a copy's signal names no page-locked memory of the session: not written"
+            );
+            return;
+        };
+        // SAFETY: 8 aligned bytes of a live range of the arena's mapping, which the client
+        // reads only atomically.
+        let (done, st) = unsafe {
+            let words = p as *const AtomicU32;
+            (&*words, &*words.add(1))
+        };
+        st.store(status as u32, Ordering::Relaxed);
+        let failed = if status == CUDA_SUCCESS {
+            0
+        } else {
+            pinned::SIGNAL_FAILED
+        };
+        done.store(signal.value | failed, Ordering::Release);
+    }
+
     fn copy(&self, s: &Call<'_>, m: &PinnedCopy) -> Result<(), i32> {
         let n = usize::try_from(m.len).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
         let Some(host) = self.host_range(m.offset, m.len) else {
@@ -278,6 +320,7 @@ mod tests {
             stream: None,
             per_thread: false,
             complete: false,
+            signal: None,
         }
     }
 
@@ -306,6 +349,47 @@ mod tests {
         let mut bad_stream = copy(true, 0x7000_0000, 0, 16);
         bad_stream.stream = Some(999);
         assert_eq!(p.copy(&s, &bad_stream), Err(CUDA_ERROR_INVALID_HANDLE));
+    }
+
+    /// A piece sent without waiting says it is done, and how, in the words it names: also
+    /// when it is refused before the driver sees it (the client would wait for it otherwise);
+    /// words outside the session's ranges are not written.
+    #[test]
+    fn a_signalled_copy_says_it_is_done_whatever_its_status() {
+        let p = pinned_with(&[(0, 2 * PAGE)]);
+        let session = Session::default();
+        let s = Call(&session);
+        let words = |off: u64| {
+            let w = p.arena.range(off, 8).unwrap() as *const AtomicU32;
+            // SAFETY: 8 bytes of the test's arena.
+            unsafe {
+                (
+                    (*w).load(Ordering::Acquire),
+                    (*w.add(1)).load(Ordering::Relaxed),
+                )
+            }
+        };
+        let mut m = copy(true, 0x7000_0000, 3 * PAGE, 16);
+        m.signal = Some(Signal {
+            offset: PAGE + 8,
+            value: 5,
+        });
+        assert_eq!(p.copy_and_signal(&s, &m), CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(
+            words(PAGE + 8),
+            (5 | pinned::SIGNAL_FAILED, CUDA_ERROR_INVALID_VALUE as u32)
+        );
+        m.signal = Some(Signal {
+            offset: 2 * PAGE - 4,
+            value: 6,
+        });
+        m.offset = 0;
+        p.copy_and_signal(&s, &m);
+        assert_eq!(
+            words(2 * PAGE - 8).0,
+            0,
+            "spans the range's end: not written"
+        );
     }
 
     #[test]

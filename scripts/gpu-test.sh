@@ -12,7 +12,8 @@
 #   cuda-tests    tests/test_cuda.py's GPU tests (driver API, cudart, NVML, quotas)     150 s
 #   torch-tests   tests/test_torch.py's GPU tests (where python3 has PyTorch)           150 s
 #   cuda-bench    `wh bench --part cuda`: the CUDA table (native, shared memory, TCP)     80 s
-#   opencl-bench  the OpenCL calls table on NVIDIA's OpenCL, with pinned staging and   100 s
+#   opencl-bench  the OpenCL call and transfer table (`wh bench --part transfers`:     100 s
+#                 native and shared memory) on NVIDIA's OpenCL, with pinned staging and
 #                 without (half each)
 #   torch-bench   `wh bench --part torch` (where python3 has PyTorch)                   60 s
 #   cts           (only when named) the OpenCL conformance suites #11 compares on the GPU
@@ -172,8 +173,8 @@ if wants opencl-bench; then
         { ldd target/release/wh-bench-client | grep -i opencl || true; } | keep opencl-bench
         { timeout 20 target/release/wh-bench-client platform 2>&1 || echo "gpu-test: the native side reached no NVIDIA OpenCL platform"; } | keep opencl-bench
         # Pinned staging on (auto), then without (mapped transfers): what staging buys.
-        part opencl-bench target/release/wh bench --part calls
-        WORMHOLE_PINNED_STAGING=never part opencl-bench-unstaged target/release/wh bench --part calls
+        part opencl-bench target/release/wh bench --part transfers
+        WORMHOLE_PINNED_STAGING=never part opencl-bench-unstaged target/release/wh bench --part transfers
         unset OCL_ICD_VENDORS OCL_ICD_FILENAMES WH_PLATFORM
     else
         echo "gpu-test: no NVIDIA OpenCL library here: no OpenCL table" >&2

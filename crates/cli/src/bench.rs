@@ -37,6 +37,9 @@ pub enum Part {
     All,
     /// The call workload, transfers, start-up, idle and fairness table.
     Calls,
+    /// The call workload and transfers alone, native against shared memory, 3 rounds: what
+    /// one call of the GPU machine has time for (not part of `all`).
+    Transfers,
     /// More tenants than cores: a light tenant among idle or flooding ones.
     Oversubscription,
     /// The CUDA table (needs NVIDIA's driver and a GPU; not part of `all`).
@@ -381,6 +384,19 @@ pub fn run(icd_lib: &Path, part: Part) -> Result<(), BenchError> {
         let _ = std::fs::remove_dir_all(&dir);
         return Ok(());
     }
+    if part == Part::Transfers {
+        let modes = [Mode::Native, Mode::Shm];
+        let figs = call_rounds(&client, &modes, 3, &icd, |_| &plain)?;
+        print_table(&modes, &figs, CALL_ROWS);
+        println!(
+            "(medians of 3 alternating rounds; ratios are Wormhole / native; machine: {} CPUs, {})",
+            std::thread::available_parallelism().map_or(0, |n| n.get()),
+            cpu_model()
+        );
+        drop(plain);
+        let _ = std::fs::remove_dir_all(&dir);
+        return Ok(());
+    }
     let cold_dir = dir.join("cold");
     std::fs::create_dir_all(&cold_dir)?;
     let cold_plain = Server::start(&cold_dir, Cache::Cold)?;
@@ -403,23 +419,7 @@ pub fn run(icd_lib: &Path, part: Part) -> Result<(), BenchError> {
 
     let modes = [Mode::Native, Mode::Shm, Mode::Tcp, Mode::Guest];
     eprintln!("wh bench: call-heavy workload (native, shared memory, TCP, guest region)...");
-    // Rounds alternate the modes so drift on a shared machine hits all columns alike; each
-    // figure is the median of its rounds.
-    const ROUNDS: usize = 5;
-    let mut rounds: Vec<Vec<Figures>> = vec![Vec::new(); modes.len()];
-    for round in 0..ROUNDS {
-        for (i, m) in modes.iter().enumerate() {
-            let started = Instant::now();
-            rounds[i].push(run_calls(&client, *m, server_for(*m), &icd)?);
-            // Where a slow machine's time goes (a device call's output is all that comes back).
-            eprintln!(
-                "wh bench:   round {} of {ROUNDS}, {m:?}: {:.1} s",
-                round + 1,
-                started.elapsed().as_secs_f64()
-            );
-        }
-    }
-    let mut figs: Vec<Figures> = rounds.iter().map(|r| median_of(r)).collect();
+    let mut figs = call_rounds(&client, &modes, ROUNDS, &icd, server_for)?;
     eprintln!("wh bench: start-up times...");
     for (i, m) in modes.iter().enumerate() {
         let warm = time_start(&client, *m, server_for(*m), &icd, &[])?;
@@ -470,138 +470,8 @@ pub fn run(icd_lib: &Path, part: Part) -> Result<(), BenchError> {
     }
     figs[0].insert("idle_server_cpu_pct".into(), 0.0);
 
-    let rows: &[(&str, &str, bool)] = &[
-        (
-            "roundtrip_median_us",
-            "sync round trip (clGetEventInfo), median µs",
-            false,
-        ),
-        ("roundtrip_p99_us", "sync round trip, p99 µs", false),
-        (
-            "tiny_kernel_median_us",
-            "tiny kernel + clFinish, median µs",
-            false,
-        ),
-        (
-            "tiny_kernel_p99_us",
-            "tiny kernel + clFinish, p99 µs",
-            false,
-        ),
-        (
-            "pipelined_calls_per_s",
-            "100k SetKernelArg+NDRange, calls/s (median of 5)",
-            true,
-        ),
-        (
-            "kernel_per_op_per_s",
-            "kernel object per op (OpenCV: create, 2 args, launch, callback), ops/s",
-            true,
-        ),
-        ("write_4KiB_GBps", "blocking write 4 KiB, GB/s", true),
-        ("read_4KiB_GBps", "blocking read 4 KiB, GB/s", true),
-        ("write_64KiB_GBps", "blocking write 64 KiB, GB/s", true),
-        ("read_64KiB_GBps", "blocking read 64 KiB, GB/s", true),
-        ("write_1024KiB_GBps", "blocking write 1 MiB, GB/s", true),
-        ("read_1024KiB_GBps", "blocking read 1 MiB, GB/s", true),
-        ("write_16384KiB_GBps", "blocking write 16 MiB, GB/s", true),
-        ("read_16384KiB_GBps", "blocking read 16 MiB, GB/s", true),
-        ("write_262144KiB_GBps", "blocking write 256 MiB, GB/s", true),
-        ("read_262144KiB_GBps", "blocking read 256 MiB, GB/s", true),
-        (
-            "nbwrite_64KiB_GBps",
-            "non-blocking writes 64 KiB, GB/s",
-            true,
-        ),
-        ("nbread_64KiB_GBps", "non-blocking reads 64 KiB, GB/s", true),
-        (
-            "nbwrite_1024KiB_GBps",
-            "non-blocking writes 1 MiB, GB/s",
-            true,
-        ),
-        (
-            "nbread_1024KiB_GBps",
-            "non-blocking reads 1 MiB, GB/s",
-            true,
-        ),
-        (
-            "nbwrite_16384KiB_GBps",
-            "non-blocking writes 16 MiB, GB/s",
-            true,
-        ),
-        (
-            "nbread_16384KiB_GBps",
-            "non-blocking reads 16 MiB, GB/s",
-            true,
-        ),
-        (
-            "start_cold_ms",
-            "new process → first result, cold program cache, ms",
-            false,
-        ),
-        (
-            "start_warm_ms",
-            "new process → first result, warm program cache, ms",
-            false,
-        ),
-        (
-            "oneoff_builds_s",
-            "10 one-off programs: build + first run, s (median of 3)",
-            false,
-        ),
-        (
-            "total_cpu_s",
-            "CPU s of the workload (client + server)",
-            false,
-        ),
-        (
-            "idle_server_cpu_pct",
-            "server CPU with an idle tenant, %",
-            false,
-        ),
-        (
-            "light_alone_p99_us",
-            "light tenant tiny kernel p99 µs, alone",
-            false,
-        ),
-        (
-            "light_flooded_median_us",
-            "light tenant median µs, heavy tenant flooding",
-            false,
-        ),
-        (
-            "light_flooded_p99_us",
-            "light tenant p99 µs, heavy tenant flooding",
-            false,
-        ),
-    ];
-    println!(
-        "{:<52} {:>12} {:>12} {:>12} {:>12} {:>9} {:>9} {:>9}",
-        "measurement", "native", "wh-shm", "wh-tcp", "wh-guest", "shm/nat", "tcp/nat", "guest/nat"
-    );
-    for (key, label, _higher_better) in rows {
-        let v: Vec<f64> = figs
-            .iter()
-            .map(|f| f.get(*key).copied().unwrap_or(f64::NAN))
-            .collect();
-        let ratio = |x: f64| {
-            if v[0] > 0.0 {
-                format!("{:.2}x", x / v[0])
-            } else {
-                "-".into()
-            }
-        };
-        println!(
-            "{:<52} {:>12} {:>12} {:>12} {:>12} {:>9} {:>9} {:>9}",
-            label,
-            fmt(v[0]),
-            fmt(v[1]),
-            fmt(v[2]),
-            fmt(v[3]),
-            ratio(v[1]),
-            ratio(v[2]),
-            ratio(v[3])
-        );
-    }
+    let rows: Vec<(&str, &str)> = CALL_ROWS.iter().chain(OTHER_ROWS).copied().collect();
+    print_table(&modes, &figs, &rows);
     println!(
         "(medians of {ROUNDS} alternating rounds for the call workload; ratios are Wormhole / native; machine: {} CPUs, {})",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
@@ -615,6 +485,142 @@ pub fn run(icd_lib: &Path, part: Part) -> Result<(), BenchError> {
     drop(plain);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
+}
+
+/// Rounds of the call workload in the full table (each figure is their median).
+const ROUNDS: usize = 5;
+
+/// The call workload's figures (`run_calls`): key and label.
+const CALL_ROWS: &[(&str, &str)] = &[
+    (
+        "roundtrip_median_us",
+        "sync round trip (clGetEventInfo), median µs",
+    ),
+    ("roundtrip_p99_us", "sync round trip, p99 µs"),
+    ("tiny_kernel_median_us", "tiny kernel + clFinish, median µs"),
+    ("tiny_kernel_p99_us", "tiny kernel + clFinish, p99 µs"),
+    (
+        "pipelined_calls_per_s",
+        "100k SetKernelArg+NDRange, calls/s (median of 5)",
+    ),
+    (
+        "kernel_per_op_per_s",
+        "kernel object per op (OpenCV: create, 2 args, launch, callback), ops/s",
+    ),
+    ("write_4KiB_GBps", "blocking write 4 KiB, GB/s"),
+    ("read_4KiB_GBps", "blocking read 4 KiB, GB/s"),
+    ("write_64KiB_GBps", "blocking write 64 KiB, GB/s"),
+    ("read_64KiB_GBps", "blocking read 64 KiB, GB/s"),
+    ("write_1024KiB_GBps", "blocking write 1 MiB, GB/s"),
+    ("read_1024KiB_GBps", "blocking read 1 MiB, GB/s"),
+    ("write_16384KiB_GBps", "blocking write 16 MiB, GB/s"),
+    ("read_16384KiB_GBps", "blocking read 16 MiB, GB/s"),
+    ("write_262144KiB_GBps", "blocking write 256 MiB, GB/s"),
+    ("read_262144KiB_GBps", "blocking read 256 MiB, GB/s"),
+    ("nbwrite_64KiB_GBps", "non-blocking writes 64 KiB, GB/s"),
+    ("nbread_64KiB_GBps", "non-blocking reads 64 KiB, GB/s"),
+    ("nbwrite_1024KiB_GBps", "non-blocking writes 1 MiB, GB/s"),
+    ("nbread_1024KiB_GBps", "non-blocking reads 1 MiB, GB/s"),
+    ("nbwrite_16384KiB_GBps", "non-blocking writes 16 MiB, GB/s"),
+    ("nbread_16384KiB_GBps", "non-blocking reads 16 MiB, GB/s"),
+    ("total_cpu_s", "CPU s of the workload (client + server)"),
+];
+
+/// The full table's other figures: start-up, builds, idle and fairness.
+const OTHER_ROWS: &[(&str, &str)] = &[
+    (
+        "start_cold_ms",
+        "new process → first result, cold program cache, ms",
+    ),
+    (
+        "start_warm_ms",
+        "new process → first result, warm program cache, ms",
+    ),
+    (
+        "oneoff_builds_s",
+        "10 one-off programs: build + first run, s (median of 3)",
+    ),
+    ("idle_server_cpu_pct", "server CPU with an idle tenant, %"),
+    (
+        "light_alone_p99_us",
+        "light tenant tiny kernel p99 µs, alone",
+    ),
+    (
+        "light_flooded_median_us",
+        "light tenant median µs, heavy tenant flooding",
+    ),
+    (
+        "light_flooded_p99_us",
+        "light tenant p99 µs, heavy tenant flooding",
+    ),
+];
+
+/// The call workload in `rounds` rounds that alternate the modes, so that drift on a shared
+/// machine hits all columns alike: per mode, each figure's median over the rounds.
+fn call_rounds<'a>(
+    client: &Path,
+    modes: &[Mode],
+    rounds: usize,
+    icd: &Path,
+    server_for: impl Fn(Mode) -> &'a Server,
+) -> Result<Vec<Figures>, BenchError> {
+    let mut seen: Vec<Vec<Figures>> = vec![Vec::new(); modes.len()];
+    for round in 0..rounds {
+        for (i, m) in modes.iter().enumerate() {
+            let started = Instant::now();
+            seen[i].push(run_calls(client, *m, server_for(*m), icd)?);
+            // Where a slow machine's time goes (a device call's output is all that comes back).
+            eprintln!(
+                "wh bench:   round {} of {rounds}, {m:?}: {:.1} s",
+                round + 1,
+                started.elapsed().as_secs_f64()
+            );
+        }
+    }
+    Ok(seen.iter().map(|r| median_of(r)).collect())
+}
+
+/// The table: a row per figure (`rows`: key, label), a column per mode, then each Wormhole
+/// mode's ratio to native (the first).
+fn print_table(modes: &[Mode], figs: &[Figures], rows: &[(&str, &str)]) {
+    let name = |m: &Mode| match m {
+        Mode::Native => "native",
+        Mode::Shm => "wh-shm",
+        Mode::Tcp => "wh-tcp",
+        Mode::Guest => "wh-guest",
+    };
+    let ratio_name = |m: &Mode| match m {
+        Mode::Native => "",
+        Mode::Shm => "shm/nat",
+        Mode::Tcp => "tcp/nat",
+        Mode::Guest => "guest/nat",
+    };
+    let mut head = format!("{:<52}", "measurement");
+    for m in modes {
+        head.push_str(&format!(" {:>12}", name(m)));
+    }
+    for m in &modes[1..] {
+        head.push_str(&format!(" {:>9}", ratio_name(m)));
+    }
+    println!("{head}");
+    for (key, label) in rows {
+        let v: Vec<f64> = figs
+            .iter()
+            .map(|f| f.get(*key).copied().unwrap_or(f64::NAN))
+            .collect();
+        let mut line = format!("{label:<52}");
+        for x in &v {
+            line.push_str(&format!(" {:>12}", fmt(*x)));
+        }
+        for x in &v[1..] {
+            let r = match v[0] > 0.0 {
+                true => format!("{:.2}x", x / v[0]),
+                false => "-".into(),
+            };
+            line.push_str(&format!(" {r:>9}"));
+        }
+        println!("{line}");
+    }
 }
 
 /// Per key, the median over rounds.

@@ -37,9 +37,10 @@ use wormhole_wire::{control, FrameHeader, Writer, FLAG_ASYNC, FLAG_OUTPUT, FLAG_
 pub struct ApiHooks {
     /// The API's name in HELLO (`"opencl"`, `"cuda"`).
     pub api: &'static str,
-    /// Calls that wait for the device (`clFinish`, `cuStreamSynchronize`): the client yields the
-    /// CPU from the start instead of spinning, because on a machine with few cores the driver's
-    /// threads that run the awaited work, and the worker thread that answers, need it.
+    /// Calls that wait for a device that computes on the host's CPUs (OpenCL's `clFinish` on
+    /// PoCL): the client yields the CPU from the start instead of spinning, because on a
+    /// machine with few cores the driver's threads that run the awaited work, and the worker
+    /// thread that answers, need it.
     pub waits_for_device: fn(opcode: u16) -> bool,
     /// Runs one CALLBACK frame's body, on the session's callback thread.
     pub deliver_callback: fn(body: &[u8]),

@@ -7,7 +7,13 @@ pub use wormhole_session::{log, CallError, Connection, OnceConnection};
 /// What the session needs to know of CUDA.
 const CUDA: wormhole_session::ApiHooks = wormhole_session::ApiHooks {
     api: wormhole_cuda_proto::API,
-    waits_for_device,
+    // A GPU runs the work a synchronising call waits for: no driver thread of the client's
+    // machine needs the caller's CPU, so it looks for the answer as for any other call's
+    // (spinning, then yielding, then asleep) rather than sleeping at once, which cost each
+    // wait a wake-up: on the H200 a tiny kernel and its stream's synchronisation took 20 µs
+    // against 9.1 natively, a synchronous 1 MiB copy of page-locked memory 0.7× native's time
+    // (native CUDA spins too: CU_CTX_SCHED_AUTO).
+    waits_for_device: |_| false,
     // Host functions and stream callbacks run here.
     deliver_callback: crate::host_functions::deliver,
     when_gone: "further CUDA calls fail with CUDA_ERROR_DEVICE_UNAVAILABLE",
@@ -23,19 +29,11 @@ fn op_name(opcode: u16) -> Option<&'static str> {
         pinned::ALLOC => Some("page-locked alloc (arena)"),
         pinned::FREE => Some("page-locked free (arena)"),
         pinned::COPY => Some("page-locked copy (arena)"),
+        pinned::FENCE => Some("fence (staged copy's end)"),
         host_functions::DONE => Some("host function done"),
         threads::FRESH => Some("fresh thread state"),
         _ => None,
     })
-}
-
-fn waits_for_device(opcode: u16) -> bool {
-    use wormhole_cuda_proto::pinned;
-    match Op::from_u16(opcode) {
-        Some(op) => op.is_sync(),
-        // A synchronous copy of page-locked memory waits for the copy; a free for the device.
-        None => matches!(opcode, pinned::COPY | pinned::FREE),
-    }
 }
 
 /// The session, connecting on first use; Err says why there is none (logged once).

@@ -79,7 +79,7 @@ pub mod pinned {
     pub const COPY: u16 = 0xE003;
     /// Nothing → the status, once every request before it on the lane is done: a
     /// synchronisation point (a staged copy's end, see `staging` in the client).
-    pub const FENCE: u16 = 0xE004;
+    pub const FENCE: u16 = 0xE006;
     /// In a [`crate::requests::Signal`]'s value: the copy failed.
     pub const SIGNAL_FAILED: u32 = 1 << 31;
 }
@@ -103,7 +103,31 @@ pub mod threads {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
     use std::path::Path;
+
+    /// The requests no symbol stands behind have opcodes of their own: none another's, none
+    /// an entry point's (a collision would route one as the other in the worker).
+    #[test]
+    fn requests_behind_no_symbol_have_opcodes_of_their_own() {
+        let special = [
+            export_tables::OP,
+            pinned::ALLOC,
+            pinned::FREE,
+            pinned::COPY,
+            pinned::FENCE,
+            host_functions::DONE,
+            threads::FRESH,
+        ];
+        let mut seen = std::collections::BTreeSet::new();
+        for op in special {
+            assert!(seen.insert(op), "opcode {op:#x} twice");
+            assert!(
+                Op::from_u16(op).is_none(),
+                "opcode {op:#x} is an entry point's"
+            );
+        }
+    }
 
     fn description() -> wormhole_apigen::Api {
         wormhole_apigen::Api::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("api/cuda.api"))

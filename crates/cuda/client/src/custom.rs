@@ -17,6 +17,7 @@ pub use crate::memory::{cuPointerGetAttribute, cuPointerGetAttributes};
 use crate::objects;
 use crate::rt::{self, entry_status, ApiErr};
 pub use crate::tensor_maps::*;
+use std::borrow::Cow;
 use std::ffi::{c_char, c_void, CStr};
 use wormhole_cuda_proto::cu::*;
 use wormhole_cuda_proto::requests::{
@@ -31,9 +32,15 @@ use wormhole_session::host_memory;
 
 /// The program's `len` bytes at `addr`, if it has them.
 fn read(addr: usize, len: usize) -> Option<Vec<u8>> {
+    read_in_place(addr, len).map(Cow::into_owned)
+}
+
+/// As `read`, but a range of a page or less is borrowed where it lies, not copied (a
+/// launch's arguments: no allocation per argument on the launch path).
+fn read_in_place<'a>(addr: usize, len: usize) -> Option<Cow<'a, [u8]>> {
     // SAFETY: copy_in checks ranges larger than a page; smaller ones the driver would read
     // directly too.
-    unsafe { host_memory::copy_in(addr as *const u8, len) }.map(|c| c.into_owned())
+    unsafe { host_memory::copy_in(addr as *const u8, len) }
 }
 
 fn send<'a, M: Message<'a>>(op: Op, m: &M) -> Result<Vec<u8>, ApiErr> {
@@ -622,7 +629,7 @@ unsafe fn launch(
             .layout
             .as_ref()
             .ok_or(ApiErr(CUDA_ERROR_INVALID_HANDLE))?;
-        let copies: Vec<Vec<u8>>;
+        let copies: Vec<Cow<'_, [u8]>>;
         let buffer: Vec<u8>;
         let args = match (kernel_params.is_null(), extra.is_null()) {
             (false, true) => {
@@ -634,10 +641,11 @@ unsafe fn launch(
                     .map(|(i, &(_, size))| {
                         // SAFETY: kernelParams holds one pointer per parameter (the contract).
                         let p = unsafe { *params.add(i) };
-                        read(p as usize, size as usize).ok_or(ApiErr(CUDA_ERROR_INVALID_VALUE))
+                        read_in_place(p as usize, size as usize)
+                            .ok_or(ApiErr(CUDA_ERROR_INVALID_VALUE))
                     })
                     .collect::<Result<_, _>>()?;
-                LaunchArgs::Each(copies.iter().map(Vec::as_slice).collect())
+                LaunchArgs::Each(copies.iter().map(|c| &c[..]).collect())
             }
             (true, false) => {
                 // SAFETY: per the contract.

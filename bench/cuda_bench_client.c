@@ -3,7 +3,8 @@
  * Needs no CUDA headers or toolkit to build: the few entry points are declared here, and the
  * kernel is PTX the driver compiles. Prints one "key value" line per measurement.
  * Usage: cuda_bench_client MODE
- *   calls   sync calls, tiny kernels, launches, allocation, copies (pageable and pinned)
+ *   calls   sync calls, tiny kernels, launches, allocation, copies (pageable, pageable on a
+ *           stream, pinned)
  *   start   time from process start to the first kernel result (measured by the caller) */
 #include <dlfcn.h>
 #include <stdint.h>
@@ -38,6 +39,8 @@ static CUresult (*cuMemAllocHost)(void **, size_t);
 static CUresult (*cuMemFreeHost)(void *);
 static CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);
 static CUresult (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
+static CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
+static CUresult (*cuMemcpyDtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
 
 #define CHECK(x)                                                                   \
     do {                                                                           \
@@ -91,6 +94,8 @@ static void setup(void) {
     *(void **)&cuMemFreeHost = sym(lib, "cuMemFreeHost");
     *(void **)&cuMemcpyHtoD = sym(lib, "cuMemcpyHtoD_v2");
     *(void **)&cuMemcpyDtoH = sym(lib, "cuMemcpyDtoH_v2");
+    *(void **)&cuMemcpyHtoDAsync = sym(lib, "cuMemcpyHtoDAsync_v2");
+    *(void **)&cuMemcpyDtoHAsync = sym(lib, "cuMemcpyDtoHAsync_v2");
     CHECK(cuInit(0));
     int dev;
     CHECK(cuDeviceGet(&dev, 0));
@@ -120,6 +125,27 @@ static void copies(const char *kind, char *host, CUdeviceptr dev, size_t n) {
     double th = now() - t;
     t = now();
     for (int i = 0; i < reps; i++) CHECK(cuMemcpyDtoH(host, dev, n));
+    double td = now() - t;
+    printf("%s_htod_%zuKiB_GBps %.3f\n%s_dtoh_%zuKiB_GBps %.3f\n", kind, n >> 10,
+           n * (double)reps / th / 1e9, kind, n >> 10, n * (double)reps / td / 1e9);
+}
+
+/* As `copies`, each copy on `stream` (cuMemcpy*Async) followed by its synchronisation: what
+ * PyTorch's `.to()` of pageable memory does. */
+static void async_copies(const char *kind, char *host, CUdeviceptr dev, size_t n) {
+    int reps = n <= (1 << 20) ? 200 : 20;
+    memset(host, 1, n);
+    double t = now();
+    for (int i = 0; i < reps; i++) {
+        CHECK(cuMemcpyHtoDAsync(dev, host, n, stream));
+        CHECK(cuStreamSynchronize(stream));
+    }
+    double th = now() - t;
+    t = now();
+    for (int i = 0; i < reps; i++) {
+        CHECK(cuMemcpyDtoHAsync(host, dev, n, stream));
+        CHECK(cuStreamSynchronize(stream));
+    }
     double td = now() - t;
     printf("%s_htod_%zuKiB_GBps %.3f\n%s_dtoh_%zuKiB_GBps %.3f\n", kind, n >> 10,
            n * (double)reps / th / 1e9, kind, n >> 10, n * (double)reps / td / 1e9);
@@ -165,6 +191,8 @@ static void calls(void) {
     CHECK(cuMemAlloc(&dev, biggest));
     char *pageable = malloc(biggest);
     for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) copies("pageable", pageable, dev, sizes[i]);
+    async_copies("pageable_async", pageable, dev, 1 << 20);
+    async_copies("pageable_async", pageable, dev, 16 << 20);
     free(pageable);
     void *pinned = NULL;
     CUresult st = cuMemAllocHost(&pinned, biggest);

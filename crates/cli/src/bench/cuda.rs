@@ -134,6 +134,15 @@ pub fn run(exe_dir: &Path) -> Result<(), BenchError> {
             }
         }
     }
+    // What PyTorch's `.to()` of pageable memory does: a copy on a stream, then its sync.
+    for (kib, label) in [(1024, "1 MiB"), (16384, "16 MiB")] {
+        for (dir, arrow) in [("htod", "host→device"), ("dtoh", "device→host")] {
+            rows.push((
+                format!("pageable_async_{dir}_{kib}KiB_GBps"),
+                format!("pageable copy on a stream + sync {arrow} {label}, GB/s"),
+            ));
+        }
+    }
     rows.push((
         "start_ms".into(),
         "new process → first kernel result, ms".into(),

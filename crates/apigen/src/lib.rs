@@ -264,5 +264,7 @@ mod tests {
         assert!(call < things && things < sizes, "{client}");
         let hand = parse("exports", "0 toySet custom @forgets(things) (u32 v)\n").unwrap_err();
         assert!(hand.msg.contains("@forgets"), "{hand}");
+        let unwaited = parse("exports", "0 toySet gen @async @forgets(things) (u32 v)\n");
+        assert!(unwaited.unwrap_err().msg.contains("@async"));
     }
 }

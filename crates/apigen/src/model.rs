@@ -447,6 +447,11 @@ fn parse_func(line: &str) -> Result<Func, String> {
     if !func.forgets.is_empty() && func.mode != Mode::Gen {
         return Err("@forgets needs a generated stub (mode gen)".into());
     }
+    if !func.forgets.is_empty() && func.asynchronous {
+        // The client would forget before the server changed anything: another thread could
+        // keep the old answer under the new generation.
+        return Err("@forgets needs a waited call (not @async)".into());
+    }
     for p in params_src
         .split(',')
         .map(str::trim)

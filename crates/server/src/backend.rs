@@ -205,6 +205,14 @@ pub trait Backend: Sync {
     /// driver's exit handlers find none stuck. Default: nothing.
     fn end(&self) {}
 
+    /// Worker: whether requests with this opcode, sent without waiting, are part of a call
+    /// their sender waits for (CUDA's staged copy pieces, which its closing fence waits for):
+    /// other lanes need not wait for them (see `order`), as for a waited request. Default:
+    /// none.
+    fn within_waited_call(&self, _opcode: u16) -> bool {
+        false
+    }
+
     /// Worker: whether requests with this opcode run at once, without first waiting for what
     /// other lanes had sent before them (see `order`): requests that depend on nothing the
     /// program sent and that something the program sent may be waiting for (CUDA's "host

@@ -688,7 +688,11 @@ fn serve_lane(
     loop {
         let h = link.recv_header()?;
         // What other threads sent before this was sent comes first.
-        order().took(lane, h.seq, h.flags & FLAG_ASYNC == 0);
+        order().took(
+            lane,
+            h.seq,
+            h.flags & FLAG_ASYNC == 0 || backend.within_waited_call(h.opcode),
+        );
         if !backend.unordered(h.opcode) {
             let used = region.rendezvous().lanes_used.load(Ordering::Acquire);
             order().wait_for_others(
@@ -1084,7 +1088,11 @@ pub fn run_tcp<S: Duplex>(
                         let mut taken = 0u64;
                         for (h, incoming) in rx {
                             let lane = usize::from(h.lane);
-                            order().took(lane, h.seq, h.flags & FLAG_ASYNC == 0);
+                            order().took(
+                                lane,
+                                h.seq,
+                                h.flags & FLAG_ASYNC == 0 || backend.within_waited_call(h.opcode),
+                            );
                             if !backend.unordered(h.opcode) {
                                 order().wait_for_others(lane, h.seq, 0..received.len(), |j| {
                                     received[j].load(Ordering::Acquire)

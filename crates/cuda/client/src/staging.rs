@@ -7,10 +7,13 @@
 //! memory: on the H200, 0.38 GB/s for 16 MiB to the device against 11.4 natively.
 //!
 //! A copy moves in pieces of up to 4 MiB through two slots in turn, each piece sent without
-//! waiting: while the device copies one, the client copies the next into (or the previous out
-//! of) the other slot. The worker says each piece's end (and status) in a word of the range,
-//! which the client looks at before it reuses a slot (or, after 2 ms, asks the worker with a
-//! fence instead); a fence ends the copy, a synchronisation point as the native copy is.
+//! waiting (`pinned::PIECE`): while the device copies one, the client copies the next into
+//! (or the previous out of) the other slot. The worker says each piece's end and status in
+//! words of the range, which the client looks at before it reuses a slot (or, after 2 ms,
+//! asks the worker with a fence instead). A fence ends the copy; for a copy to the host it
+//! is a synchronisation point, as the native copy is. A piece's failure is its copy's alone
+//! (the first one stays said), and no other thread's request waits for the pieces: they are
+//! part of a call their thread waits for.
 //!
 //! Asynchronous copies are staged too, each piece answered once its stream has done it (the
 //! range is reused for the next): the driver's own asynchronous copies of pageable memory
@@ -144,11 +147,12 @@ struct Staged<W: Worker> {
 
 /// What a staged copy asks of the worker.
 trait Worker {
-    /// Sends a piece without waiting.
+    /// Sends a piece without waiting (`pinned::PIECE`: its failure is said in its signal).
     fn send(&self, copy: PinnedCopy) -> Result<(), ApiErr>;
-    /// Returns once the worker has done everything this thread sent before: the status of
-    /// what it did that nobody waited for (a synchronisation point).
-    fn fence(&self) -> Result<(), ApiErr>;
+    /// Returns once the worker has done everything this thread sent before; where
+    /// `synchronising`, with the status of what it did that nobody waited for (a
+    /// synchronisation point, as a copy to the host is).
+    fn fence(&self, synchronising: bool) -> Result<(), ApiErr>;
 }
 
 /// The session's worker, through this thread's lane.
@@ -156,12 +160,17 @@ struct Session;
 
 impl Worker for Session {
     fn send(&self, copy: PinnedCopy) -> Result<(), ApiErr> {
-        crate::copies::arena_copy(copy, false).map(|_| ())
+        let mut w = Writer::new(pinned::PIECE);
+        copy.encode(&mut w);
+        rt::call_async(w).map(|_| ())
     }
 
-    fn fence(&self) -> Result<(), ApiErr> {
-        let reply = rt::call(Writer::new(pinned::FENCE))?;
-        rt::status_of(&reply)
+    fn fence(&self, synchronising: bool) -> Result<(), ApiErr> {
+        let op = match synchronising {
+            true => pinned::FENCE_SYNC,
+            false => pinned::FENCE,
+        };
+        rt::status_of(&rt::call(Writer::new(op))?)
     }
 }
 
@@ -203,7 +212,9 @@ impl<W: Worker> Staged<W> {
     }
 
     /// Returns once piece `piece` is done: looks at the signal for a while, then asks the
-    /// worker (a fence sleeps as any call does: a slow stream, a worker gone).
+    /// worker (a fence sleeps as any call does: a slow stream, a worker gone). A failed
+    /// piece (its own or an earlier one's) ends the copy: once nothing sent is left in the
+    /// worker (no late signal for the next copy), with the first failure's status.
     fn done(&self, piece: usize) -> Result<(), ApiErr> {
         let want = piece as u32 + 1;
         let start = Instant::now();
@@ -211,7 +222,8 @@ impl<W: Worker> Staged<W> {
         loop {
             let v = self.signal().load(Ordering::Acquire);
             if v & pinned::SIGNAL_FAILED != 0 {
-                return Err(self.failure());
+                self.worker.fence(false)?;
+                return Err(ApiErr(self.status()));
             }
             if v >= want {
                 return Ok(());
@@ -222,24 +234,26 @@ impl<W: Worker> Staged<W> {
             } else if start.elapsed() < LOOK_FOR {
                 std::thread::yield_now();
             } else {
-                self.worker.fence()?;
-                let v = self.signal().load(Ordering::Acquire);
-                return match v & pinned::SIGNAL_FAILED {
-                    0 => Ok(()),
-                    _ => Err(self.failure()),
-                };
+                self.worker.fence(false)?;
+                return self.failure();
             }
         }
     }
 
-    /// A piece failed: the fence answers the failure (once, as every synchronisation point
-    /// answers a failure nobody waited for); if another thread's call answered it first,
-    /// the piece's own status.
-    fn failure(&self) -> ApiErr {
-        match self.worker.fence() {
-            Err(e) => e,
-            Ok(()) => ApiErr(self.status()),
+    /// Once every piece sent is done: the first failure's status, if one failed.
+    fn failure(&self) -> Result<(), ApiErr> {
+        match self.signal().load(Ordering::Acquire) & pinned::SIGNAL_FAILED {
+            0 => Ok(()),
+            _ => Err(ApiErr(self.status())),
         }
+    }
+
+    /// Ends the copy: every piece done, then its status (a copy to the host is a
+    /// synchronisation point, as natively: what failed unwaited-for before it is answered
+    /// first).
+    fn end(&self, synchronising: bool) -> Result<i32, ApiErr> {
+        self.worker.fence(synchronising)?;
+        self.failure().map(|()| CUDA_SUCCESS)
     }
 
     /// # Safety
@@ -257,7 +271,7 @@ impl<W: Worker> Staged<W> {
             unsafe { std::ptr::copy_nonoverlapping(host.add(at), self.slot(piece).0, len) };
             self.send(true, piece, device.wrapping_add(at as u64), len)?;
         }
-        self.worker.fence().map(|()| CUDA_SUCCESS)
+        self.end(false)
     }
 
     /// # Safety
@@ -289,7 +303,7 @@ impl<W: Worker> Staged<W> {
                 send(piece + SLOTS)?;
             }
         }
-        self.worker.fence().map(|()| CUDA_SUCCESS)
+        self.end(true)
     }
 }
 
@@ -344,10 +358,15 @@ mod tests {
     /// A worker on a thread of its own, as the session's is in its process: it takes the
     /// requests in order, copies between the staging range and a device of plain memory
     /// (slowly now and then, so that a slot reused too early would be seen), and signals as
-    /// the real one does.
+    /// the real one does (a failure stays said).
     struct Simulated {
-        requests: mpsc::Sender<Option<PinnedCopy>>,
-        fenced: mpsc::Receiver<i32>,
+        requests: mpsc::Sender<Request>,
+        fenced: mpsc::Receiver<()>,
+    }
+
+    enum Request {
+        Piece(PinnedCopy),
+        Fence,
     }
 
     #[derive(Clone, Copy)]
@@ -359,17 +378,17 @@ mod tests {
         range: Range,
         device: Arc<Mutex<Vec<u8>>>,
     ) -> (Simulated, std::thread::JoinHandle<()>) {
-        let (requests, rx) = mpsc::channel::<Option<PinnedCopy>>();
+        let (requests, rx) = mpsc::channel::<Request>();
         let (fence_tx, fenced) = mpsc::channel();
         let worker = std::thread::spawn(move || {
             let range = range;
-            let mut deferred = CUDA_SUCCESS;
             for (i, req) in rx.iter().enumerate() {
-                let Some(c) = req else {
-                    fence_tx
-                        .send(std::mem::replace(&mut deferred, CUDA_SUCCESS))
-                        .unwrap();
-                    continue;
+                let c = match req {
+                    Request::Fence => {
+                        fence_tx.send(()).unwrap();
+                        continue;
+                    }
+                    Request::Piece(c) => c,
                 };
                 if i % 3 == 0 {
                     std::thread::sleep(Duration::from_micros(300));
@@ -390,14 +409,14 @@ mod tests {
                         CUDA_SUCCESS
                     }
                 };
-                if status != CUDA_SUCCESS && deferred == CUDA_SUCCESS {
-                    deferred = status;
-                }
                 let sig = c.signal.unwrap();
                 // SAFETY: the signal page of the test's range.
                 let words = unsafe { range.0.add(sig.offset as usize) } as *const AtomicU32;
                 // SAFETY: as above, aligned (a page's start).
                 let (done, st) = unsafe { (&*words, &*words.add(1)) };
+                if done.load(Ordering::Acquire) & pinned::SIGNAL_FAILED != 0 {
+                    continue;
+                }
                 st.store(status as u32, Ordering::Relaxed);
                 let failed = (status != CUDA_SUCCESS) as u32 * pinned::SIGNAL_FAILED;
                 done.store(sig.value | failed, Ordering::Release);
@@ -408,20 +427,19 @@ mod tests {
 
     impl Worker for &Simulated {
         fn send(&self, copy: PinnedCopy) -> Result<(), ApiErr> {
-            self.requests.send(Some(copy)).unwrap();
+            self.requests.send(Request::Piece(copy)).unwrap();
             Ok(())
         }
-        fn fence(&self) -> Result<(), ApiErr> {
-            self.requests.send(None).unwrap();
-            match self.fenced.recv().unwrap() {
-                CUDA_SUCCESS => Ok(()),
-                st => Err(ApiErr(st)),
-            }
+        fn fence(&self, _synchronising: bool) -> Result<(), ApiErr> {
+            self.requests.send(Request::Fence).unwrap();
+            self.fenced.recv().unwrap();
+            Ok(())
         }
     }
 
     /// Copies of every shape through the two slots land whole both ways: a slot is never
-    /// refilled before the worker is done with it, nor read before the worker filled it.
+    /// refilled before the worker is done with it, nor read before the worker filled it; a
+    /// refused piece fails its copy, and the next copy starts afresh.
     #[test]
     fn staged_copies_arrive_whole_whatever_their_length() {
         let mut range = vec![0u64; STAGING / 8];
@@ -460,18 +478,25 @@ mod tests {
             assert_eq!(st, Ok(CUDA_SUCCESS));
             assert!(back == data, "{n} bytes out");
         }
-        // A piece the worker refuses ends the copy with its status, answered once.
+        // A piece the worker refuses ends the copy with its status: here the second and
+        // third of three lie past the device's end (twice over: no failure outlives its
+        // copy), then a copy that fits works.
         let n = 3 * SLOT;
         let data = vec![7u8; n];
-        let past_end = (40 << 20) - 2 * SLOT as u64;
+        let end = 40 << 20;
+        let second_out = end - 2 * SLOT as u64 + 1;
+        for _ in 0..2 {
+            // SAFETY: `data` holds `n` bytes.
+            let st = unsafe { staged.copy_in(second_out, data.as_ptr(), n) };
+            assert_eq!(st, Err(ApiErr(CUDA_ERROR_INVALID_VALUE)));
+            let mut back = vec![0u8; n];
+            // SAFETY: `back` holds `n` bytes.
+            let st = unsafe { staged.copy_out(second_out, back.as_mut_ptr(), n) };
+            assert_eq!(st, Err(ApiErr(CUDA_ERROR_INVALID_VALUE)));
+        }
         // SAFETY: `data` holds `n` bytes.
-        let st = unsafe { staged.copy_in(past_end, data.as_ptr(), n) };
-        assert_eq!(st, Err(ApiErr(CUDA_ERROR_INVALID_VALUE)));
-        let mut back = vec![0u8; n];
-        // SAFETY: `back` holds `n` bytes.
-        let st = unsafe { staged.copy_out(past_end, back.as_mut_ptr(), n) };
-        assert_eq!(st, Err(ApiErr(CUDA_ERROR_INVALID_VALUE)));
-        assert_eq!(staged.worker.fence(), Ok(()), "answered once");
+        let st = unsafe { staged.copy_in(end - n as u64, data.as_ptr(), n) };
+        assert_eq!(st, Ok(CUDA_SUCCESS));
         // The worker ends with its requests' channel.
         drop(sim);
         worker.join().unwrap();

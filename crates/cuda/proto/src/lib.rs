@@ -77,9 +77,18 @@ pub mod pinned {
     /// [`crate::requests::PinnedCopy`] → the status. With a stream, sent without waiting
     /// unless it is to be answered once complete.
     pub const COPY: u16 = 0xE003;
-    /// Nothing → the status, once every request before it on the lane is done: a
-    /// synchronisation point (a staged copy's end, see `staging` in the client).
+    /// Nothing → the status, once every request before it on the lane is done (a staged
+    /// copy waiting for a piece, or ending; see `staging` in the client). Not a
+    /// synchronisation point: the status is the fence's own.
     pub const FENCE: u16 = 0xE006;
+    /// A staged copy's piece: a [`crate::requests::PinnedCopy`] with a signal, sent without
+    /// waiting as part of a call its sender waits for (no other thread's request needs to wait
+    /// for it), whose failure is said in its signal alone (not kept for a synchronisation
+    /// point).
+    pub const PIECE: u16 = 0xE007;
+    /// As [`FENCE`], and a synchronisation point (a staged copy to the host ends with it, as
+    /// the native copy is one).
+    pub const FENCE_SYNC: u16 = 0xE008;
     /// In a [`crate::requests::Signal`]'s value: the copy failed.
     pub const SIGNAL_FAILED: u32 = 1 << 31;
 }
@@ -116,6 +125,8 @@ mod tests {
             pinned::FREE,
             pinned::COPY,
             pinned::FENCE,
+            pinned::PIECE,
+            pinned::FENCE_SYNC,
             host_functions::DONE,
             threads::FRESH,
         ];

@@ -92,18 +92,20 @@ pub fn run(
 /// point that succeeds (in its place: the program learns of it there, once).
 fn settle(s: &session::Session, h: &FrameHeader, status: i32, w: &mut Writer) -> i32 {
     if h.flags & FLAG_ASYNC != 0 {
-        if status != CUDA_SUCCESS {
+        // A staged copy's piece says its failure in its signal, to its own copy alone.
+        if status != CUDA_SUCCESS && h.opcode != wormhole_cuda_proto::pinned::PIECE {
             s.deferred.record(SESSION, status);
         }
         return status;
     }
     // The deferred failures' lock is taken only at synchronisation points (a synchronous copy
-    // of page-locked memory is one, as the native copy is, and a staged copy's closing fence).
+    // of page-locked memory is one, as the native copy is, and a staged copy to the host's
+    // closing fence).
     let sync = match Op::from_u16(h.opcode) {
         Some(op) => op.is_sync(),
         None => matches!(
             h.opcode,
-            wormhole_cuda_proto::pinned::COPY | wormhole_cuda_proto::pinned::FENCE
+            wormhole_cuda_proto::pinned::COPY | wormhole_cuda_proto::pinned::FENCE_SYNC
         ),
     };
     if status != CUDA_SUCCESS || !sync || s.deferred.is_empty() {
@@ -202,6 +204,11 @@ impl wormhole_server::Backend for Cuda {
         host_functions::end();
     }
 
+    fn within_waited_call(&self, opcode: u16) -> bool {
+        // A staged copy's pieces: its closing fence is waited for.
+        opcode == wormhole_cuda_proto::pinned::PIECE
+    }
+
     fn unordered(&self, opcode: u16) -> bool {
         // A host function's DONE releases a stream that later requests may be waiting on.
         opcode == wormhole_cuda_proto::host_functions::DONE
@@ -285,21 +292,31 @@ mod tests {
         assert_eq!(settle(&s, &sync, CUDA_SUCCESS, &mut reply(0)), CUDA_SUCCESS);
     }
 
-    /// A staged copy's pieces go without waiting: the fence that closes it answers their
-    /// failure.
+    /// A staged copy's pieces go without waiting: their failures are their copy's, and a
+    /// fence is a synchronisation point only where the copy is.
     #[test]
-    fn a_staged_copys_fence_answers_its_pieces_failure() {
+    fn a_staged_copys_pieces_fail_their_copy_alone() {
         use wormhole_cuda_proto::pinned;
         let s = session::Session::default();
-        let piece = header_of(pinned::COPY, FLAG_ASYNC);
         let failed = CUDA_ERROR_INVALID_VALUE;
+        let ok = CUDA_SUCCESS;
+        // A piece's failure is its copy's (said in its signal), no synchronisation point's.
+        let piece = header_of(pinned::PIECE, FLAG_ASYNC);
         assert_eq!(settle(&s, &piece, failed, &mut reply(failed)), failed);
+        let fence_sync = header_of(pinned::FENCE_SYNC, 0);
+        assert_eq!(settle(&s, &fence_sync, ok, &mut reply(0)), ok);
+        // A failure nobody waited for: the synchronising fence answers it, the plain one not.
+        let copy = header_of(pinned::COPY, FLAG_ASYNC);
+        assert_eq!(settle(&s, &copy, failed, &mut reply(failed)), failed);
         let fence = header_of(pinned::FENCE, 0);
-        assert_eq!(settle(&s, &fence, CUDA_SUCCESS, &mut reply(0)), failed);
-        assert_eq!(
-            settle(&s, &fence, CUDA_SUCCESS, &mut reply(0)),
-            CUDA_SUCCESS
-        );
+        assert_eq!(settle(&s, &fence, ok, &mut reply(0)), ok);
+        assert_eq!(settle(&s, &fence_sync, ok, &mut reply(0)), failed);
+        assert_eq!(settle(&s, &fence_sync, ok, &mut reply(0)), ok);
+        // Both fences are requests of their own on the lane (no other request's opcode).
+        for op in [pinned::FENCE, pinned::FENCE_SYNC] {
+            let mut w = Writer::new(0);
+            assert_eq!(run(&s, op, &mut Reader::new(&[]), &mut w), Ok(ok));
+        }
     }
 
     #[test]

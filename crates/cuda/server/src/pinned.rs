@@ -59,9 +59,13 @@ pub fn handle(
     r: &mut Reader<'_>,
     w: &mut Writer,
 ) -> Option<Result<(), DecodeError>> {
+    if matches!(opcode, pinned::FENCE | pinned::FENCE_SYNC) {
+        // Everything before it on the lane is done once it runs: nothing else to do.
+        return Some(r.finish().map(|()| w.i32(CUDA_SUCCESS)));
+    }
     if !matches!(
         opcode,
-        pinned::ALLOC | pinned::FREE | pinned::COPY | pinned::FENCE
+        pinned::ALLOC | pinned::FREE | pinned::COPY | pinned::PIECE
     ) {
         return None;
     }
@@ -110,10 +114,6 @@ impl Pinned {
                 reply.encode(w);
             }
             pinned::FREE => w.i32(self.free(s, PinnedFree::decode_rest(r)?)),
-            pinned::FENCE => {
-                r.finish()?;
-                w.i32(CUDA_SUCCESS);
-            }
             _ => w.i32(self.copy_and_signal(s, &PinnedCopy::decode_rest(r)?)),
         }
         Ok(())
@@ -218,7 +218,9 @@ impl Pinned {
     }
 
     /// Says that a copy is done, with its status, in the words `signal` names (a range of the
-    /// session's): the client, which sent it without waiting, reuses its memory then.
+    /// session's): the client, which sent it without waiting, reuses its memory then. A
+    /// failure said there stays (a later piece of the copy does not say "done" over it): the
+    /// copy answers the first.
     fn signal(&self, signal: Signal, status: i32) {
         let Some(p) = self
             .host_range(signal.offset, 8)
@@ -236,6 +238,9 @@ impl Pinned {
             let words = p as *const AtomicU32;
             (&*words, &*words.add(1))
         };
+        if done.load(Ordering::Acquire) & pinned::SIGNAL_FAILED != 0 {
+            return;
+        }
         st.store(status as u32, Ordering::Relaxed);
         let failed = if status == CUDA_SUCCESS {
             0
@@ -375,6 +380,17 @@ mod tests {
             value: 5,
         });
         assert_eq!(p.copy_and_signal(&s, &m), CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(
+            words(PAGE + 8),
+            (5 | pinned::SIGNAL_FAILED, CUDA_ERROR_INVALID_VALUE as u32)
+        );
+        // A later piece does not say "done" over the failure.
+        m.signal = Some(Signal {
+            offset: PAGE + 8,
+            value: 6,
+        });
+        m.offset = 0;
+        p.copy_and_signal(&s, &m);
         assert_eq!(
             words(PAGE + 8),
             (5 | pinned::SIGNAL_FAILED, CUDA_ERROR_INVALID_VALUE as u32)

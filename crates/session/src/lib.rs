@@ -353,6 +353,12 @@ extern "C" fn in_forked_child() {
     FORKED.store(true, Ordering::Relaxed);
 }
 
+/// Whether this process is the child of a fork of the one that opened the session (whose
+/// calls fail: see `FORKED`). What a client answers without the server must fail there too.
+pub fn forked_child() -> bool {
+    FORKED.load(Ordering::Relaxed)
+}
+
 /// Why no session could be opened (the API's client logs it and reports "no device").
 #[derive(Debug)]
 pub struct ConnectError(String);

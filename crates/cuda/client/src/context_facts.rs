@@ -121,8 +121,9 @@ fn named(ctx: *mut c_void) -> Option<usize> {
 
 /// The answer kept in `table` under `key` for `generation` (written with `give`), or else
 /// the server's (`ask`), kept when it succeeds (read back from the caller's outputs with
-/// `got`). Without a key (nothing to name the answer by), or before `cuInit`, the server is
-/// asked.
+/// `got`). Without a key (nothing to name the answer by), or where the client may not answer
+/// (`rt::answerable_here`: before `cuInit`, in a host function, in a fork's child), the
+/// server is asked.
 fn remembered<K: std::hash::Hash + Eq, G: Copy + PartialEq, V: Copy>(
     table: impl Fn(&mut Facts) -> &mut Kept<K, G, V>,
     key: Option<K>,
@@ -131,7 +132,7 @@ fn remembered<K: std::hash::Hash + Eq, G: Copy + PartialEq, V: Copy>(
     got: impl FnOnce() -> V,
     ask: impl FnOnce() -> i32,
 ) -> i32 {
-    let Some(key) = key.filter(|_| rt::check_initialized().is_ok()) else {
+    let Some(key) = key.filter(|_| rt::answerable_here()) else {
         return ask();
     };
     let known = table(&mut facts()).get(&key).copied();

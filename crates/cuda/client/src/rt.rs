@@ -65,6 +65,15 @@ pub fn check_initialized() -> Result<(), ApiErr> {
     }
 }
 
+/// Whether the client may answer a call from what it keeps (`context_facts`) as the server
+/// would: after `cuInit`, outside host functions, and not in a fork's child (where every
+/// call fails: such calls go the server's way, which answers what they get).
+pub fn answerable_here() -> bool {
+    check_initialized().is_ok()
+        && !crate::host_functions::in_host_function()
+        && !wormhole_session::forked_child()
+}
+
 /// CUDA_ERROR_NOT_PERMITTED inside a host function (see `host_functions`).
 fn check_permitted() -> Result<(), ApiErr> {
     match crate::host_functions::in_host_function() {

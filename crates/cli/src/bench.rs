@@ -385,6 +385,7 @@ pub fn run(icd_lib: &Path, part: Part) -> Result<(), BenchError> {
         return Ok(());
     }
     if part == Part::Transfers {
+        eprintln!("wh bench: call-heavy workload and transfers (native, shared memory)...");
         let modes = [Mode::Native, Mode::Shm];
         let figs = call_rounds(&client, &modes, 3, &icd, |_| &plain)?;
         print_table(&modes, &figs, CALL_ROWS);

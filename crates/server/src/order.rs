@@ -14,7 +14,9 @@
 //! not waited for once it works on a request with a later ticket (what it had before is
 //! handled, and what comes after has later tickets still), nor while it is inside a
 //! synchronous request (its sender, waiting for the reply, sends nothing more there: so a lane
-//! says a request is handled before its reply goes out, after which the sender may). Waits go
+//! says a request is handled before its reply goes out, after which the sender may), nor
+//! inside a request sent as part of a call its sender waits for (`Backend::within_waited_call`:
+//! the call's end waits for it before the sender can tell anyone). Waits go
 //! only to earlier tickets, so they never form a cycle. A lane blocked inside a pipelined
 //! request (an enqueue held back by the tenant's `max_queued`) is waited for 1 s at most.
 

@@ -525,8 +525,9 @@ fn handle(
         // No reply to mark: nobody waits for this call.
         crate::output::take_synced();
         // The client sent this without waiting because it had ruled out every error; a failure
-        // here is a gap in that validation (or a resource failure): say so, and count it.
-        if reply.status != 0 {
+        // here is a gap in that validation (or a resource failure): say so, and count it. (A
+        // request within a waited call is answered to its caller by the call's end.)
+        if reply.status != 0 && !backend.within_waited_call(h.opcode) {
             ASYNC_FAILURES.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
                 opcode = h.opcode,

@@ -18,6 +18,10 @@ pub const DIRECT_MAX: usize = 4096;
 /// # Safety
 /// Every byte of a range of at most [`DIRECT_MAX`] bytes at `p` must be readable.
 pub unsafe fn copy_in<'a>(p: *const u8, len: usize) -> Option<Cow<'a, [u8]>> {
+    if len == 0 {
+        // No byte to read (and a NULL pointer makes no slice).
+        return Some(Cow::Borrowed(&[]));
+    }
     if len <= DIRECT_MAX {
         // SAFETY: per the contract.
         return Some(Cow::Borrowed(unsafe { std::slice::from_raw_parts(p, len) }));

@@ -336,6 +336,11 @@ impl OnceConnection {
             .as_ref()
             .map_err(String::as_str)
     }
+
+    /// The session, if one was opened (never opens one).
+    pub fn opened(&self) -> Option<&Connection> {
+        self.0.get().and_then(|c| c.as_ref().ok())
+    }
 }
 
 impl Default for OnceConnection {
@@ -351,12 +356,6 @@ static FORKED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn in_forked_child() {
     FORKED.store(true, Ordering::Relaxed);
-}
-
-/// Whether this process is the child of a fork of the one that opened the session (whose
-/// calls fail: see `FORKED`). What a client answers without the server must fail there too.
-pub fn forked_child() -> bool {
-    FORKED.load(Ordering::Relaxed)
 }
 
 /// Why no session could be opened (the API's client logs it and reports "no device").

@@ -139,7 +139,7 @@ pub fn run(exe_dir: &Path) -> Result<(), BenchError> {
         for (dir, arrow) in [("htod", "host→device"), ("dtoh", "device→host")] {
             rows.push((
                 format!("pageable_async_{dir}_{kib}KiB_GBps"),
-                format!("pageable copy on a stream + sync {arrow} {label}, GB/s"),
+                format!("pageable async+sync {arrow} {label}, GB/s"),
             ));
         }
     }

@@ -38,8 +38,14 @@ fn op_name(opcode: u16) -> Option<&'static str> {
     })
 }
 
+static CONNECTION: OnceConnection = OnceConnection::new();
+
 /// The session, connecting on first use; Err says why there is none (logged once).
 pub fn get() -> Result<&'static Connection, &'static str> {
-    static CONNECTION: OnceConnection = OnceConnection::new();
     CONNECTION.get(CUDA, "no CUDA device")
+}
+
+/// The session if it was opened (never opens one).
+pub fn opened() -> Option<&'static Connection> {
+    CONNECTION.opened()
 }

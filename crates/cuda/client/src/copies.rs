@@ -66,13 +66,14 @@ fn through_arena(to_device: bool, device: u64, host: u64, n: usize, how: Call) -
             per_thread: how.per_thread,
             complete: false,
             signal: None,
+            whole: 0,
         };
         arena_copy(copy, waited)
     }))
 }
 
 /// Sends a copy of arena memory to the worker, `waited` for or not (a copy on a stream then
-/// completes with it; a staged copy's piece signals its end).
+/// completes with it).
 pub fn arena_copy(copy: PinnedCopy, waited: bool) -> Result<i32, rt::ApiErr> {
     let mut w = Writer::new(pinned::COPY);
     copy.encode(&mut w);

@@ -32,12 +32,17 @@ use wormhole_session::host_memory;
 
 /// The program's `len` bytes at `addr`, if it has them.
 fn read(addr: usize, len: usize) -> Option<Vec<u8>> {
-    read_in_place(addr, len).map(Cow::into_owned)
+    // SAFETY: copied at once: nothing outlives the call.
+    unsafe { read_in_place(addr, len) }.map(Cow::into_owned)
 }
 
 /// As `read`, but a range of a page or less is borrowed where it lies, not copied (a
 /// launch's arguments: no allocation per argument on the launch path).
-fn read_in_place<'a>(addr: usize, len: usize) -> Option<Cow<'a, [u8]>> {
+///
+/// # Safety
+/// What is borrowed must not be used once the program may have changed or freed it (past
+/// the entry point that was given it).
+unsafe fn read_in_place<'a>(addr: usize, len: usize) -> Option<Cow<'a, [u8]>> {
     // SAFETY: copy_in checks ranges larger than a page; smaller ones the driver would read
     // directly too.
     unsafe { host_memory::copy_in(addr as *const u8, len) }
@@ -641,7 +646,8 @@ unsafe fn launch(
                     .map(|(i, &(_, size))| {
                         // SAFETY: kernelParams holds one pointer per parameter (the contract).
                         let p = unsafe { *params.add(i) };
-                        read_in_place(p as usize, size as usize)
+                        // SAFETY: encoded into the request before this entry point returns.
+                        unsafe { read_in_place(p as usize, size as usize) }
                             .ok_or(ApiErr(CUDA_ERROR_INVALID_VALUE))
                     })
                     .collect::<Result<_, _>>()?;

@@ -66,12 +66,14 @@ pub fn check_initialized() -> Result<(), ApiErr> {
 }
 
 /// Whether the client may answer a call from what it keeps (`context_facts`) as the server
-/// would: after `cuInit`, outside host functions, and not in a fork's child (where every
-/// call fails: such calls go the server's way, which answers what they get).
+/// would: after `cuInit`, outside host functions, with a session that can still carry calls
+/// (not gone, not a fork's child's: every call fails there). Otherwise the call goes the
+/// server's way, which answers what it gets. (What is kept came from a session: without one
+/// opened there is nothing kept to answer from.)
 pub fn answerable_here() -> bool {
     check_initialized().is_ok()
         && !crate::host_functions::in_host_function()
-        && !wormhole_session::forked_child()
+        && connection::opened().is_none_or(|c| c.usable())
 }
 
 /// CUDA_ERROR_NOT_PERMITTED inside a host function (see `host_functions`).

@@ -32,11 +32,12 @@ use crate::rt::{self, ApiErr};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use wormhole_cuda_proto::cu::{CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
 use wormhole_cuda_proto::requests::{Message, PinnedCopy, PinnedFree, Signal};
 use wormhole_cuda_proto::{pinned, HandleKind, Writer};
 use wormhole_session::host_memory;
+use wormhole_transport::SpinPolicy;
 
 /// A slot of the staging range: the largest piece (DMA reaches most of its speed from 1 MiB).
 const SLOT: usize = 4 << 20;
@@ -44,10 +45,14 @@ const SLOT: usize = 4 << 20;
 const SLOTS: usize = 2;
 /// The range: the slots, then a page whose first words the worker signals pieces' ends in.
 const STAGING: usize = SLOTS * SLOT + 4096;
-/// How long a copy looks for a piece's end before it asks the worker instead (its DMA of a
-/// piece takes about 0.1 ms on an H100; a copy on a stream waits for the stream's earlier
-/// work too).
-const LOOK_FOR: Duration = Duration::from_millis(2);
+/// How a copy looks for a piece's end before it asks the worker instead: a piece's DMA takes
+/// about 0.1 ms on an H100, and the client's own copy of the other piece longer, so the end
+/// is usually said already; a copy on a stream waits for the stream's earlier work too.
+const LOOK: SpinPolicy = SpinPolicy {
+    spin: Duration::from_micros(20),
+    yield_until: Duration::from_millis(2),
+    sleep_slice: Duration::from_millis(50),
+};
 /// Copies smaller than this travel through the rings: a copy to the device there is not
 /// waited for, which costs less than a round trip.
 pub const STAGED_FROM: usize = 256 << 10;
@@ -193,8 +198,17 @@ impl<W: Worker> Staged<W> {
         w.load(Ordering::Relaxed) as i32
     }
 
-    /// Sends piece `piece` (`len` bytes at `device`) without waiting; its end is signalled.
-    fn send(&self, to_device: bool, piece: usize, device: u64, len: usize) -> Result<(), ApiErr> {
+    /// Sends piece `piece` (`len` bytes at `device`; the first piece names the whole copy's
+    /// `total`) without waiting; its end is signalled. If it cannot be sent (the session is
+    /// gone), the pieces before it are waited for: no late signal for the next copy.
+    fn send(
+        &self,
+        to_device: bool,
+        piece: usize,
+        device: u64,
+        len: usize,
+        total: usize,
+    ) -> Result<(), ApiErr> {
         let copy = PinnedCopy {
             to_device,
             device,
@@ -207,8 +221,11 @@ impl<W: Worker> Staged<W> {
                 offset: self.offset + (SLOTS * SLOT) as u64,
                 value: piece as u32 + 1,
             }),
+            whole: if piece == 0 { total as u64 } else { 0 },
         };
-        self.worker.send(copy)
+        self.worker.send(copy).inspect_err(|_| {
+            let _ = self.worker.fence(false);
+        })
     }
 
     /// Returns once piece `piece` is done: looks at the signal for a while, then asks the
@@ -217,27 +234,19 @@ impl<W: Worker> Staged<W> {
     /// worker (no late signal for the next copy), with the first failure's status.
     fn done(&self, piece: usize) -> Result<(), ApiErr> {
         let want = piece as u32 + 1;
-        let start = Instant::now();
-        let mut looks = 0u32;
-        loop {
+        let said = || {
             let v = self.signal().load(Ordering::Acquire);
-            if v & pinned::SIGNAL_FAILED != 0 {
-                self.worker.fence(false)?;
-                return Err(ApiErr(self.status()));
-            }
-            if v >= want {
-                return Ok(());
-            }
-            looks += 1;
-            if looks < 64 {
-                std::hint::spin_loop();
-            } else if start.elapsed() < LOOK_FOR {
-                std::thread::yield_now();
-            } else {
-                self.worker.fence(false)?;
-                return self.failure();
-            }
+            Ok::<_, ()>(v & pinned::SIGNAL_FAILED != 0 || v >= want)
+        };
+        // Not said within the window (or the CPUs are oversubscribed, where looking only
+        // delays the worker): the fence waits, asleep once its own window is over.
+        if !LOOK.poll(said).unwrap_or(false) {
+            self.worker.fence(false)?;
+        } else if self.signal().load(Ordering::Acquire) & pinned::SIGNAL_FAILED != 0 {
+            // The pieces sent after the failed one are done too before the copy answers.
+            self.worker.fence(false)?;
         }
+        self.failure()
     }
 
     /// Once every piece sent is done: the first failure's status, if one failed.
@@ -269,7 +278,7 @@ impl<W: Worker> Staged<W> {
             // SAFETY: `host` holds `n` bytes (the contract), the slot SLOT bytes; they do not
             // overlap (the range is the worker's, never the program's).
             unsafe { std::ptr::copy_nonoverlapping(host.add(at), self.slot(piece).0, len) };
-            self.send(true, piece, device.wrapping_add(at as u64), len)?;
+            self.send(true, piece, device.wrapping_add(at as u64), len, n)?;
         }
         self.end(false)
     }
@@ -281,12 +290,8 @@ impl<W: Worker> Staged<W> {
         let pieces = n.div_ceil(SLOT);
         let send = |piece: usize| {
             let at = piece * SLOT;
-            self.send(
-                false,
-                piece,
-                device.wrapping_add(at as u64),
-                SLOT.min(n - at),
-            )
+            let len = SLOT.min(n - at);
+            self.send(false, piece, device.wrapping_add(at as u64), len, n)
         };
         for piece in 0..pieces.min(SLOTS) {
             send(piece)?;
@@ -393,9 +398,19 @@ mod tests {
                 if i % 3 == 0 {
                     std::thread::sleep(Duration::from_micros(300));
                 }
+                let sig = c.signal.unwrap();
+                // SAFETY: the signal page of the test's range.
+                let words = unsafe { range.0.add(sig.offset as usize) } as *const AtomicU32;
+                // SAFETY: as above, aligned (a page's start).
+                let (done, st) = unsafe { (&*words, &*words.add(1)) };
+                if done.load(Ordering::Acquire) & pinned::SIGNAL_FAILED != 0 {
+                    continue;
+                }
                 let mut dev = device.lock().unwrap();
                 let (at, len) = (c.device as usize, c.len as usize);
-                let status = match dev.get_mut(at..at + len) {
+                let whole = (c.whole as usize).max(len);
+                let fits = at + whole <= dev.len();
+                let status = match dev.get_mut(at..at + len).filter(|_| fits) {
                     None => CUDA_ERROR_INVALID_VALUE,
                     Some(d) => {
                         // SAFETY: the slot lies in the test's range.
@@ -409,14 +424,6 @@ mod tests {
                         CUDA_SUCCESS
                     }
                 };
-                let sig = c.signal.unwrap();
-                // SAFETY: the signal page of the test's range.
-                let words = unsafe { range.0.add(sig.offset as usize) } as *const AtomicU32;
-                // SAFETY: as above, aligned (a page's start).
-                let (done, st) = unsafe { (&*words, &*words.add(1)) };
-                if done.load(Ordering::Acquire) & pinned::SIGNAL_FAILED != 0 {
-                    continue;
-                }
                 st.store(status as u32, Ordering::Relaxed);
                 let failed = (status != CUDA_SUCCESS) as u32 * pinned::SIGNAL_FAILED;
                 done.store(sig.value | failed, Ordering::Release);
@@ -478,17 +485,20 @@ mod tests {
             assert_eq!(st, Ok(CUDA_SUCCESS));
             assert!(back == data, "{n} bytes out");
         }
-        // A piece the worker refuses ends the copy with its status: here the second and
-        // third of three lie past the device's end (twice over: no failure outlives its
-        // copy), then a copy that fits works.
+        // A copy whose device range ends past the device's fails before a byte moves (the
+        // first piece answers for the whole range), twice over (no failure outlives its
+        // copy); then a copy that fits works.
         let n = 3 * SLOT;
         let data = vec![7u8; n];
         let end = 40 << 20;
         let second_out = end - 2 * SLOT as u64 + 1;
         for _ in 0..2 {
+            let before = device.lock().unwrap()[second_out as usize..].to_vec();
             // SAFETY: `data` holds `n` bytes.
             let st = unsafe { staged.copy_in(second_out, data.as_ptr(), n) };
             assert_eq!(st, Err(ApiErr(CUDA_ERROR_INVALID_VALUE)));
+            let after = device.lock().unwrap()[second_out as usize..].to_vec();
+            assert!(before == after, "nothing written");
             let mut back = vec![0u8; n];
             // SAFETY: `back` holds `n` bytes.
             let st = unsafe { staged.copy_out(second_out, back.as_mut_ptr(), n) };

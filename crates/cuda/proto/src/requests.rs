@@ -684,6 +684,10 @@ pub struct PinnedCopy {
     pub complete: bool,
     /// Where to say that the copy is done (a piece of a staged copy, sent without waiting).
     pub signal: Option<Signal>,
+    /// The bytes from `device` on that the whole copy touches, checked before this piece
+    /// moves any (a staged copy's first piece: a range the session does not own fails the
+    /// copy before a byte is written, as natively); 0 for `len`.
+    pub whole: u64,
 }
 
 /// A word pair in the session's page-locked memory that the worker writes when a copy is
@@ -712,6 +716,7 @@ impl<'a> Message<'a> for PinnedCopy {
         });
         w.u64(signal.offset);
         w.u32(signal.value);
+        w.u64(self.whole);
     }
     fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
         let to_device = r.bool()?;
@@ -734,6 +739,7 @@ impl<'a> Message<'a> for PinnedCopy {
                 let value = r.u32()?;
                 has.then_some(Signal { offset, value })
             },
+            whole: r.u64()?,
         })
     }
 }
@@ -1354,6 +1360,7 @@ mod tests {
                     per_thread,
                     complete,
                     signal,
+                    whole: 1 << 29,
                 },
                 &mut Vec::new(),
             );

@@ -208,8 +208,12 @@ impl Pinned {
             .map(|p| p as *mut c_void)
     }
 
-    /// The copy's status, said in its signal's words too if it names some.
+    /// The copy's status, said in its signal's words too if it names some. A piece of a copy
+    /// that already failed moves nothing (the copy's first failure is its status).
     fn copy_and_signal(&self, s: &Call<'_>, m: &PinnedCopy) -> i32 {
+        if let Some(failed) = m.signal.and_then(|sig| self.failed(sig)) {
+            return failed;
+        }
         let status = self.copy(s, m).err().unwrap_or(CUDA_SUCCESS);
         if let Some(signal) = m.signal {
             self.signal(signal, status);
@@ -217,26 +221,37 @@ impl Pinned {
         status
     }
 
+    /// The failure a copy's signal already says, if it says one.
+    fn failed(&self, signal: Signal) -> Option<i32> {
+        let (done, st) = self.signal_words(signal)?;
+        (done.load(Ordering::Acquire) & pinned::SIGNAL_FAILED != 0)
+            .then(|| st.load(Ordering::Relaxed) as i32)
+    }
+
+    /// The two words `signal` names, if they lie in a range of the session's, aligned.
+    fn signal_words(&self, signal: Signal) -> Option<(&AtomicU32, &AtomicU32)> {
+        let p = self
+            .host_range(signal.offset, 8)
+            .filter(|p| (*p as usize).is_multiple_of(4))?;
+        // SAFETY: 8 aligned bytes of a live range of the arena's mapping (which lives as
+        // long as `self`), which the client reads only atomically.
+        Some(unsafe {
+            let words = p as *const AtomicU32;
+            (&*words, &*words.add(1))
+        })
+    }
+
     /// Says that a copy is done, with its status, in the words `signal` names (a range of the
     /// session's): the client, which sent it without waiting, reuses its memory then. A
     /// failure said there stays (a later piece of the copy does not say "done" over it): the
     /// copy answers the first.
     fn signal(&self, signal: Signal, status: i32) {
-        let Some(p) = self
-            .host_range(signal.offset, 8)
-            .filter(|p| (*p as usize).is_multiple_of(4))
-        else {
+        let Some((done, st)) = self.signal_words(signal) else {
             tracing::warn!(
                 offset = signal.offset,
                 "a copy's signal names no page-locked memory of the session: not written"
             );
             return;
-        };
-        // SAFETY: 8 aligned bytes of a live range of the arena's mapping, which the client
-        // reads only atomically.
-        let (done, st) = unsafe {
-            let words = p as *const AtomicU32;
-            (&*words, &*words.add(1))
         };
         if done.load(Ordering::Acquire) & pinned::SIGNAL_FAILED != 0 {
             return;
@@ -260,7 +275,9 @@ impl Pinned {
             );
             return Err(CUDA_ERROR_INVALID_VALUE);
         };
-        crate::rt::check_device(s, m.device, Some(n))?;
+        // A staged copy's first piece answers for the whole copy's range.
+        let whole = usize::try_from(m.whole).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        crate::rt::check_device(s, m.device, Some(n.max(whole)))?;
         let stream = match m.stream {
             Some(id) => Some(s.resolve(id, HandleKind::Stream, true)?),
             None => None,
@@ -326,6 +343,7 @@ mod tests {
             per_thread: false,
             complete: false,
             signal: None,
+            whole: 0,
         }
     }
 
@@ -350,6 +368,13 @@ mod tests {
             p.copy(&s, &copy(false, 0x7000_0800, 0, 0x1000)),
             Err(CUDA_ERROR_INVALID_VALUE),
             "device range beyond the allocation"
+        );
+        let mut staged = copy(true, 0x7000_0000, 0, 16);
+        staged.whole = 0x1001;
+        assert_eq!(
+            p.copy(&s, &staged),
+            Err(CUDA_ERROR_INVALID_VALUE),
+            "a staged copy's first piece answers for the whole range"
         );
         let mut bad_stream = copy(true, 0x7000_0000, 0, 16);
         bad_stream.stream = Some(999);

@@ -596,7 +596,14 @@ fn print_table(modes: &[Mode], figs: &[Figures], rows: &[(&str, &str)]) {
         Mode::Tcp => "tcp/nat",
         Mode::Guest => "guest/nat",
     };
-    let mut head = format!("{:<52}", "measurement");
+    // As wide as the longest label (char count: the labels hold µ and →).
+    let width = rows
+        .iter()
+        .map(|(_, l)| l.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(52);
+    let mut head = format!("{:<width$}", "measurement");
     for m in modes {
         head.push_str(&format!(" {:>12}", name(m)));
     }
@@ -609,7 +616,7 @@ fn print_table(modes: &[Mode], figs: &[Figures], rows: &[(&str, &str)]) {
             .iter()
             .map(|f| f.get(*key).copied().unwrap_or(f64::NAN))
             .collect();
-        let mut line = format!("{label:<52}");
+        let mut line = format!("{label:<width$}");
         for x in &v {
             line.push_str(&format!(" {:>12}", fmt(*x)));
         }

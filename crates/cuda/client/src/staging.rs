@@ -6,7 +6,8 @@
 //! into the request, carried into the worker's buffer and handed to the driver as pageable
 //! memory: on the H200, 0.38 GB/s for 16 MiB to the device against 11.4 natively.
 //!
-//! A copy moves in pieces of up to 4 MiB through two slots in turn, each piece sent without
+//! A copy moves in pieces of up to 4 MiB (1 MiB where the tenant's page-locked quota or the
+//! arena has no room for two of 4) through two slots in turn, each piece sent without
 //! waiting (`pinned::PIECE`): while the device copies one, the client copies the next into
 //! (or the previous out of) the other slot. The worker says each piece's end and status in
 //! words of the range, which the client looks at before it reuses a slot (or, after 2 ms,
@@ -33,18 +34,22 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
-use wormhole_cuda_proto::cu::{CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
+use wormhole_cuda_proto::cu::{
+    CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS,
+};
 use wormhole_cuda_proto::requests::{Message, PinnedCopy, PinnedFree, Signal};
 use wormhole_cuda_proto::{pinned, HandleKind, Writer};
 use wormhole_session::host_memory;
 use wormhole_transport::SpinPolicy;
 
-/// A slot of the staging range: the largest piece (DMA reaches most of its speed from 1 MiB).
-const SLOT: usize = 4 << 20;
+/// The sizes of a slot of the staging range, the largest piece, tried in turn: where the
+/// tenant's page-locked quota or the arena has no room for the first, the second (DMA
+/// reaches most of its speed from 1 MiB).
+const SLOT_SIZES: [usize; 2] = [4 << 20, 1 << 20];
 /// Slots a copy takes turns in: while the device copies one piece, the client copies the other.
 const SLOTS: usize = 2;
-/// The range: the slots, then a page whose first words the worker signals pieces' ends in.
-const STAGING: usize = SLOTS * SLOT + 4096;
+/// After the slots, a page whose first words the worker signals pieces' ends in.
+const SIGNAL_PAGE: usize = 4096;
 /// How a copy looks for a piece's end before it asks the worker instead: a piece's DMA takes
 /// about 0.1 ms on an H100, and the client's own copy of the other piece longer, so the end
 /// is usually said already; a copy on a stream waits for the stream's earlier work too.
@@ -62,8 +67,12 @@ enum Range {
     Unasked,
     /// The worker refused it (or the session has no arena): the rings carry every copy.
     Refused,
-    /// The program's address of the range, and its offset in the arena.
-    Held { host: usize, offset: u64 },
+    /// The program's address of the range, its offset in the arena, and its slots' size.
+    Held {
+        host: usize,
+        offset: u64,
+        slot: usize,
+    },
 }
 
 static RANGE: Mutex<Range> = Mutex::new(Range::Unasked);
@@ -110,6 +119,7 @@ pub unsafe fn copy(
     let Range::Held {
         host: staging,
         offset,
+        slot,
     } = *range
     else {
         return None;
@@ -125,6 +135,7 @@ pub unsafe fn copy(
     let staged = Staged {
         host: staging as *mut u8,
         offset,
+        slot,
         stream,
         per_thread,
         worker: Session,
@@ -145,6 +156,8 @@ pub unsafe fn copy(
 struct Staged<W: Worker> {
     host: *mut u8,
     offset: u64,
+    /// A slot's size: the largest piece.
+    slot: usize,
     stream: Option<u64>,
     per_thread: bool,
     worker: W,
@@ -180,8 +193,9 @@ impl Worker for Session {
 }
 
 impl<W: Worker> Staged<W> {
-    fn slot(&self, piece: usize) -> (*mut u8, u64) {
-        let at = (piece % SLOTS) * SLOT;
+    /// Where piece `piece` goes: the program's address of its slot, and the slot's offset.
+    fn slot_of(&self, piece: usize) -> (*mut u8, u64) {
+        let at = (piece % SLOTS) * self.slot;
         (self.host.wrapping_add(at), self.offset + at as u64)
     }
 
@@ -189,12 +203,12 @@ impl<W: Worker> Staged<W> {
     fn signal(&self) -> &AtomicU32 {
         // SAFETY: the range's last page holds them, aligned, for as long as it is held;
         // both sides use them atomically.
-        unsafe { &*(self.host.wrapping_add(SLOTS * SLOT) as *const AtomicU32) }
+        unsafe { &*(self.host.wrapping_add(SLOTS * self.slot) as *const AtomicU32) }
     }
 
     fn status(&self) -> i32 {
         // SAFETY: as `signal`, the word after it.
-        let w = unsafe { &*(self.host.wrapping_add(SLOTS * SLOT + 4) as *const AtomicU32) };
+        let w = unsafe { &*(self.host.wrapping_add(SLOTS * self.slot + 4) as *const AtomicU32) };
         w.load(Ordering::Relaxed) as i32
     }
 
@@ -212,13 +226,13 @@ impl<W: Worker> Staged<W> {
         let copy = PinnedCopy {
             to_device,
             device,
-            offset: self.slot(piece).1,
+            offset: self.slot_of(piece).1,
             len: len as u64,
             stream: self.stream,
             per_thread: self.per_thread,
             complete: self.stream.is_some(),
             signal: Some(Signal {
-                offset: self.offset + (SLOTS * SLOT) as u64,
+                offset: self.offset + (SLOTS * self.slot) as u64,
                 value: piece as u32 + 1,
             }),
             whole: if piece == 0 { total as u64 } else { 0 },
@@ -269,15 +283,15 @@ impl<W: Worker> Staged<W> {
     /// `host` holds `n` readable bytes of the program's.
     unsafe fn copy_in(&self, device: u64, host: *const u8, n: usize) -> Result<i32, ApiErr> {
         self.signal().store(0, Ordering::Relaxed);
-        for piece in 0..n.div_ceil(SLOT) {
+        for piece in 0..n.div_ceil(self.slot) {
             if piece >= SLOTS {
                 self.done(piece - SLOTS)?;
             }
-            let at = piece * SLOT;
-            let len = SLOT.min(n - at);
-            // SAFETY: `host` holds `n` bytes (the contract), the slot SLOT bytes; they do not
+            let at = piece * self.slot;
+            let len = self.slot.min(n - at);
+            // SAFETY: `host` holds `n` bytes (the contract), the slot `slot` bytes; they do not
             // overlap (the range is the worker's, never the program's).
-            unsafe { std::ptr::copy_nonoverlapping(host.add(at), self.slot(piece).0, len) };
+            unsafe { std::ptr::copy_nonoverlapping(host.add(at), self.slot_of(piece).0, len) };
             self.send(true, piece, device.wrapping_add(at as u64), len, n)?;
         }
         self.end(false)
@@ -287,10 +301,10 @@ impl<W: Worker> Staged<W> {
     /// `host` holds `n` writable bytes of the program's.
     unsafe fn copy_out(&self, device: u64, host: *mut u8, n: usize) -> Result<i32, ApiErr> {
         self.signal().store(0, Ordering::Relaxed);
-        let pieces = n.div_ceil(SLOT);
+        let pieces = n.div_ceil(self.slot);
         let send = |piece: usize| {
-            let at = piece * SLOT;
-            let len = SLOT.min(n - at);
+            let at = piece * self.slot;
+            let len = self.slot.min(n - at);
             self.send(false, piece, device.wrapping_add(at as u64), len, n)
         };
         for piece in 0..pieces.min(SLOTS) {
@@ -298,11 +312,10 @@ impl<W: Worker> Staged<W> {
         }
         for piece in 0..pieces {
             self.done(piece)?;
-            let at = piece * SLOT;
+            let at = piece * self.slot;
+            let len = self.slot.min(n - at);
             // SAFETY: as in `copy_in`, the other way.
-            unsafe {
-                std::ptr::copy_nonoverlapping(self.slot(piece).0, host.add(at), SLOT.min(n - at))
-            };
+            unsafe { std::ptr::copy_nonoverlapping(self.slot_of(piece).0, host.add(at), len) };
             // The slot is free: the piece after the next goes into it.
             if piece + SLOTS < pieces {
                 send(piece + SLOTS)?;
@@ -319,21 +332,30 @@ fn take_range() -> Range {
     let Some(arena) = host_memory_pinned::session_arena() else {
         return Range::Refused;
     };
-    match host_memory_pinned::alloc_in_arena(arena, STAGING, 0) {
-        Ok((host, in_arena)) => Range::Held {
-            host: host as usize,
-            offset: in_arena.offset,
-        },
-        // No context current on the calling thread for the worker to register it in.
-        Err(e) if e.0 == CUDA_ERROR_INVALID_CONTEXT => Range::Unasked,
-        Err(e) => {
-            crate::connection::log(&format!(
-                "no page-locked staging memory (status {}): copies of pageable memory go through the rings",
-                e.0
-            ));
-            Range::Refused
+    let mut refused = 0;
+    for slot in SLOT_SIZES {
+        match host_memory_pinned::alloc_in_arena(arena, SLOTS * slot + SIGNAL_PAGE, 0) {
+            Ok((host, in_arena)) => {
+                return Range::Held {
+                    host: host as usize,
+                    offset: in_arena.offset,
+                    slot,
+                }
+            }
+            // No context current on the calling thread for the worker to register it in.
+            Err(e) if e.0 == CUDA_ERROR_INVALID_CONTEXT => return Range::Unasked,
+            // No room (the tenant's quota, the arena): a smaller one may fit.
+            Err(e) if e.0 == CUDA_ERROR_OUT_OF_MEMORY => refused = e.0,
+            Err(e) => {
+                refused = e.0;
+                break;
+            }
         }
     }
+    crate::connection::log(&format!(
+        "no page-locked staging memory (status {refused}): copies of pageable memory go through the rings"
+    ));
+    Range::Refused
 }
 
 /// Gives the staging range back to the worker, if the session holds it, so that its room
@@ -449,23 +471,30 @@ mod tests {
     /// refused piece fails its copy, and the next copy starts afresh.
     #[test]
     fn staged_copies_arrive_whole_whatever_their_length() {
-        let mut range = vec![0u64; STAGING / 8];
+        for slot in SLOT_SIZES {
+            copies_through_slots_of(slot);
+        }
+    }
+
+    fn copies_through_slots_of(slot: usize) {
+        let mut range = vec![0u64; (SLOTS * slot + SIGNAL_PAGE) / 8];
         let range = Range(range.as_mut_ptr().cast());
         let device = Arc::new(Mutex::new(vec![0u8; 40 << 20]));
         let (sim, worker) = simulated(range, device.clone());
         let staged = Staged {
             host: range.0,
             offset: 0,
+            slot,
             stream: None,
             per_thread: false,
             worker: &sim,
         };
         for (k, n) in [
             STAGED_FROM,
-            SLOT,
-            SLOT + 1,
-            2 * SLOT,
-            3 * SLOT + 4093,
+            slot,
+            slot + 1,
+            2 * slot,
+            3 * slot + 4093,
             37 << 20,
         ]
         .into_iter()
@@ -488,10 +517,10 @@ mod tests {
         // A copy whose device range ends past the device's fails before a byte moves (the
         // first piece answers for the whole range), twice over (no failure outlives its
         // copy); then a copy that fits works.
-        let n = 3 * SLOT;
+        let n = 3 * slot;
         let data = vec![7u8; n];
         let end = 40 << 20;
-        let second_out = end - 2 * SLOT as u64 + 1;
+        let second_out = end - 2 * slot as u64 + 1;
         for _ in 0..2 {
             let before = device.lock().unwrap()[second_out as usize..].to_vec();
             // SAFETY: `data` holds `n` bytes.

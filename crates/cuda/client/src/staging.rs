@@ -152,7 +152,8 @@ pub unsafe fn copy(
 /// A copy through the held staging range: its pieces go without waiting, each in a slot the
 /// previous piece in it has left, so that the client's copy of one piece and the device's
 /// of the other overlap; the worker says each piece's end in the range's signal words, and a
-/// fence (a synchronisation point, as the native copy is) ends the copy with its status.
+/// fence ends the copy with its status (for a copy to the host a synchronisation point, as
+/// the native copy is).
 struct Staged<W: Worker> {
     host: *mut u8,
     offset: u64,

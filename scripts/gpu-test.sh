@@ -53,7 +53,7 @@ if [ "${1:-}" = "--prepare" ]; then
             strip --strip-debug -o "target/gpu/cts/$bin" "$cts_build/$bin"
         done
     else
-        echo "gpu-test: no CTS build at $cts_build (CTS_DIR): the cts part will have nothing to run"
+        echo "gpu-test: no CTS build at $cts_build (CTS_DIR; scripts/build-cts.sh makes one): the cts part will have nothing to run"
     fi
     du -sh target/gpu
     echo "gpu-test: carry [\"target/gpu\"]; there run scripts/gpu-test.sh PART..."

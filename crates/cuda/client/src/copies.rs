@@ -3,11 +3,11 @@
 //! where it lies: the request names the range, and an asynchronous copy is not waited for at
 //! all (it completes with its stream, as natively). Copies of other host memory from 256 KiB
 //! go through a staging range in the arena where the session has one (`staging`). Other host
-//! memory travels in the requests and replies, in pieces: one request carries at most what a frame and the worker's
-//! output buffer hold, so a copy larger than that travels as several, one after another on the
-//! caller's lane (copies to the device are not waited for, so the pieces follow each other
-//! without a round trip each). A piece the driver refuses ends the copy with its status: the
-//! pieces before it have been copied, where natively nothing is.
+//! memory travels in the requests and replies, in pieces: one request carries at most what a
+//! frame and the worker's output buffer hold, so a copy larger than that travels as several,
+//! one after another on the caller's lane (copies to the device are not waited for, so the
+//! pieces follow each other without a round trip each). A piece the driver refuses ends the
+//! copy with its status: the pieces before it have been copied, where natively nothing is.
 
 // Entry points keep the C names of the functions they stand for.
 #![allow(non_snake_case)]
@@ -56,8 +56,8 @@ fn through_arena(to_device: bool, device: u64, host: u64, n: usize, how: Call) -
             Some(h) => Some(unsafe { rt::id_of(h, HandleKind::Stream, true) }?),
             None => None,
         };
-        let waited = stream.is_none();
-        let copy = PinnedCopy {
+        let mut w = Writer::new(pinned::COPY);
+        PinnedCopy {
             to_device,
             device,
             offset,
@@ -67,22 +67,15 @@ fn through_arena(to_device: bool, device: u64, host: u64, n: usize, how: Call) -
             complete: false,
             signal: None,
             whole: 0,
+        }
+        .encode(&mut w);
+        let reply = match stream {
+            Some(_) => rt::call_async(w)?,
+            None => rt::call(w)?,
         };
-        arena_copy(copy, waited)
+        rt::status_of(&reply)?;
+        Ok(CUDA_SUCCESS)
     }))
-}
-
-/// Sends a copy of arena memory to the worker, `waited` for or not (a copy on a stream then
-/// completes with it).
-pub fn arena_copy(copy: PinnedCopy, waited: bool) -> Result<i32, rt::ApiErr> {
-    let mut w = Writer::new(pinned::COPY);
-    copy.encode(&mut w);
-    let reply = match waited {
-        false => rt::call_async(w)?,
-        true => rt::call(w)?,
-    };
-    rt::status_of(&reply)?;
-    Ok(CUDA_SUCCESS)
 }
 
 /// A copy that need not travel through the rings: the host side in the arena, or staged

@@ -31,13 +31,12 @@
 use crate::host_memory_pinned;
 use crate::rt::{self, ApiErr};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 use wormhole_cuda_proto::cu::{
     CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS,
 };
-use wormhole_cuda_proto::requests::{Message, PinnedCopy, PinnedFree, Signal};
+use wormhole_cuda_proto::requests::{Message, PinnedCopy, PinnedFree, Signal, SignalWords};
 use wormhole_cuda_proto::{pinned, HandleKind, Writer};
 use wormhole_session::host_memory;
 use wormhole_transport::SpinPolicy;
@@ -200,17 +199,22 @@ impl<W: Worker> Staged<W> {
         (self.host.wrapping_add(at), self.offset + at as u64)
     }
 
-    /// The words the worker says each piece's end in (see `requests::Signal`).
-    fn signal(&self) -> &AtomicU32 {
-        // SAFETY: the range's last page holds them, aligned, for as long as it is held;
-        // both sides use them atomically.
-        unsafe { &*(self.host.wrapping_add(SLOTS * self.slot) as *const AtomicU32) }
+    /// The words the worker says each piece's end in: at the start of the page after the
+    /// slots (their offset in the range).
+    fn signal_at(&self) -> usize {
+        SLOTS * self.slot
     }
 
-    fn status(&self) -> i32 {
-        // SAFETY: as `signal`, the word after it.
-        let w = unsafe { &*(self.host.wrapping_add(SLOTS * self.slot + 4) as *const AtomicU32) };
-        w.load(Ordering::Relaxed) as i32
+    fn words(&self) -> &SignalWords {
+        // SAFETY: the range's last page holds them, aligned, for as long as it is held;
+        // the worker touches them only through `SignalWords` too.
+        unsafe { SignalWords::at(self.host.wrapping_add(self.signal_at())) }
+    }
+
+    /// Where piece `piece` of a copy of `n` bytes lies in it, and how long it is.
+    fn piece(&self, piece: usize, n: usize) -> (usize, usize) {
+        let at = piece * self.slot;
+        (at, self.slot.min(n - at))
     }
 
     /// Sends piece `piece` (`len` bytes at `device`; the first piece names the whole copy's
@@ -233,7 +237,7 @@ impl<W: Worker> Staged<W> {
             per_thread: self.per_thread,
             complete: self.stream.is_some(),
             signal: Some(Signal {
-                offset: self.offset + (SLOTS * self.slot) as u64,
+                offset: self.offset + self.signal_at() as u64,
                 value: piece as u32 + 1,
             }),
             whole: if piece == 0 { total as u64 } else { 0 },
@@ -248,16 +252,12 @@ impl<W: Worker> Staged<W> {
     /// piece (its own or an earlier one's) ends the copy: once nothing sent is left in the
     /// worker (no late signal for the next copy), with the first failure's status.
     fn done(&self, piece: usize) -> Result<(), ApiErr> {
-        let want = piece as u32 + 1;
-        let said = || {
-            let v = self.signal().load(Ordering::Acquire);
-            Ok::<_, ()>(v & pinned::SIGNAL_FAILED != 0 || v >= want)
-        };
+        let said = || Ok::<_, ()>(self.words().said(piece as u32 + 1));
         // Not said within the window (or the CPUs are oversubscribed, where looking only
         // delays the worker): the fence waits, asleep once its own window is over.
         if !LOOK.poll(said).unwrap_or(false) {
             self.worker.fence(false)?;
-        } else if self.signal().load(Ordering::Acquire) & pinned::SIGNAL_FAILED != 0 {
+        } else if self.words().failure().is_some() {
             // The pieces sent after the failed one are done too before the copy answers.
             self.worker.fence(false)?;
         }
@@ -266,10 +266,7 @@ impl<W: Worker> Staged<W> {
 
     /// Once every piece sent is done: the first failure's status, if one failed.
     fn failure(&self) -> Result<(), ApiErr> {
-        match self.signal().load(Ordering::Acquire) & pinned::SIGNAL_FAILED {
-            0 => Ok(()),
-            _ => Err(ApiErr(self.status())),
-        }
+        self.words().failure().map_or(Ok(()), |st| Err(ApiErr(st)))
     }
 
     /// Ends the copy: every piece done, then its status (a copy to the host is a
@@ -283,13 +280,12 @@ impl<W: Worker> Staged<W> {
     /// # Safety
     /// `host` holds `n` readable bytes of the program's.
     unsafe fn copy_in(&self, device: u64, host: *const u8, n: usize) -> Result<i32, ApiErr> {
-        self.signal().store(0, Ordering::Relaxed);
+        self.words().reset();
         for piece in 0..n.div_ceil(self.slot) {
             if piece >= SLOTS {
                 self.done(piece - SLOTS)?;
             }
-            let at = piece * self.slot;
-            let len = self.slot.min(n - at);
+            let (at, len) = self.piece(piece, n);
             // SAFETY: `host` holds `n` bytes (the contract), the slot `slot` bytes; they do not
             // overlap (the range is the worker's, never the program's).
             unsafe { std::ptr::copy_nonoverlapping(host.add(at), self.slot_of(piece).0, len) };
@@ -301,11 +297,10 @@ impl<W: Worker> Staged<W> {
     /// # Safety
     /// `host` holds `n` writable bytes of the program's.
     unsafe fn copy_out(&self, device: u64, host: *mut u8, n: usize) -> Result<i32, ApiErr> {
-        self.signal().store(0, Ordering::Relaxed);
+        self.words().reset();
         let pieces = n.div_ceil(self.slot);
         let send = |piece: usize| {
-            let at = piece * self.slot;
-            let len = self.slot.min(n - at);
+            let (at, len) = self.piece(piece, n);
             self.send(false, piece, device.wrapping_add(at as u64), len, n)
         };
         for piece in 0..pieces.min(SLOTS) {
@@ -313,8 +308,7 @@ impl<W: Worker> Staged<W> {
         }
         for piece in 0..pieces {
             self.done(piece)?;
-            let at = piece * self.slot;
-            let len = self.slot.min(n - at);
+            let (at, len) = self.piece(piece, n);
             // SAFETY: as in `copy_in`, the other way.
             unsafe { std::ptr::copy_nonoverlapping(self.slot_of(piece).0, host.add(at), len) };
             // The slot is free: the piece after the next goes into it.
@@ -422,11 +416,9 @@ mod tests {
                     std::thread::sleep(Duration::from_micros(300));
                 }
                 let sig = c.signal.unwrap();
-                // SAFETY: the signal page of the test's range.
-                let words = unsafe { range.0.add(sig.offset as usize) } as *const AtomicU32;
-                // SAFETY: as above, aligned (a page's start).
-                let (done, st) = unsafe { (&*words, &*words.add(1)) };
-                if done.load(Ordering::Acquire) & pinned::SIGNAL_FAILED != 0 {
+                // SAFETY: the signal page of the test's range (a page's start: aligned).
+                let words = unsafe { SignalWords::at(range.0.add(sig.offset as usize)) };
+                if words.failure().is_some() {
                     continue;
                 }
                 let mut dev = device.lock().unwrap();
@@ -447,9 +439,7 @@ mod tests {
                         CUDA_SUCCESS
                     }
                 };
-                st.store(status as u32, Ordering::Relaxed);
-                let failed = (status != CUDA_SUCCESS) as u32 * pinned::SIGNAL_FAILED;
-                done.store(sig.value | failed, Ordering::Release);
+                words.say(sig.value, status);
             }
         });
         (Simulated { requests, fenced }, worker)

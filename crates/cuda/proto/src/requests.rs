@@ -3,6 +3,7 @@
 
 use crate::jit::{JitOption, JitOut};
 use crate::{DecodeError, Reader, Writer};
+use std::sync::atomic::{AtomicU32, Ordering};
 pub use wormhole_wire::message::{count, Message, Reply};
 
 /// Most parameters one kernel may have (CUDA allows 32,764 bytes of them).
@@ -697,6 +698,57 @@ pub struct PinnedCopy {
 pub struct Signal {
     pub offset: u64,
     pub value: u32,
+}
+
+/// The word pair a [`Signal`] names, as both sides use it (in shared memory, only
+/// atomically): the worker says each piece of a staged copy done there, the client looks.
+#[repr(C)]
+pub struct SignalWords {
+    done: AtomicU32,
+    status: AtomicU32,
+}
+
+impl SignalWords {
+    /// The words at `p`.
+    ///
+    /// # Safety
+    /// `p` points to 8 bytes, 4-aligned, live for `'a`, that every side touches only
+    /// through a `SignalWords`.
+    pub unsafe fn at<'a>(p: *const u8) -> &'a SignalWords {
+        // SAFETY: per the contract (two `AtomicU32`, `repr(C)`: 8 bytes, 4-aligned).
+        unsafe { &*(p as *const SignalWords) }
+    }
+
+    /// Nothing said yet (a copy's start, before its first piece is sent).
+    pub fn reset(&self) {
+        self.done.store(0, Ordering::Relaxed);
+    }
+
+    /// Says piece `value` done with `status`, unless a failure is said already: a copy
+    /// answers its first.
+    pub fn say(&self, value: u32, status: i32) {
+        if self.failure().is_some() {
+            return;
+        }
+        self.status.store(status as u32, Ordering::Relaxed);
+        let failed = match status {
+            crate::cu::CUDA_SUCCESS => 0,
+            _ => crate::pinned::SIGNAL_FAILED,
+        };
+        self.done.store(value | failed, Ordering::Release);
+    }
+
+    /// The failure said, if one was.
+    pub fn failure(&self) -> Option<i32> {
+        (self.done.load(Ordering::Acquire) & crate::pinned::SIGNAL_FAILED != 0)
+            .then(|| self.status.load(Ordering::Relaxed) as i32)
+    }
+
+    /// Whether piece `value` (or a later one) was said done, or a failure.
+    pub fn said(&self, value: u32) -> bool {
+        let v = self.done.load(Ordering::Acquire);
+        v & crate::pinned::SIGNAL_FAILED != 0 || v >= value
+    }
 }
 
 impl<'a> Message<'a> for PinnedCopy {

@@ -15,11 +15,10 @@ use crate::generated::ffi;
 use crate::session::Call;
 use std::collections::BTreeMap;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use wormhole_cuda_proto::cu::*;
 use wormhole_cuda_proto::requests::{
-    Message, PinnedAlloc, PinnedAllocated, PinnedCopy, PinnedFree, Signal,
+    Message, PinnedAlloc, PinnedAllocated, PinnedCopy, PinnedFree, Signal, SignalWords,
 };
 use wormhole_cuda_proto::{pinned, DecodeError, HandleKind, Reader, Writer};
 use wormhole_transport::{Arena, ArenaSpace};
@@ -211,58 +210,31 @@ impl Pinned {
     /// The copy's status, said in its signal's words too if it names some. A piece of a copy
     /// that already failed moves nothing (the copy's first failure is its status).
     fn copy_and_signal(&self, s: &Call<'_>, m: &PinnedCopy) -> i32 {
-        if let Some(failed) = m.signal.and_then(|sig| self.failed(sig)) {
+        let words = m.signal.and_then(|sig| self.signal_words(sig));
+        if let Some(failed) = words.and_then(SignalWords::failure) {
             return failed;
         }
         let status = self.copy(s, m).err().unwrap_or(CUDA_SUCCESS);
-        if let Some(signal) = m.signal {
-            self.signal(signal, status);
+        // The client, which sent it without waiting, reuses the piece's memory once told.
+        match (m.signal, words) {
+            (Some(sig), Some(w)) => w.say(sig.value, status),
+            (Some(sig), None) => tracing::warn!(
+                offset = sig.offset,
+                "a copy's signal names no page-locked memory of the session: not written"
+            ),
+            (None, _) => {}
         }
         status
     }
 
-    /// The failure a copy's signal already says, if it says one.
-    fn failed(&self, signal: Signal) -> Option<i32> {
-        let (done, st) = self.signal_words(signal)?;
-        (done.load(Ordering::Acquire) & pinned::SIGNAL_FAILED != 0)
-            .then(|| st.load(Ordering::Relaxed) as i32)
-    }
-
-    /// The two words `signal` names, if they lie in a range of the session's, aligned.
-    fn signal_words(&self, signal: Signal) -> Option<(&AtomicU32, &AtomicU32)> {
+    /// The words `signal` names, if they lie in a range of the session's, aligned.
+    fn signal_words(&self, signal: Signal) -> Option<&SignalWords> {
         let p = self
             .host_range(signal.offset, 8)
             .filter(|p| (*p as usize).is_multiple_of(4))?;
         // SAFETY: 8 aligned bytes of a live range of the arena's mapping (which lives as
-        // long as `self`), which the client reads only atomically.
-        Some(unsafe {
-            let words = p as *const AtomicU32;
-            (&*words, &*words.add(1))
-        })
-    }
-
-    /// Says that a copy is done, with its status, in the words `signal` names (a range of the
-    /// session's): the client, which sent it without waiting, reuses its memory then. A
-    /// failure said there stays (a later piece of the copy does not say "done" over it): the
-    /// copy answers the first.
-    fn signal(&self, signal: Signal, status: i32) {
-        let Some((done, st)) = self.signal_words(signal) else {
-            tracing::warn!(
-                offset = signal.offset,
-                "a copy's signal names no page-locked memory of the session: not written"
-            );
-            return;
-        };
-        if done.load(Ordering::Acquire) & pinned::SIGNAL_FAILED != 0 {
-            return;
-        }
-        st.store(status as u32, Ordering::Relaxed);
-        let failed = if status == CUDA_SUCCESS {
-            0
-        } else {
-            pinned::SIGNAL_FAILED
-        };
-        done.store(signal.value | failed, Ordering::Release);
+        // long as `self`), which the client touches only through `SignalWords` too.
+        Some(unsafe { SignalWords::at(p as *const u8) })
     }
 
     fn copy(&self, s: &Call<'_>, m: &PinnedCopy) -> Result<(), i32> {
@@ -321,6 +293,7 @@ impl Pinned {
 mod tests {
     use super::*;
     use crate::session::Session;
+    use std::sync::atomic::{AtomicU32, Ordering};
 
     const PAGE: u64 = ArenaSpace::PAGE;
 

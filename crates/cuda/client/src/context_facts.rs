@@ -263,13 +263,18 @@ pub unsafe fn cuDeviceGetAttribute(pi: *mut u32, attrib: i32, dev: i32) -> i32 {
     )
 }
 
-/// The id of a function (or a kernel standing in for one), if the handle is the program's
-/// (None: the server is asked, and answers what the driver answers).
-fn function_id(func: *mut c_void) -> Option<u64> {
+/// The id of `h`, an object of `kind` (for a function, a kernel standing in for one too), if
+/// it is the program's (None: the server is asked, and answers what the driver answers).
+fn object_id(h: *mut c_void, kind: HandleKind) -> Option<u64> {
     // SAFETY: `id_of` dereferences only registered objects.
-    unsafe { rt::id_of(func, HandleKind::Function, false) }
+    unsafe { rt::id_of(h, kind, false) }
         .ok()
         .filter(|&id| id != 0)
+}
+
+/// This thread's current context, if the client knows it.
+fn current_context() -> Option<usize> {
+    named(std::ptr::null_mut())
 }
 
 /// `cuKernelGetFunction`: the kernel's function in the current context, from the server
@@ -283,10 +288,8 @@ pub unsafe fn kernel_function(
     ask: impl FnOnce() -> i32,
 ) -> i32 {
     let pfunc = pfunc as *mut usize;
-    // SAFETY: `id_of` dereferences only registered objects.
-    let kernel = unsafe { rt::id_of(kernel, HandleKind::Kernel, false) }.ok();
-    let key = kernel
-        .zip(named(std::ptr::null_mut()))
+    let key = object_id(kernel, HandleKind::Kernel)
+        .zip(current_context())
         .filter(|_| !pfunc.is_null());
     remembered(
         |f| &mut f.function,
@@ -305,9 +308,8 @@ pub unsafe fn kernel_function(
 /// # Safety
 /// `pi` NULL or a writable `int`.
 pub unsafe fn cuFuncGetAttribute(pi: *mut u32, attrib: i32, hfunc: *mut c_void) -> i32 {
-    let ctx = named(std::ptr::null_mut());
-    let key = function_id(hfunc)
-        .zip(ctx)
+    let key = object_id(hfunc, HandleKind::Function)
+        .zip(current_context())
         .map(|(f, c)| (f, Where::Context(c), attrib));
     // SAFETY: per the contract.
     unsafe {
@@ -327,11 +329,7 @@ pub unsafe fn cuKernelGetAttribute(
     kernel: *mut c_void,
     dev: i32,
 ) -> i32 {
-    // SAFETY: `id_of` dereferences only registered objects.
-    let id = unsafe { rt::id_of(kernel, HandleKind::Kernel, false) }.ok();
-    let key = id
-        .filter(|&k| k != 0)
-        .map(|k| (k, Where::Device(dev), attrib));
+    let key = object_id(kernel, HandleKind::Kernel).map(|k| (k, Where::Device(dev), attrib));
     // SAFETY: per the contract.
     unsafe {
         function_attribute(pi, key, || {
@@ -427,8 +425,8 @@ unsafe fn occupancy(
     flags: Option<u32>,
     ask: impl FnOnce() -> i32,
 ) -> i32 {
-    let key = function_id(func)
-        .zip(named(std::ptr::null_mut()))
+    let key = object_id(func, HandleKind::Function)
+        .zip(current_context())
         .filter(|_| !num_blocks.is_null())
         .map(|(f, ctx)| (f, ctx, block_size, dynamic_smem, flags));
     remembered(

@@ -388,12 +388,7 @@ pub fn run(icd_lib: &Path, part: Part) -> Result<(), BenchError> {
         eprintln!("wh bench: call-heavy workload and transfers (native, shared memory)...");
         let modes = [Mode::Native, Mode::Shm];
         let figs = call_rounds(&client, &modes, 3, &icd, |_| &plain)?;
-        print_table(&modes, &figs, CALL_ROWS);
-        println!(
-            "(medians of 3 alternating rounds; ratios are Wormhole / native; machine: {} CPUs, {})",
-            std::thread::available_parallelism().map_or(0, |n| n.get()),
-            cpu_model()
-        );
+        print_table(&modes, &figs, CALL_ROWS, "medians of 3 alternating rounds");
         drop(plain);
         let _ = std::fs::remove_dir_all(&dir);
         return Ok(());
@@ -472,12 +467,8 @@ pub fn run(icd_lib: &Path, part: Part) -> Result<(), BenchError> {
     figs[0].insert("idle_server_cpu_pct".into(), 0.0);
 
     let rows: Vec<(&str, &str)> = CALL_ROWS.iter().chain(OTHER_ROWS).copied().collect();
-    print_table(&modes, &figs, &rows);
-    println!(
-        "(medians of {ROUNDS} alternating rounds for the call workload; ratios are Wormhole / native; machine: {} CPUs, {})",
-        std::thread::available_parallelism().map_or(0, |n| n.get()),
-        cpu_model()
-    );
+    let rounds = format!("medians of {ROUNDS} alternating rounds for the call workload");
+    print_table(&modes, &figs, &rows, &rounds);
     println!("(wh-guest: the ivshmem transport of VM guests, its region mapped by a host process; from a real guest see bench/vm_bench.py)");
     drop((cold_plain, guest, cold_guest));
     if part == Part::All {
@@ -582,8 +573,9 @@ fn call_rounds<'a>(
 }
 
 /// The table: a row per figure (`rows`: key, label), a column per mode, then each Wormhole
-/// mode's ratio to native (the first).
-fn print_table(modes: &[Mode], figs: &[Figures], rows: &[(&str, &str)]) {
+/// mode's ratio to native (the first); under it what the figures are (`rounds`) and where
+/// they were measured.
+fn print_table(modes: &[Mode], figs: &[Figures], rows: &[(&str, &str)], rounds: &str) {
     let name = |m: &Mode| match m {
         Mode::Native => "native",
         Mode::Shm => "wh-shm",
@@ -629,6 +621,11 @@ fn print_table(modes: &[Mode], figs: &[Figures], rows: &[(&str, &str)]) {
         }
         println!("{line}");
     }
+    println!(
+        "({rounds}; ratios are Wormhole / native; machine: {} CPUs, {})",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        cpu_model()
+    );
 }
 
 /// Per key, the median over rounds.

@@ -676,6 +676,11 @@ fn offer_stream(
     Ok(false)
 }
 
+/// Whether the sender waits for request `h`, or for the call it is part of (see `order`).
+fn waited(backend: &dyn Backend, h: &FrameHeader) -> bool {
+    h.flags & FLAG_ASYNC == 0 || backend.within_waited_call(h.opcode)
+}
+
 /// Serves one lane of a shared region (`region`: where the other lanes' senders say how far
 /// they have sent, for the order across lanes).
 fn serve_lane(
@@ -689,11 +694,7 @@ fn serve_lane(
     loop {
         let h = link.recv_header()?;
         // What other threads sent before this was sent comes first.
-        order().took(
-            lane,
-            h.seq,
-            h.flags & FLAG_ASYNC == 0 || backend.within_waited_call(h.opcode),
-        );
+        order().took(lane, h.seq, waited(backend, &h));
         if !backend.unordered(h.opcode) {
             let used = region.rendezvous().lanes_used.load(Ordering::Acquire);
             order().wait_for_others(
@@ -1089,11 +1090,7 @@ pub fn run_tcp<S: Duplex>(
                         let mut taken = 0u64;
                         for (h, incoming) in rx {
                             let lane = usize::from(h.lane);
-                            order().took(
-                                lane,
-                                h.seq,
-                                h.flags & FLAG_ASYNC == 0 || backend.within_waited_call(h.opcode),
-                            );
+                            order().took(lane, h.seq, waited(backend, &h));
                             if !backend.unordered(h.opcode) {
                                 order().wait_for_others(lane, h.seq, 0..received.len(), |j| {
                                     received[j].load(Ordering::Acquire)

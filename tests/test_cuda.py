@@ -171,6 +171,49 @@ def test_an_nvml_program_learns_quickly_that_the_driver_is_not_loaded(cpu_server
     assert "the server cannot load NVML (libnvidia-ml.so.1)" in cpu_server.log.read_text()
 
 
+LOADED_FROM = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+int cuDriverGetVersion(int *version);
+int main(void) {
+    Dl_info info;
+    char path[PATH_MAX];
+    if (!dladdr((void *)cuDriverGetVersion, &info) || !realpath(info.dli_fname, path)) return 1;
+    printf("cuDriverGetVersion from %s\n", path);
+    return 0;
+}
+"""
+
+
+def test_the_driver_found_by_its_unversioned_name_is_wormholes(cpu_server, tmp_path):
+    """Programs that look for the driver by its development name get Wormhole's libraries, as
+    those that ask for the soname do: `dlopen("libcuda.so")` (Numba tries it first) and
+    `libnvidia-ml.so`, and a program linked with `-lcuda` where TRITON_LIBCUDA_PATH points
+    (Triton builds its kernel launcher so while torch.compile runs). Natively this machine
+    has no driver to link against."""
+    code = ("import ctypes\n"
+            "for name in ('libcuda.so', 'libnvidia-ml.so'): ctypes.CDLL(name)\n"
+            "print(sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libwormhole_' in l}))")
+    r = cpu_server.run([sys.executable, "-c", code], timeout=60)
+    assert r.returncode == 0, r.stderr
+    release = ROOT / "target" / "release"
+    assert r.stdout.strip() == str([str(release / "libwormhole_cuda.so"), str(release / "libwormhole_nvml.so")])
+
+    src = tmp_path / "loaded_from.c"
+    src.write_text(LOADED_FROM)
+    exe = tmp_path / "loaded_from"
+    link = ["gcc", "-o", str(exe), str(src), "-L${TRITON_LIBCUDA_PATH:?}", "-lcuda"]
+    natively = subprocess.run(["sh", "-c", " ".join(link)], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "TRITON_LIBCUDA_PATH": str(tmp_path)})
+    assert natively.returncode != 0 and "-lcuda" in natively.stderr, natively.stderr
+    r = cpu_server.run(["sh", "-c", " ".join(link) + f" && {exe}"], timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"cuDriverGetVersion from {release / 'libwormhole_cuda.so'}\n"
+
+
 def test_natively_the_nvml_program_finds_no_library(cuda_programs):
     if has_gpu():
         pytest.skip("this machine has NVIDIA's driver")

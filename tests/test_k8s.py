@@ -264,11 +264,14 @@ def test_claims_are_placed_by_memory_and_become_tenants_with_that_quota(cluster,
             mounts = {m["containerPath"] for m in edits["mounts"]}
             assert {"/etc/OpenCL/vendors/wormhole.icd", "/usr/lib/wormhole/libwormhole_opencl.so"} <= mounts
             # CUDA programs find Wormhole's libcuda.so.1 and libnvidia-ml.so.1 where they look
-            # for NVIDIA's (the dynamic linker's default directory).
+            # for NVIDIA's (the dynamic linker's default directory), by soname and by the
+            # unversioned name; Triton is told that directory (ldconfig's cache lacks it).
             stand_ins = {m["containerPath"]: m for m in edits["mounts"] if m["containerPath"].startswith("/usr/lib/x86_64")}
+            cuda, nvml = (str(ROOT / "target" / "release" / f) for f in ("libwormhole_cuda.so", "libwormhole_nvml.so"))
             assert {p: m["hostPath"] for p, m in stand_ins.items()} == {
-                "/usr/lib/x86_64-linux-gnu/libcuda.so.1": str(ROOT / "target" / "release" / "libwormhole_cuda.so"),
-                "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1": str(ROOT / "target" / "release" / "libwormhole_nvml.so")}
+                "/usr/lib/x86_64-linux-gnu/libcuda.so.1": cuda, "/usr/lib/x86_64-linux-gnu/libcuda.so": cuda,
+                "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1": nvml, "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so": nvml}
+            assert env["TRITON_LIBCUDA_PATH"] == "/usr/lib/x86_64-linux-gnu"
             assert all("ro" in m["options"] for m in stand_ins.values())
             token_file = pathlib.Path(env["WORMHOLE_TOKEN_FILE"])
             assert oct(token_file.stat().st_mode & 0o777) == "0o444"

@@ -491,16 +491,36 @@ fn icd_library() -> Result<PathBuf, CliError> {
     Err(CliError::NoIcd(dir.join("libwormhole_opencl.so")))
 }
 
-/// Wormhole's libraries that stand in for a vendor's under its soname, found on the library
-/// path by the programs `wh run` starts (and by what they `dlopen`): the soname, the variable
-/// that may name Wormhole's library, and its file name next to `wh`.
-const STAND_INS: &[(&str, &str, &str)] = &[
-    ("libcuda.so.1", "WORMHOLE_CUDA_LIB", "libwormhole_cuda.so"),
-    (
-        "libnvidia-ml.so.1",
-        "WORMHOLE_NVML_LIB",
-        "libwormhole_nvml.so",
-    ),
+/// A library of Wormhole's that stands in for a vendor's, found on the library path by the
+/// programs `wh run` starts (and by what they `dlopen`).
+struct StandIn {
+    /// The names it is found by. Beside the soname, the unversioned name a driver's
+    /// development files add: `dlopen("libcuda.so")` (Numba tries it first) and a linker's
+    /// `-lcuda` (Triton builds its kernel launcher with it when a program runs) would
+    /// otherwise find the vendor's library where one is installed, or nothing where none is.
+    names: &'static [&'static str],
+    /// The variable that may name Wormhole's library.
+    var: &'static str,
+    /// Its file name next to `wh`.
+    file: &'static str,
+    /// A variable that tells programs which directory holds it: Triton looks there before it
+    /// asks ldconfig, which names the vendor's where one is installed.
+    dir_var: Option<&'static str>,
+}
+
+const STAND_INS: &[StandIn] = &[
+    StandIn {
+        names: &["libcuda.so.1", "libcuda.so"],
+        var: "WORMHOLE_CUDA_LIB",
+        file: "libwormhole_cuda.so",
+        dir_var: Some("TRITON_LIBCUDA_PATH"),
+    },
+    StandIn {
+        names: &["libnvidia-ml.so.1", "libnvidia-ml.so"],
+        var: "WORMHOLE_NVML_LIB",
+        file: "libwormhole_nvml.so",
+        dir_var: None,
+    },
 ];
 
 /// Where a stand-in library is: the variable's path, or the file next to this binary (or in
@@ -553,18 +573,28 @@ fn run_program(socket: Option<PathBuf>, program: Vec<String>) -> Result<(), CliE
     // CUDA programs (and cudart's dlopen), and NVML's users, find those libraries by their
     // sonames on the library path: the same directory holds links to Wormhole's.
     let mut linked = false;
-    for (soname, var, file) in STAND_INS {
-        let Some(ours) = stand_in_library(var, file) else {
+    for stand_in in STAND_INS {
+        let Some(ours) = stand_in_library(stand_in.var, stand_in.file) else {
             continue;
         };
-        let link = dir.join(soname);
-        if std::fs::read_link(&link).ok().as_deref() != Some(ours.as_path()) {
-            let tmp = dir.join(format!("{soname}.{}", std::process::id()));
-            let _ = std::fs::remove_file(&tmp);
-            std::os::unix::fs::symlink(&ours, &tmp)?;
-            std::fs::rename(&tmp, &link)?;
+        for name in stand_in.names {
+            let link = dir.join(name);
+            if std::fs::read_link(&link).ok().as_deref() != Some(ours.as_path()) {
+                let tmp = dir.join(format!("{name}.{}", std::process::id()));
+                let _ = std::fs::remove_file(&tmp);
+                std::os::unix::fs::symlink(&ours, &tmp)?;
+                std::fs::rename(&tmp, &link)?;
+            }
         }
         linked = true;
+        if let Some(var) = stand_in.dir_var {
+            if std::env::var_os(var).is_some_and(|p| p != dir.as_os_str()) {
+                eprintln!(
+                    "wh run: {var} is not passed on: the program finds Wormhole's library there"
+                );
+            }
+            cmd.env(var, &dir);
+        }
     }
     if linked {
         let mut path = std::ffi::OsString::from(&dir);

@@ -193,10 +193,24 @@ func (p *Plugin) grant(ctx context.Context, claim *resourceapi.ResourceClaim, po
 		{HostPath: p.ClientLib, ContainerPath: containerLib, Options: []string{"ro", "bind"}},
 		{HostPath: filepath.Join(p.StateDir, "wormhole.icd"), ContainerPath: containerICD, Options: []string{"ro", "bind"}},
 	}
-	for _, lib := range []struct{ host, soname string }{{p.CUDALib, "libcuda.so.1"}, {p.NVMLLib, "libnvidia-ml.so.1"}} {
-		if lib.host != "" {
-			edits.Mounts = append(edits.Mounts, &cdispec.Mount{HostPath: lib.host, ContainerPath: containerSystemLibDir() + "/" + lib.soname, Options: []string{"ro", "bind"}})
+	// Each under its soname and under the unversioned name a driver's development files add
+	// (dlopen("libcuda.so"), which Numba tries first, and the -lcuda Triton links its kernel
+	// launcher with while a program runs).
+	for _, lib := range []struct {
+		host  string
+		names []string
+	}{{p.CUDALib, []string{"libcuda.so.1", "libcuda.so"}}, {p.NVMLLib, []string{"libnvidia-ml.so.1", "libnvidia-ml.so"}}} {
+		if lib.host == "" {
+			continue
 		}
+		for _, name := range lib.names {
+			edits.Mounts = append(edits.Mounts, &cdispec.Mount{HostPath: lib.host, ContainerPath: containerSystemLibDir() + "/" + name, Options: []string{"ro", "bind"}})
+		}
+	}
+	if p.CUDALib != "" {
+		// Triton asks ldconfig's cache for the driver's directory, which a library mounted
+		// into the container after its image was built is not in.
+		edits.Env = append(edits.Env, "TRITON_LIBCUDA_PATH="+containerSystemLibDir())
 	}
 	if ca := secret.Data[grant.KeyCA]; len(ca) > 0 {
 		caFile := filepath.Join(dir, "ca.pem")

@@ -143,6 +143,45 @@ def test_killing_a_training_process_frees_its_gpu_memory(torch_gpu, tmp_path):
         s.stop()
 
 
+COMPILE = ROOT / "tests" / "torch_compile.py"
+
+
+def compiled_values(out):
+    """The numbers torch_compile.py printed, by line."""
+    return {k: [float(v) for v in rest.split()] for k, rest in
+            (line.split(": ", 1) for line in out.splitlines() if line.startswith(("rows:", "probs sum:", "grad sum:")))}
+
+
+@gpu
+def test_torch_compile_gives_native_results(torch_gpu, tmp_path):
+    """torch.compile's Triton kernels, and the launcher Triton builds with -lcuda where
+    TRITON_LIBCUDA_PATH points (`wh run` names Wormhole's directory), through Wormhole. Each
+    run has caches of its own, so that Wormhole's builds its kernels and launcher itself.
+    Triton may time kernel configurations and pick another one than natively, so a reduction
+    may add in another order: values agree to 1e-5, not to the last digit."""
+    def caches(where):
+        return {"TRITON_CACHE_DIR": str(tmp_path / where / "triton"),
+                "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / where / "inductor")}
+
+    native = subprocess.run([PYTHON, str(COMPILE)], capture_output=True, text=True, timeout=600,
+                            env={**os.environ, **caches("native")})
+    if native.returncode == 3:
+        pytest.skip(f"no Triton for {PYTHON}: torch.compile has no GPU code generator")
+    assert native.returncode == 0, native.stdout + native.stderr
+    s = Server(tmp_path).start()
+    try:
+        r = s.run([PYTHON, str(COMPILE)], timeout=600, **caches("wormhole"))
+        assert r.returncode == 0, r.stdout + r.stderr + s.log.read_text()[-4000:]
+    finally:
+        s.stop()
+    assert "matches eager: True True True" in native.stdout, native.stdout
+    assert "matches eager: True True True" in r.stdout, r.stdout
+    ours, theirs = compiled_values(r.stdout), compiled_values(native.stdout)
+    assert ours.keys() == theirs.keys() == {"rows", "probs sum", "grad sum"}
+    for k in ours:
+        assert ours[k] == pytest.approx(theirs[k], rel=1e-5), (k, r.stdout, native.stdout)
+
+
 def test_the_training_script_runs_where_there_is_no_gpu():
     """Here (no GPU): the script must say so and fail cleanly, not crash; it needs PyTorch."""
     if has_gpu():

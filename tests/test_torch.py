@@ -143,6 +143,27 @@ def test_killing_a_training_process_frees_its_gpu_memory(torch_gpu, tmp_path):
         s.stop()
 
 
+@gpu
+def test_expandable_segments_train_as_natively(torch_gpu, tmp_path):
+    """PyTorch's allocator on virtual memory management (expandable segments, which its
+    out-of-memory message suggests): reservations, handles mapped side by side and tensors
+    across them, through Wormhole, give native's losses."""
+    argv = [PYTHON, str(TRAIN), "--steps", "100"]
+    conf = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    native = subprocess.run(argv, capture_output=True, text=True, timeout=600, env={**os.environ, **conf})
+    assert native.returncode == 0, native.stdout + native.stderr
+    s = Server(tmp_path).start()
+    try:
+        r = s.run(argv, timeout=600, **conf)
+        assert r.returncode == 0, r.stdout + r.stderr + s.log.read_text()[-4000:]
+        log = s.log.read_text()
+    finally:
+        s.stop()
+    assert losses(r.stdout) == losses(native.stdout)
+    assert losses(r.stdout).keys() == {"mlp", "cnn"}
+    assert "cuMemMap refused" not in log and "cuMemUnmap refused" not in log, log[-4000:]
+
+
 COMPILE = ROOT / "tests" / "torch_compile.py"
 
 

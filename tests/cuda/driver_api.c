@@ -716,6 +716,66 @@ int main(int argc, char **argv) {
         CHECK(cuModuleUnload(linked));
     }
 
+    /* Virtual memory management, as PyTorch's expandable segments use it: one reservation,
+       two handles of the granularity mapped side by side (one released while mapped, which
+       keeps its memory), access set over both, then a copy, a memset, a kernel and a copy on
+       the device, each across the seam between them; then undone. */
+    {
+        CUmemAllocationProp prop;
+        memset(&prop, 0, sizeof prop);
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = (int)dev;
+        size_t seg = 0;
+        CHECK(cuMemGetAllocationGranularity(&seg, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+        CUdeviceptr va;
+        CHECK(cuMemAddressReserve(&va, 8 * seg, 0, 0, 0));
+        CUmemGenericAllocationHandle h0, h1;
+        CHECK(cuMemCreate(&h0, seg, &prop, 0));
+        CHECK(cuMemCreate(&h1, seg, &prop, 0));
+        CHECK(cuMemMap(va, seg, 0, h0, 0));
+        CHECK(cuMemMap(va + seg, seg, 0, h1, 0));
+        CUmemAccessDesc access;
+        memset(&access, 0, sizeof access);
+        access.location = prop.location;
+        access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        CHECK(cuMemSetAccess(va, 2 * seg, &access, 1));
+        CHECK(cuMemRelease(h0));
+        unsigned long long flags = 0;
+        CHECK(cuMemGetAccess(&flags, &access.location, va + seg));
+        CUmemAllocationProp back;
+        memset(&back, 0xff, sizeof back);
+        CHECK(cuMemGetAllocationPropertiesFromHandle(&back, h1));
+        CUdeviceptr va_a = va + seg - bytes / 2, va_c = va + seg + bytes / 2;
+        CHECK(cuMemcpyHtoD(db, hb, bytes));
+        CHECK(cuMemcpyHtoD(va_a, ha, bytes));
+        CHECK(cuMemsetD32(va_c, 0, n));
+        void *vargs[] = {&va_a, &db, &va_c, &nn};
+        CHECK(cuLaunchKernel(vadd, (n + 255) / 256, 1, 1, 256, 1, 1, 0, stream, vargs, NULL));
+        CHECK(cuStreamSynchronize(stream));
+        CHECK(cuMemcpyDtoH(hc, va_c, bytes));
+        long wrong = 0;
+        for (int i = 0; i < n; i++) wrong += hc[i] != 1.5f * i;
+        CHECK(cuMemcpyDtoD(va_c, va_a, bytes));
+        CHECK(cuMemcpyDtoH(hc, va_c, bytes));
+        for (int i = 0; i < n; i++) wrong += hc[i] != ha[i];
+        CUmemorytype mtype = 0;
+        CHECK(cuPointerGetAttribute(&mtype, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, va_a));
+        CHECK(cuMemUnmap(va, seg));
+        CHECK(cuMemUnmap(va + seg, seg));
+        CHECK(cuMemRelease(h1));
+        CHECK(cuMemAddressFree(va, 8 * seg));
+        printf("virtual memory: granularity %s, access %llu, properties: type %d, handle types %d, "
+               "this device %s; across the seam: %ld wrong, memory type %u\n",
+               seg && !(seg & (seg - 1)) ? "a power of two" : "odd", flags, (int)back.type,
+               (int)back.requestedHandleTypes,
+               back.location.type == CU_MEM_LOCATION_TYPE_DEVICE && back.location.id == (int)dev
+                   ? "yes"
+                   : "no",
+               wrong, (unsigned)mtype);
+    }
+
     /* Errors the driver reports. */
     printf("free of a bad pointer: %d\n", (int)cuMemFree(da + 4));
     printf("launch with too many threads: %d\n",

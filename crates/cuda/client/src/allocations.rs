@@ -53,6 +53,19 @@ pub fn free_with(start: u64, free: impl FnOnce() -> i32) -> i32 {
     status
 }
 
+/// Every entry that begins in `[start, start + len)` is forgotten (mappings undone together:
+/// `cuMemUnmap` of several, `cuMemAddressFree` of a reservation).
+pub fn forget_within(start: u64, len: u64) {
+    let mut t = table();
+    let inside: Vec<u64> = t
+        .range(start..start.saturating_add(len))
+        .map(|(s, _)| *s)
+        .collect();
+    for s in inside {
+        t.remove(&s);
+    }
+}
+
 /// The allocation `addr` lies in: its start and length.
 pub fn range_of(addr: u64) -> Option<(u64, u64)> {
     table()
@@ -123,5 +136,18 @@ mod tests {
         assert_eq!(range_of(0x10_0800), None);
         allocated(0x20_0000, 0);
         assert_eq!(range_of(0x20_0000), None);
+    }
+
+    #[test]
+    fn mappings_undone_together_are_forgotten_together() {
+        allocated(0x30_0000, 0x1000);
+        allocated(0x30_1000, 0x1000);
+        allocated(0x30_2000, 0x1000);
+        forget_within(0x30_0000, 0x2000);
+        assert_eq!(range_of(0x30_0800), None);
+        assert_eq!(range_of(0x30_1800), None);
+        assert_eq!(range_of(0x30_2800), Some((0x30_2000, 0x1000)));
+        forget_within(0x30_2000, 0x1000);
+        assert_eq!(range_of(0x30_2800), None);
     }
 }

@@ -22,9 +22,10 @@ pub use crate::host_memory_pinned::{
     cuMemHostGetFlags, cuMemHostRegister, cuMemHostRegister_v2, cuMemHostUnregister,
 };
 pub use crate::memory::{
-    cuMemAllocAsync, cuMemAllocAsync_ptsz, cuMemAllocPitch_v2, cuMemAlloc_v2, cuMemFreeAsync,
-    cuMemFreeAsync_ptsz, cuMemFree_v2, cuMemGetAddressRange_v2, cuMemPoolGetAttribute,
-    cuMemPoolSetAttribute, cuMemcpy, cuMemcpyAsync, cuMemcpyAsync_ptsz, cuMemcpy_ptds,
+    cuMemAddressFree, cuMemAllocAsync, cuMemAllocAsync_ptsz, cuMemAllocPitch_v2, cuMemAlloc_v2,
+    cuMemFreeAsync, cuMemFreeAsync_ptsz, cuMemFree_v2, cuMemGetAddressRange_v2, cuMemMap,
+    cuMemPoolGetAttribute, cuMemPoolSetAttribute, cuMemUnmap, cuMemcpy, cuMemcpyAsync,
+    cuMemcpyAsync_ptsz, cuMemcpy_ptds,
 };
 use crate::rt::{self, entry_status, ApiErr};
 use std::collections::{HashMap, HashSet};

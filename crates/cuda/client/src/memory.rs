@@ -70,6 +70,47 @@ pub unsafe fn cuMemFree_v2(dptr: u64) -> i32 {
     })
 }
 
+/// `cuMemMap`: the mapped range is device memory of the program's from now on (virtual
+/// memory management: PyTorch's expandable segments map their handles side by side in one
+/// reservation).
+///
+/// # Safety
+/// As the C function (value parameters only).
+pub unsafe fn cuMemMap(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64) -> i32 {
+    // SAFETY: value parameters.
+    let status = unsafe { generated::wire_cuMemMap(ptr, size, offset, handle, flags) };
+    if status == CUDA_SUCCESS {
+        allocations::allocated(ptr, size as u64);
+    }
+    status
+}
+
+/// `cuMemUnmap`: the mappings in the range are forgotten.
+///
+/// # Safety
+/// As the C function (value parameters only).
+pub unsafe fn cuMemUnmap(ptr: u64, size: usize) -> i32 {
+    // SAFETY: value parameters.
+    let status = unsafe { generated::wire_cuMemUnmap(ptr, size) };
+    if status == CUDA_SUCCESS {
+        allocations::forget_within(ptr, size as u64);
+    }
+    status
+}
+
+/// `cuMemAddressFree`: what was still mapped in the reservation goes with it.
+///
+/// # Safety
+/// As the C function (value parameters only).
+pub unsafe fn cuMemAddressFree(ptr: u64, size: usize) -> i32 {
+    // SAFETY: value parameters.
+    let status = unsafe { generated::wire_cuMemAddressFree(ptr, size) };
+    if status == CUDA_SUCCESS {
+        allocations::forget_within(ptr, size as u64);
+    }
+    status
+}
+
 /// `cuMemAllocAsync`: noted as `cuMemAlloc_v2` (usable in stream order; the address is
 /// known at once).
 ///

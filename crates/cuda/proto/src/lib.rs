@@ -6,6 +6,7 @@
 pub mod cu;
 pub mod jit;
 pub mod requests;
+pub mod vmm;
 /// The status codes under the name generated code uses for every API.
 pub use cu as codes;
 pub use wormhole_wire::*;

@@ -81,9 +81,10 @@ fn the_typedef_names_follow_cudas_scheme() {
 fn the_structs_read_from_programs_have_the_layout_of_cuda_h() {
     use std::mem::{offset_of, size_of};
     use wormhole_cuda_proto::requests::{CuLaunchAttribute, CuLaunchConfig, CuMemcpy2D};
+    use wormhole_cuda_proto::vmm::{CuMemAccessDesc, CuMemAllocationProp, CuMemLocation};
     // (C type, its size here, (C field, its offset here)...)
     type Layout = (&'static str, usize, Vec<(&'static str, usize)>);
-    let structs: [Layout; 3] = [
+    let structs: [Layout; 6] = [
         (
             "CUDA_MEMCPY2D",
             size_of::<CuMemcpy2D>(),
@@ -128,6 +129,51 @@ fn the_structs_read_from_programs_have_the_layout_of_cuda_h() {
             vec![
                 ("id", offset_of!(CuLaunchAttribute, id)),
                 ("value", offset_of!(CuLaunchAttribute, value)),
+            ],
+        ),
+        (
+            "CUmemLocation",
+            size_of::<CuMemLocation>(),
+            vec![
+                ("type", offset_of!(CuMemLocation, kind)),
+                ("id", offset_of!(CuMemLocation, id)),
+            ],
+        ),
+        (
+            "CUmemAccessDesc",
+            size_of::<CuMemAccessDesc>(),
+            vec![
+                ("location", offset_of!(CuMemAccessDesc, location)),
+                ("flags", offset_of!(CuMemAccessDesc, flags)),
+            ],
+        ),
+        (
+            "CUmemAllocationProp",
+            size_of::<CuMemAllocationProp>(),
+            vec![
+                ("type", offset_of!(CuMemAllocationProp, kind)),
+                (
+                    "requestedHandleTypes",
+                    offset_of!(CuMemAllocationProp, requested_handle_types),
+                ),
+                ("location", offset_of!(CuMemAllocationProp, location)),
+                (
+                    "win32HandleMetaData",
+                    offset_of!(CuMemAllocationProp, win32_handle_meta_data),
+                ),
+                (
+                    "allocFlags.compressionType",
+                    offset_of!(CuMemAllocationProp, compression_type),
+                ),
+                (
+                    "allocFlags.gpuDirectRDMACapable",
+                    offset_of!(CuMemAllocationProp, gpu_direct_rdma_capable),
+                ),
+                ("allocFlags.usage", offset_of!(CuMemAllocationProp, usage)),
+                (
+                    "allocFlags.reserved",
+                    offset_of!(CuMemAllocationProp, reserved),
+                ),
             ],
         ),
     ];

@@ -15,6 +15,7 @@ use crate::jit::JitArrays;
 pub use crate::links::*;
 use crate::session::{Call, Handle};
 pub use crate::tensor_maps::*;
+pub use crate::vmm::*;
 use std::ffi::{c_void, CString};
 use wormhole_cuda_proto::cu::*;
 use wormhole_cuda_proto::requests::{

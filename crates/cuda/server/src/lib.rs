@@ -18,6 +18,7 @@ mod rt;
 mod session;
 mod tensor_maps;
 mod threads;
+mod vmm;
 
 /// The generated decoders and dispatch (see `crates/apigen`).
 #[allow(

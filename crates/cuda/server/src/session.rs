@@ -49,6 +49,8 @@ pub struct Session {
     /// The JIT options of each link state and library (by id): the driver may write their
     /// logs and slots until the object goes (they go with it, in `forget`).
     jit_arrays: Mutex<HashMap<u64, crate::jit::JitArrays>>,
+    /// What the session reserved, created and mapped through virtual memory management.
+    vmm: Mutex<crate::vmm::Vmm>,
 }
 
 /// The object (id and kind) another belongs to.
@@ -376,7 +378,25 @@ impl Session {
         }
     }
 
-    /// Whether `[addr, addr + len)` lies in one of the session's allocations or variables.
+    pub fn vmm(&self) -> std::sync::MutexGuard<'_, crate::vmm::Vmm> {
+        self.vmm.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A physical allocation of `bytes` was created (its quota reserved already).
+    pub fn vmm_created(&self, bytes: u64) {
+        self.mem_bytes.fetch_add(bytes as i64, Ordering::Relaxed);
+    }
+
+    /// Physical allocations of `bytes` in all were freed: back to the tenant's quota.
+    pub fn vmm_freed(&self, bytes: u64) {
+        if bytes > 0 {
+            self.limits().release(bytes);
+            self.mem_bytes.fetch_sub(bytes as i64, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether `[addr, addr + len)` lies in one of the session's allocations, variables or
+    /// mappings.
     pub fn owns(&self, addr: u64, len: u64) -> bool {
         let Some(end) = addr.checked_add(len) else {
             return false;
@@ -387,7 +407,7 @@ impl Session {
                 .next_back()
                 .is_some_and(|(start, (l, _))| end <= start.saturating_add(*l))
         };
-        allocated || {
+        allocated || self.vmm().owns(addr, len) || {
             let mut g = self.globals.lock().unwrap_or_else(|p| p.into_inner());
             match g.range(..=addr).next_back().map(|(s, v)| (*s, *v)) {
                 Some((start, (l, (parent, kind)))) if end <= start.saturating_add(l) => {

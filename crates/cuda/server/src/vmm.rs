@@ -272,6 +272,25 @@ fn status_of(r: Result<(), i32>) -> i32 {
     r.err().unwrap_or(CUDA_SUCCESS)
 }
 
+/// The reply of a call that answers one 8-byte value: the status, then the value on success.
+fn reply_u64(w: &mut Writer, answer: Result<u64, i32>) {
+    match answer {
+        Ok(v) => {
+            w.i32(CUDA_SUCCESS);
+            w.u64(v);
+        }
+        Err(st) => w.i32(st),
+    }
+}
+
+/// The driver's status as a result.
+fn driver(st: i32) -> Result<(), i32> {
+    match st {
+        CUDA_SUCCESS => Ok(()),
+        st => Err(st),
+    }
+}
+
 /// `cuMemAddressReserve`.
 pub fn cuMemAddressReserve(
     s: &Call<'_>,
@@ -469,10 +488,7 @@ pub fn cuMemSetAccess(
                 descs.len(),
             )
         };
-        match st {
-            CUDA_SUCCESS => Ok(()),
-            st => Err(st),
-        }
+        driver(st)
     })()));
     Ok(())
 }
@@ -506,18 +522,9 @@ pub fn cuMemGetAccess(
                 a.ptr,
             )
         };
-        match st {
-            CUDA_SUCCESS => Ok(flags),
-            st => Err(st),
-        }
+        driver(st).map(|()| flags)
     })();
-    match answer {
-        Ok(flags) => {
-            w.i32(CUDA_SUCCESS);
-            w.u64(flags);
-        }
-        Err(st) => w.i32(st),
-    }
+    reply_u64(w, answer);
     Ok(())
 }
 
@@ -543,18 +550,9 @@ pub fn cuMemGetAllocationGranularity(
                 a.option,
             )
         };
-        match st {
-            CUDA_SUCCESS => Ok(granularity),
-            st => Err(st),
-        }
+        driver(st).map(|()| granularity as u64)
     })();
-    match answer {
-        Ok(g) => {
-            w.i32(CUDA_SUCCESS);
-            w.u64(g as u64);
-        }
-        Err(st) => w.i32(st),
-    }
+    reply_u64(w, answer);
     Ok(())
 }
 
@@ -581,9 +579,7 @@ pub fn cuMemGetAllocationPropertiesFromHandle(
                 a.handle,
             )
         };
-        if st != CUDA_SUCCESS {
-            return Err(st);
-        }
+        driver(st)?;
         if prop.location.kind == LOCATION_TYPE_DEVICE {
             prop.location.id = crate::rt::tenant_device(s, prop.location.id).unwrap_or(-1);
         }

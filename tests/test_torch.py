@@ -144,12 +144,14 @@ def test_killing_a_training_process_frees_its_gpu_memory(torch_gpu, tmp_path):
 
 
 @gpu
-def test_expandable_segments_train_as_natively(torch_gpu, tmp_path):
+@pytest.mark.parametrize("alloc_conf", ["expandable_segments:True", "backend:cudaMallocAsync"])
+def test_other_allocators_train_as_natively(torch_gpu, tmp_path, alloc_conf):
     """PyTorch's allocator on virtual memory management (expandable segments, which its
-    out-of-memory message suggests): reservations, handles mapped side by side and tensors
-    across them, through Wormhole, give native's losses."""
+    out-of-memory message suggests: reservations, handles mapped side by side and tensors
+    across them), and on the driver's stream-ordered pool (cudaMallocAsync), through Wormhole,
+    give native's losses."""
     argv = [PYTHON, str(TRAIN), "--steps", "100"]
-    conf = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    conf = {"PYTORCH_CUDA_ALLOC_CONF": alloc_conf}
     native = subprocess.run(argv, capture_output=True, text=True, timeout=600, env={**os.environ, **conf})
     assert native.returncode == 0, native.stdout + native.stderr
     s = Server(tmp_path).start()

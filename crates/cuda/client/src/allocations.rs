@@ -53,17 +53,38 @@ pub fn free_with(start: u64, free: impl FnOnce() -> i32) -> i32 {
     status
 }
 
-/// Every entry that begins in `[start, start + len)` is forgotten (mappings undone together:
-/// `cuMemUnmap` of several, `cuMemAddressFree` of a reservation).
-pub fn forget_within(start: u64, len: u64) {
-    let mut t = table();
-    let inside: Vec<u64> = t
-        .range(start..start.saturating_add(len))
-        .map(|(s, _)| *s)
-        .collect();
-    for s in inside {
-        t.remove(&s);
+/// Forgets every entry that begins in `[start, start + len)` (mappings undone together:
+/// `cuMemUnmap` of several, `cuMemAddressFree` of a reservation) while `undo` (the driver's
+/// status) runs, as `free_with` does: the driver may hand the addresses to another thread as
+/// soon as they are undone. A refused undo puts back the entries whose place was not taken
+/// meanwhile.
+pub fn forget_within_with(start: u64, len: u64, undo: impl FnOnce() -> i32) -> i32 {
+    let gone: Vec<(u64, u64)> = {
+        let mut t = table();
+        let inside: Vec<(u64, u64)> = t
+            .range(start..start.saturating_add(len))
+            .map(|(s, l)| (*s, *l))
+            .collect();
+        for (s, _) in &inside {
+            t.remove(s);
+        }
+        inside
+    };
+    let status = undo();
+    if status != wormhole_cuda_proto::cu::CUDA_SUCCESS {
+        let mut t = table();
+        for (s, l) in gone {
+            let end = s.saturating_add(l);
+            let taken = t
+                .range(..end)
+                .next_back()
+                .is_some_and(|(o, ol)| o.saturating_add(*ol) > s);
+            if !taken {
+                t.insert(s, l);
+            }
+        }
     }
+    status
 }
 
 /// The allocation `addr` lies in: its start and length.
@@ -140,14 +161,29 @@ mod tests {
 
     #[test]
     fn mappings_undone_together_are_forgotten_together() {
+        use wormhole_cuda_proto::cu::{CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
         allocated(0x30_0000, 0x1000);
         allocated(0x30_1000, 0x1000);
         allocated(0x30_2000, 0x1000);
-        forget_within(0x30_0000, 0x2000);
+        let st = forget_within_with(0x30_0000, 0x2000, || {
+            assert_eq!(range_of(0x30_0800), None, "forgotten while the undo is out");
+            assert_eq!(range_of(0x30_1800), None);
+            CUDA_SUCCESS
+        });
+        assert_eq!(st, CUDA_SUCCESS);
         assert_eq!(range_of(0x30_0800), None);
-        assert_eq!(range_of(0x30_1800), None);
         assert_eq!(range_of(0x30_2800), Some((0x30_2000, 0x1000)));
-        forget_within(0x30_2000, 0x1000);
-        assert_eq!(range_of(0x30_2800), None);
+        // A refused undo puts back what another thread did not take meanwhile.
+        allocated(0x30_0000, 0x1000);
+        let st = forget_within_with(0x30_0000, 0x3000, || {
+            allocated(0x30_0800, 0x100);
+            CUDA_ERROR_INVALID_VALUE
+        });
+        assert_eq!(st, CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(range_of(0x30_0900), None, "its place was taken");
+        assert_eq!(range_of(0x30_0850), Some((0x30_0800, 0x100)));
+        assert_eq!(range_of(0x30_2800), Some((0x30_2000, 0x1000)), "put back");
+        freed(0x30_0800);
+        freed(0x30_2000);
     }
 }

@@ -90,12 +90,10 @@ pub unsafe fn cuMemMap(ptr: u64, size: usize, offset: usize, handle: u64, flags:
 /// # Safety
 /// As the C function (value parameters only).
 pub unsafe fn cuMemUnmap(ptr: u64, size: usize) -> i32 {
-    // SAFETY: value parameters.
-    let status = unsafe { generated::wire_cuMemUnmap(ptr, size) };
-    if status == CUDA_SUCCESS {
-        allocations::forget_within(ptr, size as u64);
-    }
-    status
+    allocations::forget_within_with(ptr, size as u64, || {
+        // SAFETY: value parameters.
+        unsafe { generated::wire_cuMemUnmap(ptr, size) }
+    })
 }
 
 /// `cuMemAddressFree`: what was still mapped in the reservation goes with it.
@@ -103,12 +101,10 @@ pub unsafe fn cuMemUnmap(ptr: u64, size: usize) -> i32 {
 /// # Safety
 /// As the C function (value parameters only).
 pub unsafe fn cuMemAddressFree(ptr: u64, size: usize) -> i32 {
-    // SAFETY: value parameters.
-    let status = unsafe { generated::wire_cuMemAddressFree(ptr, size) };
-    if status == CUDA_SUCCESS {
-        allocations::forget_within(ptr, size as u64);
-    }
-    status
+    allocations::forget_within_with(ptr, size as u64, || {
+        // SAFETY: value parameters.
+        unsafe { generated::wire_cuMemAddressFree(ptr, size) }
+    })
 }
 
 /// `cuMemAllocAsync`: noted as `cuMemAlloc_v2` (usable in stream order; the address is

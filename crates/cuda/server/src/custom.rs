@@ -1128,6 +1128,43 @@ fn pointer_attributes(s: &Call<'_>, r: &mut Reader<'_>, w: &mut Writer) -> Resul
     Ok(())
 }
 
+/// Device attributes that advertise what Wormhole refuses: sharing memory or events with other
+/// processes (a POSIX file descriptor, a fabric handle, a pool's handles, dma-buf, IPC events:
+/// a handle means nothing outside the worker), multicast objects, and memory on the host
+/// through virtual memory management or pools. Answered 0, so that libraries that choose a
+/// path by them (NCCL, PyTorch's symmetric memory) choose one that works.
+const REFUSED_FEATURES: [i32; 12] = [103, 119, 124, 125, 128, 132, 141, 142, 143, 144, 145, 146];
+
+/// `cuDeviceGetAttribute`: the driver's answer, but 0 for `REFUSED_FEATURES`.
+pub fn cuDeviceGetAttribute(
+    s: &Call<'_>,
+    a: args::cuDeviceGetAttribute,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let dev = match crate::rt::driver_device(s, a.dev) {
+        Ok(d) => d,
+        Err(st) => {
+            w.i32(st);
+            return Ok(());
+        }
+    };
+    let mut value = 0u32;
+    let out = match a.pi_present {
+        true => &mut value as *mut u32,
+        false => std::ptr::null_mut(),
+    };
+    // SAFETY: a valid output pointer (or NULL, which the driver refuses).
+    let st = unsafe { ffi::cuDeviceGetAttribute(out, a.attrib, dev) };
+    w.i32(st);
+    if st == CUDA_SUCCESS && a.pi_present {
+        w.u32(match REFUSED_FEATURES.contains(&a.attrib) {
+            true => 0,
+            false => value,
+        });
+    }
+    Ok(())
+}
+
 /// `cuDeviceGetCount`: the devices the tenant may use.
 pub fn cuDeviceGetCount(
     s: &Call<'_>,

@@ -51,6 +51,8 @@ pub struct Session {
     jit_arrays: Mutex<HashMap<u64, crate::jit::JitArrays>>,
     /// What the session reserved, created and mapped through virtual memory management.
     vmm: Mutex<crate::vmm::Vmm>,
+    /// Held by a virtual memory call from its check to its record (see `vmm_op`).
+    vmm_ops: Mutex<()>,
 }
 
 /// The object (id and kind) another belongs to.
@@ -382,6 +384,14 @@ impl Session {
         self.vmm.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// One virtual memory call at a time, from its check through the driver's call to its
+    /// record: a release between another lane's check and record of a map would see the
+    /// handle unmapped and give its bytes back while the map keeps them. (The table itself
+    /// is locked only briefly: every device range check reads it.)
+    pub fn vmm_op(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.vmm_ops.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// A physical allocation of `bytes` was created (its quota reserved already).
     pub fn vmm_created(&self, bytes: u64) {
         self.mem_bytes.fetch_add(bytes as i64, Ordering::Relaxed);
@@ -407,7 +417,8 @@ impl Session {
                 .next_back()
                 .is_some_and(|(start, (l, _))| end <= start.saturating_add(*l))
         };
-        allocated || self.vmm().owns(addr, len) || {
+        let mapped = !allocated && self.vmm().owns(addr, len);
+        allocated || mapped || {
             let mut g = self.globals.lock().unwrap_or_else(|p| p.into_inner());
             match g.range(..=addr).next_back().map(|(s, v)| (*s, *v)) {
                 Some((start, (l, (parent, kind)))) if end <= start.saturating_add(l) => {

@@ -87,6 +87,14 @@ impl Vmm {
         self.unmapped(&inside)
     }
 
+    /// The mappings that lie in `[start, start + len)`: start and length.
+    pub fn mappings_within(&self, start: u64, len: u64) -> Vec<(u64, u64)> {
+        self.mapped
+            .range(start..start.saturating_add(len))
+            .map(|(s, (l, _))| (*s, *l))
+            .collect()
+    }
+
     pub fn created(&mut self, handle: u64, len: u64) {
         self.physical.insert(
             handle,
@@ -120,8 +128,14 @@ impl Vmm {
         if len == 0 || offset.checked_add(len).is_none_or(|e| e > p.len) {
             return Err("a range outside the allocation");
         }
-        if !self.in_reservations(start, len) {
-            return Err("an address range the session did not reserve");
+        // In one reservation: freeing it must take every mapping that lies in it.
+        let in_one = self
+            .reserved
+            .range(..=start)
+            .next_back()
+            .is_some_and(|(s, l)| s.saturating_add(*l) >= end);
+        if !in_one {
+            return Err("an address range outside the session's reservations (or across two)");
         }
         let overlaps = self
             .mapped
@@ -162,8 +176,17 @@ impl Vmm {
             Some((s, _)) if *s == start => {}
             _ => return Err("a range that does not begin at a mapping"),
         }
-        if inside.iter().any(|(s, l)| s.saturating_add(*l) > end) {
-            return Err("a range that ends inside a mapping");
+        // cuda.h: the entire contiguous range mapped, no gap and no tail (a driver that
+        // undid part of a range and then failed would leave the record wrong).
+        let mut at = start;
+        for (s, l) in &inside {
+            if *s != at {
+                return Err("a range with a gap between mappings");
+            }
+            at = s.saturating_add(*l);
+        }
+        if at != end {
+            return Err("a range that does not end where a mapping does");
         }
         Ok(inside.into_iter().map(|(s, _)| s).collect())
     }
@@ -240,8 +263,14 @@ fn driver_location(s: &Session, loc: CuMemLocation, what: &str) -> Result<CuMemL
 }
 
 /// An allocation's properties as the driver is to get them, checked: plain device memory on a
-/// device of the tenant's, exportable at most as a file descriptor.
-fn driver_prop(s: &Session, bytes: Option<&[u8]>, what: &str) -> Result<CuMemAllocationProp, i32> {
+/// device of the tenant's; one to be created (not a query, which has no effect) exportable at
+/// most as a file descriptor.
+fn driver_prop(
+    s: &Session,
+    bytes: Option<&[u8]>,
+    what: &str,
+    creating: bool,
+) -> Result<CuMemAllocationProp, i32> {
     let mut prop = bytes
         .and_then(CuMemAllocationProp::from_bytes)
         .ok_or(CUDA_ERROR_INVALID_VALUE)?;
@@ -252,7 +281,7 @@ fn driver_prop(s: &Session, bytes: Option<&[u8]>, what: &str) -> Result<CuMemAll
         );
         return Err(CUDA_ERROR_NOT_SUPPORTED);
     }
-    if prop.requested_handle_types & !HANDLE_TYPE_POSIX_FILE_DESCRIPTOR != 0 {
+    if creating && prop.requested_handle_types & !HANDLE_TYPE_POSIX_FILE_DESCRIPTOR != 0 {
         tracing::warn!(
             types = prop.requested_handle_types,
             "{what}: export handles other than a file descriptor (fabric, Windows): answering CUDA_ERROR_NOT_SUPPORTED"
@@ -297,6 +326,7 @@ pub fn cuMemAddressReserve(
     a: args::cuMemAddressReserve,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
+    let _op = s.vmm_op();
     if !a.ptr_present {
         w.i32(CUDA_ERROR_INVALID_VALUE);
         return Ok(());
@@ -312,12 +342,15 @@ pub fn cuMemAddressReserve(
     Ok(())
 }
 
-/// `cuMemAddressFree`: only a reservation of the session's, whole.
+/// `cuMemAddressFree`: only a reservation of the session's, whole. What is still mapped in it
+/// is unmapped first, by the worker (cuda.h does not say what freeing a reservation does to
+/// its mappings; unmapped, their memory is surely the driver's to free, and the quota's).
 pub fn cuMemAddressFree(
     s: &Call<'_>,
     a: args::cuMemAddressFree,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
+    let _op = s.vmm_op();
     let size = a.size as u64;
     if !s.vmm().is_reservation(a.ptr, size) {
         tracing::warn!(
@@ -328,7 +361,19 @@ pub fn cuMemAddressFree(
         w.i32(CUDA_ERROR_INVALID_VALUE);
         return Ok(());
     }
-    // SAFETY: value arguments: a reservation of the session's.
+    let left = s.vmm().mappings_within(a.ptr, size);
+    for (start, len) in left {
+        // SAFETY: value arguments: a whole mapping of the session's.
+        let st = unsafe { ffi::cuMemUnmap(start, len as usize) };
+        if st != CUDA_SUCCESS {
+            tracing::warn!(status = st, "could not unmap what a freed reservation held");
+            w.i32(st);
+            return Ok(());
+        }
+        let freed = s.vmm().unmapped(&[start]);
+        s.vmm_freed(freed);
+    }
+    // SAFETY: value arguments: a reservation of the session's, nothing mapped in it.
     let st = unsafe { ffi::cuMemAddressFree(a.ptr, a.size) };
     if st == CUDA_SUCCESS {
         let freed = s.vmm().reservation_freed(a.ptr);
@@ -341,11 +386,12 @@ pub fn cuMemAddressFree(
 /// `cuMemCreate`: reserved against the tenant's quota first (its out-of-memory status is the
 /// driver's for a full device, which PyTorch's allocator answers by freeing its cache).
 pub fn cuMemCreate(s: &Call<'_>, a: args::cuMemCreate, w: &mut Writer) -> Result<(), DecodeError> {
+    let _op = s.vmm_op();
     if !a.handle_present {
         w.i32(CUDA_ERROR_INVALID_VALUE);
         return Ok(());
     }
-    let prop = match driver_prop(s, a.prop_bytes.as_deref(), "cuMemCreate") {
+    let prop = match driver_prop(s, a.prop_bytes.as_deref(), "cuMemCreate", true) {
         Ok(p) => p,
         Err(st) => {
             w.i32(st);
@@ -388,6 +434,7 @@ pub fn cuMemRelease(
     a: args::cuMemRelease,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
+    let _op = s.vmm_op();
     if !s.vmm().is_live(a.handle) {
         tracing::warn!("cuMemRelease of a handle the session did not create, or released");
         w.i32(CUDA_ERROR_INVALID_VALUE);
@@ -405,6 +452,7 @@ pub fn cuMemRelease(
 
 /// `cuMemMap`: a handle of the session's, into an unmapped part of its reservations.
 pub fn cuMemMap(s: &Call<'_>, a: args::cuMemMap, w: &mut Writer) -> Result<(), DecodeError> {
+    let _op = s.vmm_op();
     let (len, offset) = (a.size as u64, a.offset as u64);
     if let Err(why) = s.vmm().check_map(a.ptr, len, offset, a.handle) {
         tracing::warn!(
@@ -426,6 +474,7 @@ pub fn cuMemMap(s: &Call<'_>, a: args::cuMemMap, w: &mut Writer) -> Result<(), D
 
 /// `cuMemUnmap`: whole mappings of the session's.
 pub fn cuMemUnmap(s: &Call<'_>, a: args::cuMemUnmap, w: &mut Writer) -> Result<(), DecodeError> {
+    let _op = s.vmm_op();
     let len = a.size as u64;
     let undone = match s.vmm().check_unmap(a.ptr, len) {
         Ok(starts) => starts,
@@ -538,7 +587,12 @@ pub fn cuMemGetAllocationGranularity(
         if !a.granularity_present {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let prop = driver_prop(s, a.prop_bytes.as_deref(), "cuMemGetAllocationGranularity")?;
+        let prop = driver_prop(
+            s,
+            a.prop_bytes.as_deref(),
+            "cuMemGetAllocationGranularity",
+            false,
+        )?;
         let mut granularity = 0usize;
         // SAFETY: a valid output pointer and a struct of cuda.h's layout.
         let st = unsafe {
@@ -563,6 +617,7 @@ pub fn cuMemGetAllocationPropertiesFromHandle(
     a: args::cuMemGetAllocationPropertiesFromHandle,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
+    let _op = s.vmm_op();
     let answer = (|| {
         if !a.prop_present {
             return Err(CUDA_ERROR_INVALID_VALUE);
@@ -663,8 +718,11 @@ mod tests {
             "not reserved"
         );
         assert!(v.check_map(u64::MAX - MIB, 2 * MIB, 0, 7).is_err(), "wraps");
-        // Across two reservations side by side: the driver's to judge.
-        assert_eq!(v.check_map(0x10_0000 + 3 * MIB, 2 * MIB, 0, 7), Ok(()));
+        assert!(
+            v.check_map(0x10_0000 + 3 * MIB, 2 * MIB, 0, 7).is_err(),
+            "across two reservations side by side"
+        );
+        assert_eq!(v.check_map(0x10_0000 + 4 * MIB, 2 * MIB, 0, 7), Ok(()));
         v.mapped(0x10_0000, 2 * MIB, 7);
         assert!(
             v.check_map(0x10_0000 + MIB, MIB, 0, 7).is_err(),
@@ -691,16 +749,30 @@ mod tests {
             v.check_unmap(0x100_0000 + 6 * MIB, MIB).is_err(),
             "none there"
         );
+        assert!(
+            v.check_unmap(0x100_0000 + 4 * MIB, 4 * MIB).is_err(),
+            "a tail past the last"
+        );
         assert_eq!(
             v.check_unmap(0x100_0000, 4 * MIB),
             Ok(vec![0x100_0000, 0x100_0000 + 2 * MIB]),
             "two whole ones"
         );
-        // Freeing the reservation takes what is still mapped in it.
+        assert_eq!(v.unmapped(&[0x100_0000 + 2 * MIB]), 0);
+        assert!(
+            v.check_unmap(0x100_0000, 6 * MIB).is_err(),
+            "a gap where one was"
+        );
+        v.mapped(0x100_0000 + 2 * MIB, 2 * MIB, 11);
+        // Freeing the reservation takes what is still mapped in it (the worker unmaps it
+        // first, one mapping at a time).
         for h in [10, 11, 12] {
             assert_eq!(v.released(h), 0);
         }
-        assert_eq!(v.reservation_freed(0x100_0000), 6 * MIB);
+        let left = v.mappings_within(0x100_0000, 16 * MIB);
+        assert_eq!(left.len(), 3);
+        assert_eq!(v.unmapped(&[left[0].0]), 2 * MIB);
+        assert_eq!(v.reservation_freed(0x100_0000), 4 * MIB);
         assert!(v.physical.is_empty() && v.mapped.is_empty() && v.reserved.is_empty());
     }
 }

@@ -10,6 +10,10 @@ use crate::generated;
 use crate::rt::{self, entry_status, ApiErr};
 use std::ffi::c_void;
 use wormhole_nvml_proto::nv::*;
+use wormhole_nvml_proto::{
+    HandleKind, FABRIC_INFO_V1_SIZE, FABRIC_INFO_V2_SIZE, FABRIC_INFO_V2_VERSION,
+    FABRIC_INFO_V3_SIZE, FABRIC_INFO_V3_VERSION,
+};
 
 /// `nvmlInit_v2`: opens the session (the first call). Without a server, or with a server that
 /// has no NVML, the answer is NVML_ERROR_DRIVER_NOT_LOADED, as NVIDIA's library answers on a
@@ -85,4 +89,73 @@ pub unsafe fn nvmlDeviceGetMemoryInfo_v2(device: *mut c_void, memory: *mut c_voi
         // SAFETY: per the contract.
         Ok(unsafe { generated::wire_nvmlDeviceGetMemoryInfo_v2(device, memory) })
     })
+}
+
+/// The length of the fabric info struct whose first field is `version` (the versioned form),
+/// if this library knows that version.
+fn fabric_info_len(version: u32) -> Option<usize> {
+    match version {
+        FABRIC_INFO_V2_VERSION => Some(FABRIC_INFO_V2_SIZE),
+        FABRIC_INFO_V3_VERSION => Some(FABRIC_INFO_V3_SIZE),
+        _ => None,
+    }
+}
+
+/// The fabric `device` is on, as a tenant may use it: none. Sharing memory across the fabric
+/// (fabric handles) is not forwarded, so the answer is NVML's for a GPU on no fabric: success,
+/// every field zero (`NVML_GPU_FABRIC_STATE_NOT_SUPPORTED`) after the version. PyTorch asks
+/// before choosing how its expandable segments may be shared, and fails on any other status.
+///
+/// # Safety
+/// `info` NULL or `len` writable bytes.
+unsafe fn no_fabric(device: *mut c_void, info: *mut c_void, versioned: bool) -> i32 {
+    entry_status(|| {
+        // SAFETY: `id_of` dereferences only registered objects.
+        unsafe { rt::id_of(device, HandleKind::Device, false) }?;
+        if info.is_null() {
+            return Err(ApiErr(NVML_ERROR_INVALID_ARGUMENT));
+        }
+        let (skip, len) = match versioned {
+            // SAFETY: per the contract (the version is the struct's first field).
+            true => match fabric_info_len(unsafe { (info as *const u32).read_unaligned() }) {
+                Some(len) => (4, len),
+                None => return Err(ApiErr(NVML_ERROR_ARGUMENT_VERSION_MISMATCH)),
+            },
+            false => (0, FABRIC_INFO_V1_SIZE),
+        };
+        // SAFETY: per the contract, the struct of that version is writable.
+        unsafe { std::ptr::write_bytes((info as *mut u8).add(skip), 0, len - skip) };
+        Ok(NVML_SUCCESS)
+    })
+}
+
+/// `nvmlDeviceGetGpuFabricInfoV`: see `no_fabric`.
+///
+/// # Safety
+/// `info` NULL or a writable `nvmlGpuFabricInfo_v2_t`/`_v3_t` of the version it names.
+pub unsafe fn nvmlDeviceGetGpuFabricInfoV(device: *mut c_void, info: *mut c_void) -> i32 {
+    // SAFETY: per the contract.
+    unsafe { no_fabric(device, info, true) }
+}
+
+/// `nvmlDeviceGetGpuFabricInfo` (the unversioned struct): see `no_fabric`.
+///
+/// # Safety
+/// `info` NULL or a writable `nvmlGpuFabricInfo_t`.
+pub unsafe fn nvmlDeviceGetGpuFabricInfo(device: *mut c_void, info: *mut c_void) -> i32 {
+    // SAFETY: per the contract.
+    unsafe { no_fabric(device, info, false) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fabric_info_versions_are_the_two_nvml_h_has() {
+        assert_eq!(fabric_info_len(FABRIC_INFO_V2_VERSION), Some(36));
+        assert_eq!(fabric_info_len(FABRIC_INFO_V3_VERSION), Some(40));
+        assert_eq!(fabric_info_len(0), None);
+        assert_eq!(fabric_info_len(40 | 4 << 24), None);
+    }
 }

@@ -27,6 +27,15 @@ pub const MEMORY_V2_SIZE: usize = 40;
 /// (`NVML_STRUCT_VERSION(Memory, 2)`: its size, and the version in the top byte).
 pub const MEMORY_V2_VERSION: u32 = MEMORY_V2_SIZE as u32 | 2 << 24;
 
+/// `nvmlGpuFabricInfo_t` (`nvmlDeviceGetGpuFabricInfo`), and `nvmlGpuFabricInfo_v2_t` and
+/// `_v3_t` (`nvmlDeviceGetGpuFabricInfoV`, their version in their first field): sizes. All
+/// zeros after the version is a GPU on no fabric (state NVML_GPU_FABRIC_STATE_NOT_SUPPORTED).
+pub const FABRIC_INFO_V1_SIZE: usize = 28;
+pub const FABRIC_INFO_V2_SIZE: usize = 36;
+pub const FABRIC_INFO_V3_SIZE: usize = 40;
+pub const FABRIC_INFO_V2_VERSION: u32 = FABRIC_INFO_V2_SIZE as u32 | 2 << 24;
+pub const FABRIC_INFO_V3_VERSION: u32 = FABRIC_INFO_V3_SIZE as u32 | 3 << 24;
+
 /// `nvmlProcessInfo_v1_t` (`nvmlDeviceGetComputeRunningProcesses`): pid, padding, used memory.
 pub const PROCESS_INFO_V1_SIZE: usize = 16;
 /// `nvmlProcessInfo_t` (`_v2` and `_v3`): pid, padding, used memory, GPU and compute instance.

@@ -25,3 +25,35 @@ fn every_described_entry_point_has_the_signature_of_nvml_h() {
         panic!("api/nvml.api against nvml.h: {e}");
     }
 }
+
+/// The sizes of the structs the client fills itself (`local.rs`) are nvml.h's, and so are the
+/// versions callers put in them.
+#[test]
+fn the_structs_filled_in_the_client_have_the_size_of_nvml_h() {
+    use wormhole_nvml_proto::*;
+    let checks = [
+        ("sizeof(nvmlGpuFabricInfo_t)", FABRIC_INFO_V1_SIZE as u64),
+        ("sizeof(nvmlGpuFabricInfo_v2_t)", FABRIC_INFO_V2_SIZE as u64),
+        ("sizeof(nvmlGpuFabricInfo_v3_t)", FABRIC_INFO_V3_SIZE as u64),
+        ("nvmlGpuFabricInfo_v2", FABRIC_INFO_V2_VERSION as u64),
+        ("nvmlGpuFabricInfo_v3", FABRIC_INFO_V3_VERSION as u64),
+        ("offsetof(nvmlGpuFabricInfo_v3_t, version)", 0),
+        ("NVML_GPU_FABRIC_STATE_NOT_SUPPORTED", 0),
+    ];
+    let mut source = String::from(
+        "#include <nvml.h>\n#include <cstddef>\n#include <cstdio>\n\nint main() {\n    int mismatches = 0;\n",
+    );
+    for (expr, value) in checks {
+        source += &format!(
+            "    if ((unsigned long long)({expr}) != {value}ull) {{ std::printf(\"{expr}: %llu in nvml.h, {value} here\\n\", (unsigned long long)({expr})); mismatches++; }}\n"
+        );
+    }
+    source += "    return mismatches == 0 ? 0 : 1;\n}\n";
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let include = wormhole_apigen::nvidia_headers(&here.join("../../.."), "nvml.h")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("structs_of_nvml_h");
+    if let Err(e) = wormhole_apigen::run_abi_check(&source, &include, &dir) {
+        panic!("the client's structs against nvml.h: {e}");
+    }
+}

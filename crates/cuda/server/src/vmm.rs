@@ -1,6 +1,7 @@
 //! Virtual memory management (`cuMemAddressReserve`, `cuMemCreate`, `cuMemMap`,
-//! `cuMemSetAccess` and their undoing), which PyTorch's expandable segments and NCCL's buffers
-//! are made of. The session keeps:
+//! `cuMemSetAccess` and their undoing), which PyTorch's expandable segments are made of (NCCL's
+//! buffers need exporting and `cuMemRetainAllocationHandle` too, which are not forwarded). The
+//! session keeps:
 //! - the address ranges it reserved: mappings must lie in them;
 //! - the physical allocations it created, by the driver's handle (the worker is the session's
 //!   alone, so the driver's values are the session's, each checked against this table). Each

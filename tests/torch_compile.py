@@ -33,9 +33,9 @@ x.grad = None
 eager_rows, eager_probs = f(x, y)
 (eager_rows.sum() + (eager_probs * eager_probs).sum()).backward()
 torch.cuda.synchronize()
-print("matches eager:", torch.allclose(rows, eager_rows, rtol=1e-4, atol=1e-4),
-      torch.allclose(probs, eager_probs, rtol=1e-4, atol=1e-6),
-      torch.allclose(grad, x.grad, rtol=1e-4, atol=1e-4))
+print("matches eager:", torch.allclose(rows, eager_rows, rtol=1e-3, atol=1e-3),
+      torch.allclose(probs, eager_probs, rtol=1e-3, atol=1e-5),
+      torch.allclose(grad, x.grad, rtol=1e-3, atol=1e-3))
 print("rows:", " ".join(f"{v:.9e}" for v in rows[:8].tolist()))
 print("probs sum:", f"{probs.double().sum().item():.9e}")
 print("grad sum:", f"{grad.double().sum().item():.9e}")

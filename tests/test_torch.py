@@ -181,7 +181,7 @@ def test_torch_compile_gives_native_results(torch_gpu, tmp_path):
     TRITON_LIBCUDA_PATH points (`wh run` names Wormhole's directory), through Wormhole. Each
     run has caches of its own, so that Wormhole's builds its kernels and launcher itself.
     Triton may time kernel configurations and pick another one than natively, so a reduction
-    may add in another order: values agree to 1e-5, not to the last digit."""
+    may add in another order: values agree to 1e-5 (1e-3 near zero), not to the last digit."""
     def caches(where):
         return {"TRITON_CACHE_DIR": str(tmp_path / where / "triton"),
                 "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / where / "inductor")}
@@ -202,7 +202,7 @@ def test_torch_compile_gives_native_results(torch_gpu, tmp_path):
     ours, theirs = compiled_values(r.stdout), compiled_values(native.stdout)
     assert ours.keys() == theirs.keys() == {"rows", "probs sum", "grad sum"}
     for k in ours:
-        assert ours[k] == pytest.approx(theirs[k], rel=1e-5), (k, r.stdout, native.stdout)
+        assert ours[k] == pytest.approx(theirs[k], rel=1e-5, abs=1e-3), (k, r.stdout, native.stdout)
 
 
 def test_the_training_script_runs_where_there_is_no_gpu():

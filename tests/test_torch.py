@@ -166,6 +166,43 @@ def test_other_allocators_train_as_natively(torch_gpu, tmp_path, alloc_conf):
     assert "cuMemMap refused" not in log and "cuMemUnmap refused" not in log, log[-4000:]
 
 
+NCCL_ONE_RANK = """
+import os, socket, sys
+import torch
+import torch.distributed as dist
+if not dist.is_nccl_available():
+    print("no NCCL"); sys.exit(3)
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+t = torch.arange(1 << 20, dtype=torch.float32, device="cuda")
+dist.all_reduce(t)
+dist.broadcast(t, 0)
+torch.cuda.synchronize()
+print("all_reduce sum", t.sum().item())
+dist.destroy_process_group()
+"""
+
+
+@gpu
+def test_a_one_rank_nccl_job_runs_as_natively(torch_gpu, tmp_path):
+    """torch.distributed on NCCL with one rank (a job written for several GPUs, run on one
+    share): NCCL's buffers (virtual memory management, freed through
+    cuMemRetainAllocationHandle), its kernels and its proxy thread, through Wormhole."""
+    argv = [PYTHON, "-c", NCCL_ONE_RANK]
+    native = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    if native.returncode == 3:
+        pytest.skip(f"no NCCL for {PYTHON}")
+    assert native.returncode == 0, native.stdout + native.stderr
+    s = Server(tmp_path).start()
+    try:
+        r = s.run(argv, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr + s.log.read_text()[-4000:]
+    finally:
+        s.stop()
+    assert r.stdout == native.stdout
+
+
 COMPILE = ROOT / "tests" / "torch_compile.py"
 
 

@@ -762,18 +762,24 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n; i++) wrong += hc[i] != ha[i];
         CUmemorytype mtype = 0;
         CHECK(cuPointerGetAttribute(&mtype, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, va_a));
+        /* NCCL's way to its handle: retained from an address, released once more. */
+        CUmemGenericAllocationHandle again = 0;
+        CHECK(cuMemRetainAllocationHandle(&again, (void *)(uintptr_t)(va + seg + 64)));
+        int retained_same = again == h1;
+        CHECK(cuMemRelease(again));
         CHECK(cuMemUnmap(va, seg));
         CHECK(cuMemUnmap(va + seg, seg));
         CHECK(cuMemRelease(h1));
         CHECK(cuMemAddressFree(va, 8 * seg));
         printf("virtual memory: granularity %s, access %llu, properties: type %d, handle types %d, "
-               "this device %s; across the seam: %ld wrong, memory type %u\n",
+               "this device %s; across the seam: %ld wrong, memory type %u; retained from an "
+               "address: %s\n",
                seg && !(seg & (seg - 1)) ? "a power of two" : "odd", flags, (int)back.type,
                (int)back.requestedHandleTypes,
                back.location.type == CU_MEM_LOCATION_TYPE_DEVICE && back.location.id == (int)dev
                    ? "yes"
                    : "no",
-               wrong, (unsigned)mtype);
+               wrong, (unsigned)mtype, retained_same ? "its handle" : "another");
     }
 
     /* Errors the driver reports. */

@@ -994,6 +994,30 @@ unsafe fn cluster_occupancy(
     })
 }
 
+/// `cuMemRetainAllocationHandle`: the handle of the physical allocation mapped at `addr`, one
+/// more reference to it (the server checks that the address lies in the program's mappings).
+///
+/// # Safety
+/// `handle` NULL or a writable `CUmemGenericAllocationHandle`.
+pub unsafe fn cuMemRetainAllocationHandle(handle: *mut c_void, addr: *mut c_void) -> i32 {
+    use wormhole_cuda_proto::vmm::{GenericHandle, RetainAllocationHandle};
+    entry_status(|| {
+        rt::check_initialized()?;
+        if handle.is_null() {
+            return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
+        }
+        let query = RetainAllocationHandle { addr: addr as u64 };
+        match Reply::<GenericHandle>::decode_all(&send(Op::cuMemRetainAllocationHandle, &query)?)? {
+            Ok(GenericHandle(h)) => {
+                // SAFETY: per the contract.
+                unsafe { (handle as *mut u64).write_unaligned(h) };
+                Ok(CUDA_SUCCESS)
+            }
+            Err(st) => Err(ApiErr(st)),
+        }
+    })
+}
+
 /// `cuOccupancyMaxActiveClusters` (CUTLASS sizes its persistent Hopper kernels with it).
 ///
 /// # Safety

@@ -3,6 +3,9 @@
 //! description); the worker reads them, checks them and rewrites the device numbers in them
 //! (the tenant's on the wire, the driver's in the worker) before the driver sees them.
 
+use crate::requests::Message;
+use crate::{DecodeError, Reader, Writer};
+
 /// `CU_MEM_LOCATION_TYPE_DEVICE`: `id` is a device number.
 pub const LOCATION_TYPE_DEVICE: u32 = 1;
 /// `CU_MEM_ALLOCATION_TYPE_PINNED`: plain device memory.
@@ -40,6 +43,35 @@ pub struct CuMemAllocationProp {
     pub gpu_direct_rdma_capable: u8,
     pub usage: u16,
     pub reserved: [u8; 4],
+}
+
+/// `cuMemRetainAllocationHandle`: an address in a mapping (the program passes it as a
+/// `void *`). Answered by `Reply<GenericHandle>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetainAllocationHandle {
+    pub addr: u64,
+}
+
+impl<'a> Message<'a> for RetainAllocationHandle {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.addr);
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        Ok(RetainAllocationHandle { addr: r.u64()? })
+    }
+}
+
+/// A physical allocation's handle (`CUmemGenericAllocationHandle`: the driver's value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GenericHandle(pub u64);
+
+impl<'a> Message<'a> for GenericHandle {
+    fn encode(&self, w: &mut Writer) {
+        w.u64(self.0);
+    }
+    fn decode(r: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        Ok(GenericHandle(r.u64()?))
+    }
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {

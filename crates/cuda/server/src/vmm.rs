@@ -1,12 +1,13 @@
 //! Virtual memory management (`cuMemAddressReserve`, `cuMemCreate`, `cuMemMap`,
-//! `cuMemSetAccess` and their undoing), which PyTorch's expandable segments are made of (NCCL's
-//! buffers need exporting and `cuMemRetainAllocationHandle` too, which are not forwarded). The
-//! session keeps:
+//! `cuMemSetAccess`, `cuMemRetainAllocationHandle` and their undoing), which PyTorch's
+//! expandable segments and NCCL's buffers are made of (NCCL's shared between ranks' processes
+//! need exporting too, which is not forwarded). The session keeps:
 //! - the address ranges it reserved: mappings must lie in them;
 //! - the physical allocations it created, by the driver's handle (the worker is the session's
 //!   alone, so the driver's values are the session's, each checked against this table). Each
-//!   counts against the tenant's quota from its creation until the driver frees it: when its
-//!   handle is released and its last mapping is gone;
+//!   counts against the tenant's quota from its creation until the driver frees it: when every
+//!   reference to its handle (its creation's, each `cuMemRetainAllocationHandle`'s) is
+//!   released and its last mapping is gone;
 //! - its mappings: device memory later calls may name, as allocations are (a tensor may span
 //!   several mappings side by side).
 //!
@@ -23,20 +24,22 @@ use crate::session::{Call, Session};
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
 use wormhole_cuda_proto::cu::*;
+use wormhole_cuda_proto::requests::{Message, Reply};
 use wormhole_cuda_proto::vmm::{
-    CuMemAccessDesc, CuMemAllocationProp, CuMemLocation, ALLOCATION_TYPE_PINNED,
-    HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, LOCATION_TYPE_DEVICE,
+    CuMemAccessDesc, CuMemAllocationProp, CuMemLocation, GenericHandle, RetainAllocationHandle,
+    ALLOCATION_TYPE_PINNED, HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, LOCATION_TYPE_DEVICE,
 };
-use wormhole_cuda_proto::{DecodeError, Writer};
+use wormhole_cuda_proto::{DecodeError, Reader, Writer};
 
 /// The most access descriptors one `cuMemSetAccess` may carry (one per device and more).
 const MAX_ACCESS_DESCS: usize = 64;
 
-/// A physical allocation: its size, whether its handle was released, and its mappings.
+/// A physical allocation: its size, the references to its handle not yet released (one from
+/// `cuMemCreate`, one more per `cuMemRetainAllocationHandle`), and its mappings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Physical {
     len: u64,
-    released: bool,
+    refs: u32,
     mappings: u32,
 }
 
@@ -101,7 +104,7 @@ impl Vmm {
             handle,
             Physical {
                 len,
-                released: false,
+                refs: 1,
                 mappings: 0,
             },
         );
@@ -109,7 +112,19 @@ impl Vmm {
 
     /// Whether `handle` names one of the session's allocations whose handle is not released.
     pub fn is_live(&self, handle: u64) -> bool {
-        self.physical.get(&handle).is_some_and(|p| !p.released)
+        self.physical.get(&handle).is_some_and(|p| p.refs > 0)
+    }
+
+    /// The driver handed out another reference to `handle` (`cuMemRetainAllocationHandle`);
+    /// false if it is not one of the session's allocations.
+    pub fn retained(&mut self, handle: u64) -> bool {
+        match self.physical.get_mut(&handle) {
+            Some(p) => {
+                p.refs += 1;
+                true
+            }
+            None => false,
+        }
     }
 
     /// Why mapping `len` bytes of `handle`, from `offset`, at `start` is refused, if it is.
@@ -123,7 +138,7 @@ impl Vmm {
         let p = self
             .physical
             .get(&handle)
-            .filter(|p| !p.released)
+            .filter(|p| p.refs > 0)
             .ok_or("a handle the session did not create, or released")?;
         let end = start.checked_add(len).ok_or("a range past the end")?;
         if len == 0 || offset.checked_add(len).is_none_or(|e| e > p.len) {
@@ -202,7 +217,7 @@ impl Vmm {
             };
             if let Some(p) = self.physical.get_mut(&handle) {
                 p.mappings = p.mappings.saturating_sub(1);
-                if p.released && p.mappings == 0 {
+                if p.refs == 0 && p.mappings == 0 {
                     freed += p.len;
                     self.physical.remove(&handle);
                 }
@@ -211,13 +226,14 @@ impl Vmm {
         freed
     }
 
-    /// `handle` was released: the bytes freed with it (none while it is still mapped).
+    /// A reference to `handle` was released: the bytes freed with it (none while another
+    /// reference or a mapping holds it).
     pub fn released(&mut self, handle: u64) -> u64 {
         let Some(p) = self.physical.get_mut(&handle) else {
             return 0;
         };
-        p.released = true;
-        if p.mappings > 0 {
+        p.refs = p.refs.saturating_sub(1);
+        if p.refs > 0 || p.mappings > 0 {
             return 0;
         }
         let len = p.len;
@@ -448,6 +464,45 @@ pub fn cuMemRelease(
         s.vmm_freed(freed);
     }
     w.i32(st);
+    Ok(())
+}
+
+/// `cuMemRetainAllocationHandle`: the handle mapped at an address of the session's mappings,
+/// one more reference to it (NCCL frees its buffers so).
+pub fn cuMemRetainAllocationHandle(
+    s: &Call<'_>,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let m = RetainAllocationHandle::decode(r)?;
+    r.finish()?;
+    let _op = s.vmm_op();
+    let answer: Reply<GenericHandle> = (|| {
+        if !s.vmm().owns(m.addr, 1) {
+            tracing::warn!(
+                addr = format_args!("{:#x}", m.addr),
+                "cuMemRetainAllocationHandle of an address the session did not map"
+            );
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let mut handle = 0u64;
+        // SAFETY: a valid output pointer; the address lies in a mapping of the session's.
+        driver(unsafe {
+            ffi::cuMemRetainAllocationHandle(
+                (&mut handle as *mut u64).cast::<c_void>(),
+                m.addr as *mut c_void,
+            )
+        })?;
+        if !s.vmm().retained(handle) {
+            // The session's mapping is of one of its handles: not reached.
+            tracing::error!("the driver retained a handle the session did not create");
+            // SAFETY: the reference the driver just handed out.
+            unsafe { ffi::cuMemRelease(handle) };
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        Ok(GenericHandle(handle))
+    })();
+    answer.encode(w);
     Ok(())
 }
 
@@ -734,6 +789,23 @@ mod tests {
             v.check_map(0x10_0000 + 2 * MIB, MIB, 0, 7).is_err(),
             "released"
         );
+    }
+
+    /// NCCL's way: a handle retained from a mapped address needs one release more before the
+    /// memory can go.
+    #[test]
+    fn retained_handles_need_a_release_each() {
+        let mut v = Vmm::default();
+        v.reserved(0x200_0000, 4 * MIB);
+        v.created(5, 2 * MIB);
+        v.mapped(0x200_0000, 2 * MIB, 5);
+        assert!(v.retained(5));
+        assert!(!v.retained(6), "not the session's");
+        assert_eq!(v.released(5), 0);
+        assert!(v.is_live(5), "the retained reference is still out");
+        assert_eq!(v.unmapped(&[0x200_0000]), 0);
+        assert_eq!(v.released(5), 2 * MIB);
+        assert!(!v.is_live(5));
     }
 
     #[test]

@@ -5,7 +5,7 @@ mod bench;
 use clap::{Parser, Subcommand};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use wormhole_opencl_proto::{control, Reader, Writer};
 use wormhole_server::{Backend, Config};
@@ -543,10 +543,19 @@ fn run_program(socket: Option<PathBuf>, program: Vec<String>) -> Result<(), CliE
     // One directory per user and library, rewritten each time (no leftovers per run).
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
+    // The stand-ins found, in the tag too: runs with other libraries get a directory of
+    // their own, not links flipped under each other.
+    let stand_ins: Vec<(&StandIn, PathBuf)> = STAND_INS
+        .iter()
+        .filter_map(|s| Some((s, stand_in_library(s.var, s.file)?)))
+        .collect();
     let tag = {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
         lib.hash(&mut h);
+        for (_, path) in &stand_ins {
+            path.hash(&mut h);
+        }
         h.finish()
     };
     let dir = std::env::temp_dir().join(format!("wormhole-icd-{uid}-{tag:016x}"));
@@ -572,21 +581,11 @@ fn run_program(socket: Option<PathBuf>, program: Vec<String>) -> Result<(), CliE
     }
     // CUDA programs (and cudart's dlopen), and NVML's users, find those libraries by their
     // sonames on the library path: the same directory holds links to Wormhole's.
-    let mut linked = false;
-    for stand_in in STAND_INS {
-        let Some(ours) = stand_in_library(stand_in.var, stand_in.file) else {
-            continue;
-        };
+    let linked = !stand_ins.is_empty();
+    for (stand_in, ours) in &stand_ins {
         for name in stand_in.names {
-            let link = dir.join(name);
-            if std::fs::read_link(&link).ok().as_deref() != Some(ours.as_path()) {
-                let tmp = dir.join(format!("{name}.{}", std::process::id()));
-                let _ = std::fs::remove_file(&tmp);
-                std::os::unix::fs::symlink(&ours, &tmp)?;
-                std::fs::rename(&tmp, &link)?;
-            }
+            link_in(&dir, name, ours, std::process::id())?;
         }
-        linked = true;
         if let Some(var) = stand_in.dir_var {
             if std::env::var_os(var).is_some_and(|p| p != dir.as_os_str()) {
                 eprintln!(
@@ -594,6 +593,18 @@ fn run_program(socket: Option<PathBuf>, program: Vec<String>) -> Result<(), CliE
                 );
             }
             cmd.env(var, &dir);
+        }
+    }
+    if stand_ins.iter().any(|(s, _)| s.dir_var.is_some())
+        && std::env::var_os("TRITON_CACHE_DIR").is_none()
+    {
+        // What Triton builds here links Wormhole's directory (its run path): kept apart from
+        // what it builds for native runs, which share no key with these.
+        if let Some(cache) = std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        {
+            cmd.env("TRITON_CACHE_DIR", cache.join("wormhole").join("triton"));
         }
     }
     if linked {
@@ -612,6 +623,20 @@ fn run_program(socket: Option<PathBuf>, program: Vec<String>) -> Result<(), CliE
         program: program[0].clone(),
         source: err,
     })
+}
+
+/// Points `dir/name` at `target` unless it already does, atomically (programs started at the
+/// same moment read the directory). The temporary name is one no link has: as a container's
+/// first process `wh` has pid 1, and `libcuda.so.{pid}` would be the soname's own link.
+fn link_in(dir: &Path, name: &str, target: &Path, pid: u32) -> std::io::Result<()> {
+    let link = dir.join(name);
+    if std::fs::read_link(&link).ok().as_deref() == Some(target) {
+        return Ok(());
+    }
+    let tmp = dir.join(format!(".{name}.{pid}.tmp"));
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(target, &tmp)?;
+    std::fs::rename(&tmp, &link)
 }
 
 /// Makes `dir` (mode 0700) or checks the one there: its name is predictable in a shared
@@ -693,5 +718,50 @@ fn print_json(json: &[u8]) {
     match serde_json::from_slice::<serde_json::Value>(json) {
         Ok(v) => println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default()),
         Err(_) => println!("{}", String::from_utf8_lossy(json)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// As a container's first process (pid 1) too, every name ends up linked: the temporary
+    /// link of `libcuda.so` was once named `libcuda.so.1`, and replaced the soname's link.
+    #[test]
+    fn every_name_is_linked_whatever_the_pid() {
+        for pid in [1, 2, 12345] {
+            let dir =
+                std::env::temp_dir().join(format!("wh-link-test-{}-{pid}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            let target = Path::new("/nonexistent/libwormhole_cuda.so");
+            for name in [
+                "libcuda.so.1",
+                "libcuda.so",
+                "libnvidia-ml.so.1",
+                "libnvidia-ml.so",
+            ] {
+                link_in(&dir, name, target, pid).unwrap();
+            }
+            let mut names: Vec<String> = std::fs::read_dir(&dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect();
+            names.sort();
+            assert_eq!(
+                names,
+                [
+                    "libcuda.so",
+                    "libcuda.so.1",
+                    "libnvidia-ml.so",
+                    "libnvidia-ml.so.1"
+                ],
+                "pid {pid}"
+            );
+            for name in &names {
+                assert_eq!(std::fs::read_link(dir.join(name)).unwrap(), target);
+            }
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
     }
 }

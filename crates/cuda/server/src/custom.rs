@@ -1128,12 +1128,16 @@ fn pointer_attributes(s: &Call<'_>, r: &mut Reader<'_>, w: &mut Writer) -> Resul
     Ok(())
 }
 
-/// Device attributes that advertise what Wormhole refuses: sharing memory or events with other
-/// processes (a POSIX file descriptor, a fabric handle, a pool's handles, dma-buf, IPC events:
-/// a handle means nothing outside the worker), multicast objects, and memory on the host
-/// through virtual memory management or pools. Answered 0, so that libraries that choose a
-/// path by them (NCCL, PyTorch's symmetric memory) choose one that works.
-const REFUSED_FEATURES: [i32; 12] = [103, 119, 124, 125, 128, 132, 141, 142, 143, 144, 145, 146];
+/// Device attributes that advertise what Wormhole refuses: managed memory (83, 89, 101); the
+/// device reaching the program's pageable memory (88, 100: that memory is in another process
+/// than the worker); sharing memory or events with other processes (a POSIX file descriptor,
+/// a fabric handle, a pool's handles, dma-buf, IPC events: a handle means nothing outside the
+/// worker); multicast objects; memory on the host through virtual memory management or
+/// pools. Answered 0, so that programs and libraries that choose a path by them (NCCL,
+/// PyTorch's symmetric memory) choose one that works.
+const REFUSED_FEATURES: [i32; 17] = [
+    83, 88, 89, 100, 101, 103, 119, 124, 125, 128, 132, 141, 142, 143, 144, 145, 146,
+];
 
 /// `cuDeviceGetAttribute`: the driver's answer, but 0 for `REFUSED_FEATURES`.
 pub fn cuDeviceGetAttribute(

@@ -560,6 +560,7 @@ pub fn cuMemSetAccess(
     a: args::cuMemSetAccess,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
+    let _op = s.vmm_op();
     w.i32(status_of((|| {
         if !s.vmm().in_reservations(a.ptr, a.size as u64) {
             tracing::warn!(
@@ -605,6 +606,7 @@ pub fn cuMemGetAccess(
     a: args::cuMemGetAccess,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
+    let _op = s.vmm_op();
     let answer = (|| {
         if !a.flags_present {
             return Err(CUDA_ERROR_INVALID_VALUE);

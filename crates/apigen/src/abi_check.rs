@@ -152,6 +152,23 @@ int main() {
     s
 }
 
+/// A C++ program that includes `header` and checks that each C expression (a `sizeof`, an
+/// `offsetof`, a macro) has the value the Rust side uses: one line per difference, exit 1 if
+/// there was any. For the structs and constants a client reads or fills itself.
+pub fn emit_value_check(header: &str, checks: &[(String, u64)]) -> String {
+    let mut s = format!(
+        "#include <{header}>\n#include <cstddef>\n#include <cstdio>\n\nint main() {{\n    int mismatches = 0;\n"
+    );
+    for (expr, value) in checks {
+        let _ = writeln!(
+            s,
+            "    if ((unsigned long long)({expr}) != {value}ull) {{ std::printf(\"{expr}: %llu in {header}, {value} here\\n\", (unsigned long long)({expr})); mismatches++; }}"
+        );
+    }
+    s.push_str("    return mismatches == 0 ? 0 : 1;\n}\n");
+    s
+}
+
 /// The directory of NVIDIA's C headers the ABI tests compile against: `WORMHOLE_CUDA_INCLUDE`,
 /// else the one in the repository's virtual environment (`nvidia/cu13/include` under its
 /// site-packages, where `scripts/install.sh` puts nvcc 13.0, cuda.h and nvml.h from PyPI).

@@ -12,7 +12,7 @@ mod extensions;
 mod model;
 mod server;
 
-pub use abi_check::{abi_classes, emit_abi_check, nvidia_headers, run_abi_check};
+pub use abi_check::{abi_classes, emit_abi_check, emit_value_check, nvidia_headers, run_abi_check};
 pub use client::emit_client;
 pub use extensions::{emit_hidden_extensions, hidden_extensions, parse_extensions, Extension};
 pub use model::*;

@@ -177,18 +177,14 @@ fn the_structs_read_from_programs_have_the_layout_of_cuda_h() {
             ],
         ),
     ];
-    let mut source = String::from("#include <cuda.h>\n#include <cstddef>\n#include <cstdio>\n\nint main() {\n    int mismatches = 0;\n");
+    let mut checks = Vec::new();
     for (ty, size, fields) in &structs {
-        source += &format!(
-            "    if (sizeof({ty}) != {size}) {{ std::printf(\"{ty}: %zu bytes in cuda.h, {size} here\\n\", sizeof({ty})); mismatches++; }}\n"
-        );
+        checks.push((format!("sizeof({ty})"), *size as u64));
         for (field, offset) in fields {
-            source += &format!(
-                "    if (offsetof({ty}, {field}) != {offset}) {{ std::printf(\"{ty}.{field}: at %zu in cuda.h, {offset} here\\n\", offsetof({ty}, {field})); mismatches++; }}\n"
-            );
+            checks.push((format!("offsetof({ty}, {field})"), *offset as u64));
         }
     }
-    source += "    return mismatches == 0 ? 0 : 1;\n}\n";
+    let source = wormhole_apigen::emit_value_check("cuda.h", &checks);
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));
     let include = wormhole_apigen::nvidia_headers(&here.join("../../.."), "cuda.h")
         .unwrap_or_else(|e| panic!("{e}"));

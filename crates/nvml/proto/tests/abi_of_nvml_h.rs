@@ -39,16 +39,9 @@ fn the_structs_filled_in_the_client_have_the_size_of_nvml_h() {
         ("nvmlGpuFabricInfo_v3", FABRIC_INFO_V3_VERSION as u64),
         ("offsetof(nvmlGpuFabricInfo_v3_t, version)", 0),
         ("NVML_GPU_FABRIC_STATE_NOT_SUPPORTED", 0),
-    ];
-    let mut source = String::from(
-        "#include <nvml.h>\n#include <cstddef>\n#include <cstdio>\n\nint main() {\n    int mismatches = 0;\n",
-    );
-    for (expr, value) in checks {
-        source += &format!(
-            "    if ((unsigned long long)({expr}) != {value}ull) {{ std::printf(\"{expr}: %llu in nvml.h, {value} here\\n\", (unsigned long long)({expr})); mismatches++; }}\n"
-        );
-    }
-    source += "    return mismatches == 0 ? 0 : 1;\n}\n";
+    ]
+    .map(|(e, v)| (e.to_string(), v));
+    let source = wormhole_apigen::emit_value_check("nvml.h", &checks);
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));
     let include = wormhole_apigen::nvidia_headers(&here.join("../../.."), "nvml.h")
         .unwrap_or_else(|e| panic!("{e}"));

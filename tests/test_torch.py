@@ -51,17 +51,29 @@ def waited(stderr):
     return int(re.search(r"wormhole call counts \(cuda\): waited=(\d+)", stderr).group(1))
 
 
-@gpu
-def test_training_gives_native_losses_and_device(torch_gpu, tmp_path):
-    argv = [PYTHON, str(TRAIN), "--steps", "300"]
-    native = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+def native_and_through_wormhole(tmp_path, argv, env=None, wormhole_env=None, skip_reason=None):
+    """Runs `argv` natively (with `env` added), then through a server of its own (with
+    `wormhole_env`, else `env`): both runs, each having succeeded, and the server's log. With
+    `skip_reason`, a native exit status of 3 (a script's "PyTorch lacks what I need") skips the
+    test."""
+    env = env or {}
+    native = subprocess.run(argv, capture_output=True, text=True, timeout=600, env={**os.environ, **env})
+    if skip_reason and native.returncode == 3:
+        pytest.skip(skip_reason)
     assert native.returncode == 0, native.stdout + native.stderr
     s = Server(tmp_path).start()
     try:
-        r = s.run(argv, timeout=600)
-        assert r.returncode == 0, r.stdout + r.stderr + s.log.read_text()[-4000:]
+        r = s.run(argv, timeout=600, **(env if wormhole_env is None else wormhole_env))
+        log = s.log.read_text()
+        assert r.returncode == 0, r.stdout + r.stderr + log[-4000:]
     finally:
         s.stop()
+    return native, r, log
+
+
+@gpu
+def test_training_gives_native_losses_and_device(torch_gpu, tmp_path):
+    native, r, _ = native_and_through_wormhole(tmp_path, [PYTHON, str(TRAIN), "--steps", "300"])
     assert losses(r.stdout) == losses(native.stdout)
     assert losses(r.stdout).keys() == {"mlp", "cnn"}
     assert [l for l in r.stdout.splitlines() if l.startswith("device:")] == \
@@ -150,17 +162,8 @@ def test_other_allocators_train_as_natively(torch_gpu, tmp_path, alloc_conf):
     out-of-memory message suggests: reservations, handles mapped side by side and tensors
     across them), and on the driver's stream-ordered pool (cudaMallocAsync), through Wormhole,
     give native's losses."""
-    argv = [PYTHON, str(TRAIN), "--steps", "100"]
-    conf = {"PYTORCH_CUDA_ALLOC_CONF": alloc_conf}
-    native = subprocess.run(argv, capture_output=True, text=True, timeout=600, env={**os.environ, **conf})
-    assert native.returncode == 0, native.stdout + native.stderr
-    s = Server(tmp_path).start()
-    try:
-        r = s.run(argv, timeout=600, **conf)
-        assert r.returncode == 0, r.stdout + r.stderr + s.log.read_text()[-4000:]
-        log = s.log.read_text()
-    finally:
-        s.stop()
+    native, r, log = native_and_through_wormhole(
+        tmp_path, [PYTHON, str(TRAIN), "--steps", "100"], {"PYTORCH_CUDA_ALLOC_CONF": alloc_conf})
     assert losses(r.stdout) == losses(native.stdout)
     assert losses(r.stdout).keys() == {"mlp", "cnn"}
     assert "cuMemMap refused" not in log and "cuMemUnmap refused" not in log, log[-4000:]
@@ -189,20 +192,10 @@ def test_a_one_rank_nccl_job_runs_as_natively(torch_gpu, tmp_path):
     """torch.distributed on NCCL with one rank (a job written for several GPUs, run on one
     share): NCCL's buffers (virtual memory management, freed through
     cuMemRetainAllocationHandle), its kernels and its proxy thread, through Wormhole."""
-    argv = [PYTHON, "-c", NCCL_ONE_RANK]
     # NCCL's buffers on virtual memory management, and no log lines of NCCL's on stdout.
-    conf = {"NCCL_CUMEM_ENABLE": "1", "NCCL_DEBUG": ""}
-    native = subprocess.run(argv, capture_output=True, text=True, timeout=300, env={**os.environ, **conf})
-    if native.returncode == 3:
-        pytest.skip(f"no NCCL for {PYTHON}")
-    assert native.returncode == 0, native.stdout + native.stderr
-    s = Server(tmp_path).start()
-    try:
-        r = s.run(argv, timeout=300, **conf)
-        assert r.returncode == 0, r.stdout + r.stderr + s.log.read_text()[-4000:]
-        log = s.log.read_text()
-    finally:
-        s.stop()
+    native, r, log = native_and_through_wormhole(
+        tmp_path, [PYTHON, "-c", NCCL_ONE_RANK], {"NCCL_CUMEM_ENABLE": "1", "NCCL_DEBUG": ""},
+        skip_reason=f"no NCCL for {PYTHON}")
     sums = [[l for l in out.splitlines() if l.startswith("all_reduce sum")] for out in (r.stdout, native.stdout)]
     assert sums[0] == sums[1] and len(sums[0]) == 1, (r.stdout, native.stdout)
     assert " refused" not in log, log[-4000:]
@@ -222,24 +215,16 @@ def test_torch_compile_gives_native_results(torch_gpu, tmp_path):
     """torch.compile's Triton kernels, and the C module Triton builds with -lcuda where
     TRITON_LIBCUDA_PATH points (`wh run` names Wormhole's directory; Inductor launches its
     kernels through PyTorch's own launcher by default), through Wormhole. Each
-    run has caches of its own, so that Wormhole's builds its kernels and launcher itself.
+    run has caches of its own, so that Wormhole's builds its kernels and that module itself.
     Triton may time kernel configurations and pick another one than natively, so a reduction
     may add in another order: values agree to 1e-5 (1e-3 near zero), not to the last digit."""
     def caches(where):
         return {"TRITON_CACHE_DIR": str(tmp_path / where / "triton"),
                 "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / where / "inductor")}
 
-    native = subprocess.run([PYTHON, str(COMPILE)], capture_output=True, text=True, timeout=600,
-                            env={**os.environ, **caches("native")})
-    if native.returncode == 3:
-        pytest.skip(f"no Triton for {PYTHON}: torch.compile has no GPU code generator")
-    assert native.returncode == 0, native.stdout + native.stderr
-    s = Server(tmp_path).start()
-    try:
-        r = s.run([PYTHON, str(COMPILE)], timeout=600, **caches("wormhole"))
-        assert r.returncode == 0, r.stdout + r.stderr + s.log.read_text()[-4000:]
-    finally:
-        s.stop()
+    native, r, _ = native_and_through_wormhole(
+        tmp_path, [PYTHON, str(COMPILE)], caches("native"), caches("wormhole"),
+        skip_reason=f"no Triton for {PYTHON}: torch.compile has no GPU code generator")
     assert "matches eager: True True True" in native.stdout, native.stdout
     assert "matches eager: True True True" in r.stdout, r.stdout
     ours, theirs = compiled_values(r.stdout), compiled_values(native.stdout)

@@ -77,18 +77,10 @@ impl Vmm {
         self.reserved.get(&start) == Some(&len)
     }
 
-    /// The reservation at `start` was freed, and with it whatever was mapped in it: the bytes
-    /// of the physical allocations freed with those mappings.
-    pub fn reservation_freed(&mut self, start: u64) -> u64 {
-        let Some(len) = self.reserved.remove(&start) else {
-            return 0;
-        };
-        let inside: Vec<u64> = self
-            .mapped
-            .range(start..start.saturating_add(len))
-            .map(|(s, _)| *s)
-            .collect();
-        self.unmapped(&inside)
+    /// The reservation at `start` was freed (its mappings were undone first: see
+    /// `cuMemAddressFree`).
+    pub fn reservation_freed(&mut self, start: u64) {
+        self.reserved.remove(&start);
     }
 
     /// The mappings that lie in `[start, start + len)`: start and length.
@@ -393,8 +385,7 @@ pub fn cuMemAddressFree(
     // SAFETY: value arguments: a reservation of the session's, nothing mapped in it.
     let st = unsafe { ffi::cuMemAddressFree(a.ptr, a.size) };
     if st == CUDA_SUCCESS {
-        let freed = s.vmm().reservation_freed(a.ptr);
-        s.vmm_freed(freed);
+        s.vmm().reservation_freed(a.ptr);
     }
     w.i32(st);
     Ok(())
@@ -847,7 +838,9 @@ mod tests {
         let left = v.mappings_within(0x100_0000, 16 * MIB);
         assert_eq!(left.len(), 3);
         assert_eq!(v.unmapped(&[left[0].0]), 2 * MIB);
-        assert_eq!(v.reservation_freed(0x100_0000), 4 * MIB);
+        let rest: Vec<u64> = left[1..].iter().map(|(s, _)| *s).collect();
+        assert_eq!(v.unmapped(&rest), 4 * MIB);
+        v.reservation_freed(0x100_0000);
         assert!(v.physical.is_empty() && v.mapped.is_empty() && v.reserved.is_empty());
     }
 }

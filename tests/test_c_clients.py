@@ -182,6 +182,26 @@ def test_remote_sessions_keep_driver_storage(tmp_path, c_programs):
         tcp.stop()
 
 
+def test_a_streamed_write_leaves_its_queue_idle(tmp_path, c_programs):
+    """Over TCP a large blocking write goes into the driver's mapping as its bytes arrive,
+    past the ordinary path's bookkeeping. It counts as an enqueue there, and once it returns
+    its in-order queue is idle: a small non-blocking read after it runs at once, its bytes in
+    its reply (it went through a later collection before: one more round trip)."""
+    tcp = Server(tmp_path, tcp=True).start()
+    try:
+        p = tcp.popen([c_programs["idle_after_write"], "hold"])
+        try:
+            assert p.stdout.readline().strip() == "idle after write OK", p.stderr.read()
+            detail = tcp.status()["sessions"][0]["detail"]
+            assert detail["streamed_writes"] >= 5, detail
+            assert detail["at_once_transfers"] >= 5, detail
+        finally:
+            p.stdin.close()
+            assert p.wait(timeout=60) == 0
+    finally:
+        tcp.stop()
+
+
 def test_fine_grained_svm_beyond_a_frame(server, c_programs):
     """Fine-grained SVM larger than a frame's limit (1 GiB) is made coherent in batches: the
     session survives and host and device changes both arrive (was: the session was lost)."""

@@ -311,6 +311,7 @@ impl wormhole_server::Backend for OpenCl {
             ("shared_mem_bytes", &arena::SHARED_BYTES),
             ("direct_transfers", &arena::DIRECT_TRANSFERS),
             ("streamed_writes", &custom::STREAMED_WRITES),
+            ("at_once_transfers", &custom::AT_ONCE_TRANSFERS),
             ("staged_reads", &staging::STAGED_READS),
             ("staged_writes", &staging::STAGED_WRITES),
             ("program_cache_hits", &program_cache::HITS),

@@ -366,7 +366,7 @@ fn read_common(
         let own = ev.finish(s);
         release_own(event_id, own);
         if let Some(enqueues) = now {
-            s.queue_idle(queue, enqueues);
+            ran_at_once(s, queue, enqueues);
         }
         return Ok(());
     }
@@ -407,6 +407,15 @@ fn at_once(s: &Session, queue: u64, blocking: u32, waits: u32, len: usize) -> Op
         .flatten()
 }
 
+/// A transfer `at_once` let run succeeded: its queue is idle again.
+fn ran_at_once(s: &Session, queue: u64, enqueues: u64) {
+    s.queue_idle(queue, enqueues);
+    AT_ONCE_TRANSFERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Non-blocking transfers run at once, their queue idle (`wh status`).
+pub static AT_ONCE_TRANSFERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 type WriteCall<'a> = dyn Fn(u32, *const c_void, u32, *const Handle, *mut Handle) -> i32 + 'a;
 
 #[allow(clippy::too_many_arguments)]
@@ -433,7 +442,7 @@ fn write_common(
         if st == CL_SUCCESS {
             release_own(event_id, ev.finish(s));
             if let Some(enqueues) = now {
-                s.queue_idle(queue, enqueues);
+                ran_at_once(s, queue, enqueues);
             }
         }
         return Ok(st);
@@ -1506,8 +1515,20 @@ pub fn stream_write(
     let t = streamable
         .then(|| target(s, head.queue, head.mem).ok())
         .flatten();
+    // An enqueue, counted as the ordinary path counts one (lib.rs): from here no queue is
+    // known idle (another thread's transfer must not skip its wait), and once this blocking
+    // write has succeeded, its in-order queue is.
+    let enqueues = t
+        .as_ref()
+        .map(|_| s.enqueues.fetch_add(1, std::sync::atomic::Ordering::AcqRel) + 1);
+    let finished = |st: i32| {
+        if let (CL_SUCCESS, Some(enqueues)) = (st, enqueues) {
+            finished_blocking(s, head.queue, enqueues);
+        }
+        st
+    };
     if let Some(st) = staged_write(s, link, t.as_ref(), &wl, offset, size)? {
-        w.i32(st);
+        w.i32(finished(st));
         return Ok(Streamed::Done);
     }
     let mapped =
@@ -1539,7 +1560,7 @@ pub fn stream_write(
         }
     }
     STREAMED_WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    w.i32(st);
+    w.i32(finished(st));
     Ok(Streamed::Done)
 }
 

@@ -9,7 +9,7 @@
 #   scripts/gpu-test.sh [PART...] [-- PYTEST-ARGS...]
 #
 # PARTs, in the order they run (default: all of them), each with its share of the call:
-#   cuda-tests    tests/test_cuda.py's GPU tests (driver API, cudart, NVML, quotas)     150 s
+#   cuda-tests    tests/test_cuda.py's GPU tests (driver API, cudart, cuBLAS, NVML, quotas) 180 s
 #   torch-tests   tests/test_torch.py's GPU tests (where python3 has PyTorch; the       200 s
 #                 torch.compile test last)
 #   cuda-bench    `wh bench --part cuda`: the CUDA table (native, shared memory, TCP)     80 s
@@ -81,7 +81,7 @@ done
 [ ${#parts[@]} -gt 0 ] || parts=("${ALL[@]}")
 wants() { local p; for p in "${parts[@]}"; do [ "$p" = "$1" ] && return 0; done; return 1; }
 # The call's seconds are shared among the parts asked for, in proportion to their shares.
-declare -A share=([cuda-tests]=150 [torch-tests]=200 [cuda-bench]=80 [opencl-bench]=100 [torch-bench]=60 [cts]=300)
+declare -A share=([cuda-tests]=180 [torch-tests]=200 [cuda-bench]=80 [opencl-bench]=100 [torch-bench]=60 [cts]=300)
 planned=0
 for p in "${parts[@]}"; do planned=$((planned + ${share[$p]})); done
 share[opencl-bench-unstaged]=$((share[opencl-bench] / 2))

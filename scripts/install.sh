@@ -54,16 +54,23 @@ fi
 
 # nvcc for the CUDA test programs (tests/cuda), built here without a GPU: CUDA 13.0 from PyPI,
 # matching driver 580 (what the GPU machine runs); with it cuda.h and cudaTypedefs.h, and
-# nvml.h and cudaProfiler.h (nvidia-nvml-dev, nvidia-cuda-profiler-api), which the descriptions' ABI tests compile against.
-CUDA_PIP="nvidia-cuda-nvcc==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-crt==13.0.88 nvidia-nvvm==13.0.88 nvidia-nvml-dev==13.0.87 nvidia-cuda-profiler-api==13.0.85"
-if ! .venv/bin/python -m pip show nvidia-cuda-nvcc 2>/dev/null | grep -q "^Version: 13.0.88$" \
-    || ! .venv/bin/python -m pip show nvidia-nvml-dev 2>/dev/null | grep -q "^Version: 13.0.87$" \
-    || ! .venv/bin/python -m pip show nvidia-cuda-profiler-api 2>/dev/null | grep -q "^Version: 13.0.85$"; then
-    echo "install: nvcc 13.0 and the CUDA and NVML headers from PyPI (for the CUDA test programs and ABI tests)"
+# nvml.h and cudaProfiler.h (nvidia-nvml-dev, nvidia-cuda-profiler-api), which the descriptions'
+# ABI tests compile against; cuBLAS and cuFFT of CUDA 13.0 update 2, which the library test
+# program links, and the C++ core libraries (CCCL) their headers include.
+CUDA_PIP="nvidia-cuda-nvcc==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-crt==13.0.88 nvidia-nvvm==13.0.88 nvidia-nvml-dev==13.0.87 nvidia-cuda-profiler-api==13.0.85 nvidia-cublas==13.0.2.14 nvidia-cufft==12.0.0.61 nvidia-cuda-cccl==13.0.85"
+cuda_pip_missing=""
+for pinned in $CUDA_PIP; do
+    # sed reads pip's whole answer (grep -q would stop early, and pip then fails on the pipe).
+    if [ "$(.venv/bin/python -m pip show "${pinned%%==*}" 2>/dev/null | sed -n 's/^Version: //p')" != "${pinned##*==}" ]; then
+        cuda_pip_missing="$cuda_pip_missing $pinned"
+    fi
+done
+if [ -n "$cuda_pip_missing" ]; then
+    echo "install: from PyPI (CUDA 13.0 for the CUDA test programs and ABI tests):$cuda_pip_missing"
     # shellcheck disable=SC2086
     .venv/bin/python -m pip install -q $CUDA_PIP
 else
-    echo "install: skipped nvcc and the CUDA headers: the pinned versions are installed"
+    echo "install: skipped nvcc, the CUDA headers, cuBLAS and cuFFT: the pinned versions are installed"
 fi
 
 .venv/bin/python scripts/fetch_pyopencl_tests.py "$PYOPENCL_VERSION" target/pyopencl-src

@@ -12,14 +12,17 @@ import os
 import pathlib
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
+import concurrent.futures
 import difflib
 
 import pytest
 
-from conftest import ROOT, WH, Server
+from conftest import ROOT, WH, Server, wait_for
 
 CUDA_DIR = ROOT / "tests" / "cuda"
 
@@ -39,6 +42,25 @@ def nvcc_and_flags(out: pathlib.Path):
         lib64 = pathlib.Path(system).resolve().parent.parent / "lib64"
         return system, ["-Xlinker", f"-rpath={lib64}"]
     pytest.fail("no nvcc: neither the venv's (scripts/install.sh puts CUDA 13.0 there) nor the system's")
+
+
+def library_flags(nvcc: str, libdir: pathlib.Path):
+    """The flags that link cuBLAS and cuFFT (tests/cuda/libraries.cu), or None where neither
+    the toolkit beside nvcc nor Python's site-packages (PyPI's nvidia-cublas and nvidia-cufft:
+    scripts/install.sh puts them in the venv; PyTorch's environment has them) has both."""
+    toolkit = pathlib.Path(nvcc).resolve().parent.parent
+    if all((toolkit / "lib64" / f"lib{n}.so").exists() for n in ("cublas", "cufft")) \
+            and (toolkit / "include" / "cublas_v2.h").exists() and (toolkit / "include" / "cufft.h").exists():
+        return ["-lcublas", "-lcufft"]
+    for nv in sorted(pathlib.Path(sys.prefix).glob("lib/python3*/site-packages/nvidia/cu13")):
+        found = {n: sorted((nv / "lib").glob(f"lib{n}.so.*")) for n in ("cublas", "cufft")}
+        if all(found.values()) and (nv / "include" / "cublas_v2.h").exists() and (nv / "include" / "cufft.h").exists():
+            for n, libs in found.items():
+                link = libdir / f"lib{n}.so"  # the wheels lack the unversioned names
+                if not link.exists():
+                    link.symlink_to(libs[0])
+            return [f"-I{nv / 'include'}", f"-L{libdir}", "-Xlinker", f"-rpath={nv / 'lib'}", "-lcublas", "-lcufft"]
+    return None
 
 
 def output_diff(native: str, ours: str) -> str:
@@ -61,27 +83,35 @@ def cuda_programs(tmp_path_factory):
     libdir = out / "lib"
     libdir.mkdir()
     nvcc, flags = nvcc_and_flags(libdir)
-    progs = {}
-    for src in sorted(CUDA_DIR.glob("*.cu")):
-        if src.stem == "kernels":  # no program: the driver-API program's module
-            continue
-        for cudart in ("static", "shared"):
-            exe = out / f"{src.stem}_{cudart}"
-            subprocess.run([nvcc, "-arch=sm_90", "--cudart", cudart, *flags, "-o", str(exe), str(src)], check=True)
-            progs[f"{src.stem}_{cudart}"] = str(exe)
-    # Kernels for the driver-API program, which loads them itself.
-    progs["kernels.fatbin"] = str(out / "kernels.fatbin")
-    subprocess.run([nvcc, "-fatbin", "-arch=sm_90", "-o", progs["kernels.fatbin"], str(CUDA_DIR / "kernels.cu")],
-                   check=True)
     # C programs of the driver API link the driver by its soname (libcuda.so.1): Wormhole's
     # library stands in for it at link time (no stub library comes with the PyPI toolkit).
     (libdir / "libcuda.so").symlink_to(ROOT / "target" / "release" / "libwormhole_cuda.so")
     include = pathlib.Path(nvcc).parent.parent / "include"
+    libraries = library_flags(nvcc, libdir)
+    builds = {}  # program -> its command
+    for src in sorted(CUDA_DIR.glob("*.cu")):
+        if src.stem == "kernels":  # no program: the driver-API program's module
+            continue
+        extra = []
+        if src.stem == "libraries":
+            if libraries is None:  # its tests skip, saying why
+                continue
+            extra = libraries
+        for cudart in ("static", "shared"):
+            exe = out / f"{src.stem}_{cudart}"
+            builds[f"{src.stem}_{cudart}"] = [nvcc, "-arch=sm_90", "--cudart", cudart, *flags, "-o", str(exe),
+                                             str(src), *extra]
+    # Kernels for the driver-API program, which loads them itself.
+    builds["kernels.fatbin"] = [nvcc, "-fatbin", "-arch=sm_90", "-o", str(out / "kernels.fatbin"),
+                                str(CUDA_DIR / "kernels.cu")]
     for src in sorted(CUDA_DIR.glob("*.c")):
-        exe = out / src.stem
-        subprocess.run(["gcc", "-O1", "-Wall", f"-I{include}", "-o", str(exe), str(src), f"-L{libdir}", "-lcuda",
-                        "-ldl"], check=True)
-        progs[src.stem] = str(exe)
+        builds[src.stem] = ["gcc", "-O1", "-Wall", f"-I{include}", "-o", str(out / src.stem), str(src), f"-L{libdir}",
+                            "-lcuda", "-ldl"]
+    # In parallel: nvcc takes seconds a program, and the GPU machine's minutes are few.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        for done in pool.map(lambda argv: subprocess.run(argv, capture_output=True, text=True), builds.values()):
+            assert done.returncode == 0, " ".join(done.args) + "\n" + done.stdout + done.stderr
+    progs = {name: argv[argv.index("-o") + 1] for name, argv in builds.items()}
     return progs
 
 
@@ -106,6 +136,19 @@ def test_a_cuda_program_learns_quickly_that_there_is_no_device(cpu_server, cuda_
     # The program's log says why, and so does the server's.
     assert "no CUDA device: the server refused the session" in r.stderr
     assert "the server cannot load the CUDA driver" in cpu_server.log.read_text()
+
+
+@pytest.mark.parametrize("cudart", ["static", "shared"])
+def test_runtime_and_library_programs_learn_quickly_that_there_is_no_device(cpu_server, cuda_programs, cudart):
+    """The GPU tests' other runtime programs build here, and without a device they end at their
+    first call, within seconds: cudart's device count, cuBLAS's handle."""
+    r = cpu_server.run([cuda_programs[f"runtime_features_{cudart}"]], timeout=60)
+    assert r.returncode == 2 and "-> 100 cudaErrorNoDevice" in r.stdout, r.stdout + r.stderr
+    libraries = cuda_programs.get(f"libraries_{cudart}")
+    assert libraries, "cuBLAS and cuFFT are not where scripts/install.sh puts them"
+    r = cpu_server.run([libraries], timeout=60)
+    assert r.returncode == 2 and "cublasCreate -> CUBLAS_STATUS_NOT_INITIALIZED" in r.stdout, r.stdout + r.stderr
+    assert "no CUDA device: the server refused the session" in r.stderr
 
 
 def test_natively_the_same_program_finds_no_driver(cuda_programs):
@@ -288,6 +331,106 @@ def test_stream_capture_and_graphs_give_native_results(gpu_server, cuda_programs
     r = gpu_server.run([prog], timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr + gpu_server.log.read_text()[-4000:]
     assert r.stdout == native.stdout, output_diff(native.stdout, r.stdout)
+
+
+def same_as_native(server, argv, timeout=300, **env):
+    """Runs `argv` natively and then through `server`; both must succeed and print the same."""
+    native = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    assert native.returncode == 0, native.stdout + native.stderr
+    r = server.run(argv, timeout=timeout, **env)
+    assert r.returncode == 0, r.stdout + r.stderr + server.log.read_text()[-4000:]
+    assert r.stdout == native.stdout, output_diff(native.stdout, r.stdout)
+
+
+@gpu
+@pytest.mark.parametrize("cudart", ["static", "shared"])
+def test_the_runtime_gives_native_results(gpu_server, cuda_programs, cudart):
+    """Device queries; kernels with pointers, scalars of every width, padded structs and a 1 KiB
+    by-value array; streams, priorities, events and their errors; host functions and stream
+    callbacks; pageable and page-locked copies both ways, sync and async, 1 byte to 80 MiB (two
+    pieces), at odd offsets; mapped and registered host memory; memsets and 2D copies; a
+    launch error; four threads with streams of their own."""
+    same_as_native(gpu_server, [cuda_programs[f"runtime_features_{cudart}"]])
+
+
+@gpu
+@pytest.mark.parametrize("cudart", ["static", "shared"])
+def test_cublas_and_cufft_give_native_results(gpu_server, cuda_programs, cudart):
+    """SGEMM, DGEMM, batched and strided batched GEMM, GEMMs on the program's stream; cuFFT
+    complex there and back, and a 2D real-to-complex transform on a stream."""
+    prog = cuda_programs.get(f"libraries_{cudart}")
+    if prog is None:
+        pytest.skip("neither the CUDA toolkit nor Python's site-packages has cuBLAS and cuFFT to link")
+    same_as_native(gpu_server, [prog])
+
+
+@gpu
+def test_two_tenants_at_once_give_native_results(tmp_path, cuda_programs):
+    """Two tenants (this user's, and one named by its token), each with a quota, run the runtime
+    program at once on the one GPU, each in a worker of its own: both print what it prints
+    natively."""
+    if not has_gpu():
+        pytest.skip("no NVIDIA GPU here (scripts/gpu-test.sh runs these on the GPU machine)")
+    cfg = tmp_path / "wormhole.toml"
+    cfg.write_text(f'[[tenant]]\nname = "one"\nuids = [{os.getuid()}]\nmem_quota_mib = 4096\n\n'
+                   f'[[tenant]]\nname = "two"\ntoken = "two-token"\nmem_quota_mib = 4096\n')
+    argv = {"one": [cuda_programs["runtime_features_shared"]], "two": [cuda_programs["runtime_features_static"]]}
+    native = {k: subprocess.run(a, capture_output=True, text=True, timeout=300) for k, a in argv.items()}
+    s = Server(tmp_path, config=cfg).start()
+    try:
+        runs = {"one": s.popen(argv["one"]), "two": s.popen(argv["two"], WORMHOLE_TOKEN="two-token")}
+        # Both hold sessions at once, one per tenant.
+        wait_for(lambda: len(s.status(details=False).get("sessions", [])) == 2, timeout=60, what="two sessions")
+        tenants = {t["name"]: t for t in s.status()["tenants"]}
+        assert tenants["one"]["sessions"] == 1 and tenants["two"]["sessions"] == 1, tenants
+        out = {k: p.communicate(timeout=300) for k, p in runs.items()}
+    finally:
+        s.stop()
+    for k in argv:
+        assert native[k].returncode == 0, native[k].stdout + native[k].stderr
+        assert runs[k].returncode == 0, out[k][0] + out[k][1]
+        assert out[k][0] == native[k].stdout, output_diff(native[k].stdout, out[k][0])
+
+
+@gpu
+def test_a_tenant_over_its_quota_gets_out_of_memory_and_carries_on(tmp_path, cuda_programs):
+    """512 MiB asked of a 256 MiB quota: cudaMalloc and cudaMallocAsync answer
+    cudaErrorMemoryAllocation (the runtime's last error too), as a full device does natively,
+    and the program goes on to allocate, launch and copy as natively."""
+    if not has_gpu():
+        pytest.skip("no NVIDIA GPU here (scripts/gpu-test.sh runs these on the GPU machine)")
+    argv = [cuda_programs["runtime_features_static"], "alloc", "512"]
+    native = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert native.returncode == 0 and "cudaMalloc of 512 MiB -> cudaSuccess" in native.stdout, native.stdout
+    expected = native.stdout.replace("MiB -> cudaSuccess", "MiB -> cudaErrorMemoryAllocation").replace(
+        "last error after it -> cudaSuccess", "last error after it -> cudaErrorMemoryAllocation")
+    s = quota_server(tmp_path, 256)
+    try:
+        r = s.run(argv, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr + s.log.read_text()[-4000:]
+        assert r.stdout == expected, output_diff(expected, r.stdout)
+    finally:
+        s.stop()
+
+
+@gpu
+def test_a_client_killed_mid_copy_frees_its_memory_and_the_server_serves_on(gpu_server, cuda_programs):
+    """A program killed while it copies 64 MiB both ways (pageable, staged through the arena,
+    and page-locked) leaves no session and no device memory behind, and the next program runs
+    as natively."""
+    p = gpu_server.popen([cuda_programs["runtime_features_shared"], "copy-forever"])
+    try:
+        line = p.stdout.readline()
+        assert line.strip() == "copying", line + p.stderr.read()
+        time.sleep(1.0)
+        held = sum(t["mem_bytes"] for t in gpu_server.status()["tenants"])
+        assert held >= 64 << 20, gpu_server.status()
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    wait_for(lambda: all(t["sessions"] == 0 and t["mem_bytes"] == 0 for t in gpu_server.status()["tenants"]),
+             timeout=10, what="the killed session's end")
+    same_as_native(gpu_server, [cuda_programs["vector_add_shared"]])
 
 
 @gpu

@@ -4,7 +4,8 @@
  * kernel is PTX the driver compiles. Prints one "key value" line per measurement.
  * Usage: cuda_bench_client MODE
  *   calls   sync calls, tiny kernels, launches, allocation, copies (pageable, pageable on a
- *           stream, pinned)
+ *           stream, pinned), and cuBLAS SGEMM 4096^3 where cuBLAS loads (libcublas.so.13 on
+ *           the library path, or the file WORMHOLE_BENCH_CUBLAS names)
  *   start   time from process start to the first kernel result (measured by the caller) */
 #include <dlfcn.h>
 #include <stdint.h>
@@ -67,6 +68,15 @@ static void *sym(void *lib, const char *name) {
     if (!p) { fprintf(stderr, "libcuda.so.1 has no %s\n", name); exit(1); }
     return p;
 }
+
+/* cuBLAS, loaded at run time (declared here: no toolkit needed to build). */
+typedef void *cublasHandle_t;
+static int (*cublasCreate)(cublasHandle_t *);
+static int (*cublasSetStream)(cublasHandle_t, CUstream);
+static int (*cublasSgemm)(cublasHandle_t, int, int, int, int, int, const float *, const float *,
+                          int, const float *, int, const float *, float *, int);
+static int (*cublasDestroy)(cublasHandle_t);
+enum { CUBLAS_OP_N = 0 };
 
 static CUfunction tiny;
 static CUstream stream;
@@ -151,6 +161,59 @@ static void async_copies(const char *kind, char *host, CUdeviceptr dev, size_t n
            n * (double)reps / th / 1e9, kind, n >> 10, n * (double)reps / td / 1e9);
 }
 
+/* SGEMM 4096^3 (C = A B), twenty of them on the stream then one sync, in TFLOP/s; nothing
+ * where cuBLAS does not load. */
+static void sgemm(void) {
+    const char *path = getenv("WORMHOLE_BENCH_CUBLAS");
+    void *lib = dlopen(path && *path ? path : "libcublas.so.13", RTLD_NOW);
+    if (!lib) {
+        fprintf(stderr, "no cuBLAS (%s): no SGEMM row\n", dlerror());
+        return;
+    }
+    *(void **)&cublasCreate = dlsym(lib, "cublasCreate_v2");
+    *(void **)&cublasSetStream = dlsym(lib, "cublasSetStream_v2");
+    *(void **)&cublasSgemm = dlsym(lib, "cublasSgemm_v2");
+    *(void **)&cublasDestroy = dlsym(lib, "cublasDestroy_v2");
+    if (!cublasCreate || !cublasSetStream || !cublasSgemm || !cublasDestroy) {
+        fprintf(stderr, "cuBLAS lacks an entry point: no SGEMM row\n");
+        return;
+    }
+    const int n = 4096, reps = 20;
+    const size_t bytes = (size_t)n * n * sizeof(float);
+    CUdeviceptr a, b, c;
+    CHECK(cuMemAlloc(&a, bytes));
+    CHECK(cuMemAlloc(&b, bytes));
+    CHECK(cuMemAlloc(&c, bytes));
+    float *host = malloc(bytes);
+    for (size_t i = 0; i < (size_t)n * n; i++) host[i] = (float)(i % 7) * 0.25f;
+    CHECK(cuMemcpyHtoD(a, host, bytes));
+    CHECK(cuMemcpyHtoD(b, host, bytes));
+    free(host);
+    cublasHandle_t h;
+    int st = cublasCreate(&h);
+    if (st != 0) {
+        fprintf(stderr, "cublasCreate -> %d: no SGEMM row\n", st);
+        exit(1);
+    }
+    CHECK(cublasSetStream(h, stream));
+    const float one = 1, zero = 0;
+    /* The first builds cuBLAS's state (kernels loaded, workspace): not timed. */
+    CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, (const float *)a, n,
+                      (const float *)b, n, &zero, (float *)c, n));
+    CHECK(cuStreamSynchronize(stream));
+    double t = now();
+    for (int i = 0; i < reps; i++)
+        CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, (const float *)a, n,
+                          (const float *)b, n, &zero, (float *)c, n));
+    CHECK(cuStreamSynchronize(stream));
+    t = now() - t;
+    printf("sgemm_4096_tflops %.2f\n", 2.0 * n * n * (double)n * reps / t / 1e12);
+    CHECK(cublasDestroy(h));
+    CHECK(cuMemFree(a));
+    CHECK(cuMemFree(b));
+    CHECK(cuMemFree(c));
+}
+
 static void calls(void) {
     enum { N = 2000 };
     static double v[N];
@@ -203,6 +266,7 @@ static void calls(void) {
         fprintf(stderr, "cuMemAllocHost -> %d: no pinned copies\n", st);
     }
     CHECK(cuMemFree(dev));
+    sgemm();
     printf("client_cpu_s %.3f\n", cpu_seconds());
 }
 

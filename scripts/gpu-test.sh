@@ -154,6 +154,13 @@ if wants torch-tests; then
     part torch-tests "${traced[@]}" "${py[@]}" -m pytest -v -rP -m gpu -p no:cacheprovider --timeout="${TORCH_TEST_LIMIT:-150}" tests/test_torch.py ${pytest_args[@]+"${pytest_args[@]}"}
 fi
 if wants cuda-bench; then
+    # cuBLAS for the SGEMM row: the toolkit's, else PyTorch's (python3's nvidia/cu13 wheels).
+    if [ -z "${WORMHOLE_BENCH_CUBLAS:-}" ] && ! { ldconfig -p 2>/dev/null || true; } | grep "libcublas.so.13 " >/dev/null; then
+        prefix=$(python3 -c 'import sys; print(sys.prefix)' 2>/dev/null || true)
+        for f in /usr/local/cuda/lib64/libcublas.so.13 "$prefix"/lib/python3*/site-packages/nvidia/cu13/lib/libcublas.so.13; do
+            if [ -e "$f" ]; then export WORMHOLE_BENCH_CUBLAS="$f"; break; fi
+        done
+    fi
     part cuda-bench target/release/wh bench --part cuda
 fi
 # OpenCL on NVIDIA's driver, native vs Wormhole: the calls table, whose blocking transfers go

@@ -1,7 +1,8 @@
 //! The CUDA part of `wh bench`: the driver API natively, through Wormhole over shared memory
 //! and over TCP loopback, with the same client (bench/cuda_bench_client.c) in alternating
 //! rounds: sync calls, tiny kernels, pipelined launches, allocation, pageable and pinned copies,
-//! start-up. Needs NVIDIA's driver and a GPU; without them it says so and measures nothing.
+//! cuBLAS SGEMM (where the client finds cuBLAS), start-up. Needs NVIDIA's driver and a GPU;
+//! without them it says so and measures nothing.
 
 use super::{fmt, median_of, parse, BenchError, Cache, Figures, Server};
 use std::path::Path;
@@ -144,6 +145,10 @@ pub fn run(exe_dir: &Path) -> Result<(), BenchError> {
         }
     }
     rows.push((
+        "sgemm_4096_tflops".into(),
+        "cuBLAS SGEMM 4096³, 20 on a stream, TFLOP/s".into(),
+    ));
+    rows.push((
         "start_ms".into(),
         "new process → first kernel result, ms".into(),
     ));
@@ -172,7 +177,7 @@ pub fn run(exe_dir: &Path) -> Result<(), BenchError> {
         );
     }
     println!(
-        "(medians of {ROUNDS} alternating rounds; ratios are Wormhole / native; '-': not measured, e.g. pinned copies where cuMemAllocHost is refused)"
+        "(medians of {ROUNDS} alternating rounds; ratios are Wormhole / native; '-': not measured, e.g. pinned copies where cuMemAllocHost is refused, SGEMM where cuBLAS is not found)"
     );
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);

@@ -166,6 +166,9 @@ static void on_a_stream(cublasHandle_t h) {
     auto x = small_ints<float>((size_t)n * n, 7);
     float *did = to_device(id), *dx = to_device(x), *dy;
     CHECK(cudaMalloc(&dy, (size_t)n * n * sizeof(float)));
+    // The uploads went on the legacy stream, which a non-blocking stream does not wait for
+    // (a pageable cudaMemcpy may return before its DMA is done).
+    CHECK(cudaDeviceSynchronize());
     const float one = 1, zero = 0;
     // x = identity * x, twenty times, alternating buffers: x again.
     for (int r = 0; r < rounds; r++) {
@@ -215,7 +218,7 @@ static void ffts() {
                "C2C batch %d at 0: %f %f against %f %f", b, freq[(size_t)b * len].x,
                freq[(size_t)b * len].y, sx, sy);
     }
-    printf("C2C %d x %d there and back: within 1e-4; bin 1 of batch 0: %.4f %.4f\n", len, batch,
+    printf("C2C %d x %d there and back: within 1e-4; bin 1 of batch 0: %.2f %.2f\n", len, batch,
            freq[1].x, freq[1].y);
     FFT(cufftDestroy(plan));
     CHECK(cudaFree(d));
@@ -242,7 +245,7 @@ static void ffts() {
     CHECK(cudaStreamSynchronize(s));
     EXPECT(fabs(spectrum[0].x - total) < 1e-2 && fabs(spectrum[0].y) < 1e-2,
            "R2C at 0: %f %f against %f", spectrum[0].x, spectrum[0].y, total);
-    printf("R2C %dx%d: frequency 0 is the sum (%.2f); bin (1, 1): %.4f %.4f\n", rows, cols, total,
+    printf("R2C %dx%d: frequency 0 is the sum (%.2f); bin (1, 1): %.2f %.2f\n", rows, cols, total,
            spectrum[cols / 2 + 2].x, spectrum[cols / 2 + 2].y);
     FFT(cufftDestroy(plan));
     CHECK(cudaFree(dr));

@@ -19,15 +19,19 @@
 #include <cstring>
 #include <cuda_runtime.h>
 #include <thread>
+#include <unistd.h>
 #include <vector>
 
+// A failed check ends the process at once (_exit): exit's teardown of cudart would race the
+// other threads still inside CUDA calls.
 #define CHECK(call)                                                                          \
     do {                                                                                     \
         cudaError_t e_ = (call);                                                             \
         if (e_ != cudaSuccess) {                                                             \
             printf("error: %s -> %d %s: %s\n", #call, (int)e_, cudaGetErrorName(e_),         \
                    cudaGetErrorString(e_));                                                  \
-            exit(2);                                                                         \
+            fflush(stdout);                                                                  \
+            _exit(2);                                                                        \
         }                                                                                    \
     } while (0)
 
@@ -37,7 +41,8 @@
             printf("wrong: %s: ", #cond);                                                    \
             printf(__VA_ARGS__);                                                             \
             printf("\n");                                                                    \
-            exit(1);                                                                         \
+            fflush(stdout);                                                                  \
+            _exit(1);                                                                        \
         }                                                                                    \
     } while (0)
 
@@ -193,6 +198,7 @@ static void streams_and_events() {
     printf("elapsed at least the spin: yes\n");
     printf("elapsed of an untimed event -> %s\n",
            cudaGetErrorName(cudaEventElapsedTime(&ms, start, untimed)));
+    cudaGetLastError();
     // Busy while a kernel runs.
     spin<<<1, 1, 0, s1>>>(200 * 1000 * 1000);
     CHECK(cudaEventRecord(ready, s1));

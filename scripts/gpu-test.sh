@@ -147,7 +147,7 @@ keep_logs() {
 }
 trap keep_logs EXIT
 if wants cuda-tests; then
-    part cuda-tests "${traced[@]}" "${py[@]}" -m pytest -v -m gpu -p no:cacheprovider --timeout="$test_limit" tests/test_cuda.py ${pytest_args[@]+"${pytest_args[@]}"}
+    part cuda-tests "${traced[@]}" "${py[@]}" -m pytest -v -rP -m gpu -p no:cacheprovider --timeout="$test_limit" tests/test_cuda.py ${pytest_args[@]+"${pytest_args[@]}"}
 fi
 if wants torch-tests; then
     # -rP: the passing tests' output too (steps/s, round trips per step).

@@ -151,6 +151,25 @@ def test_runtime_and_library_programs_learn_quickly_that_there_is_no_device(cpu_
     assert "no CUDA device: the server refused the session" in r.stderr
 
 
+def test_a_server_without_warm_devices_serves_as_before(tmp_path, cuda_programs):
+    """`warm_device = false` reaches the workers (a flag of theirs): the standby workers start,
+    a CUDA session still learns that there is no device, and the server log makes no warm
+    context."""
+    if has_gpu():
+        pytest.skip("this machine has a GPU: the no-device tests are for machines without one")
+    cfg = tmp_path / "wormhole.toml"
+    cfg.write_text("warm_device = false\n")
+    s = Server(tmp_path, config=cfg).start()
+    try:
+        wait_for(lambda: all(t["standby_worker"] for t in s.status(details=False)["tenants"]), timeout=30,
+                 what="the standby workers")
+        r = s.run([cuda_programs["vector_add_static"]], timeout=60)
+        assert r.returncode == 2 and "cudaErrorNoDevice" in r.stdout, r.stdout + r.stderr
+        assert "warm context" not in s.log.read_text()
+    finally:
+        s.stop()
+
+
 def test_natively_the_same_program_finds_no_driver(cuda_programs):
     """The baseline: without Wormhole (and without NVIDIA's driver) cudart finds no libcuda.so.1
     at all and says the driver is insufficient; through Wormhole it finds one with no device."""
@@ -432,6 +451,41 @@ def test_a_client_killed_mid_copy_frees_its_memory_and_the_server_serves_on(gpu_
     wait_for(lambda: all(t["sessions"] == 0 and t["mem_bytes"] == 0 for t in gpu_server.status()["tenants"]),
              timeout=10, what="the killed session's end")
     same_as_native(gpu_server, [cuda_programs["vector_add_shared"]])
+
+
+@gpu
+@pytest.mark.parametrize("warm", [True, False], ids=["warm_device", "no_warm_device"])
+def test_a_primary_context_made_in_advance_is_not_seen(tmp_path, cuda_programs, warm):
+    """A tenant's standby CUDA worker makes the primary context of the tenant's first device
+    before a session comes (`warm_device`, on by default). The program sees the context's
+    life as natively: inactive and without flags before it retains it, its flags set before
+    it exists, the last release ending it, a release too many refused, a reset; and the same
+    with `warm_device = false`. The first retain's time is printed (natively and through
+    Wormhole) for the bench's start-up row to be read against."""
+    if not has_gpu():
+        pytest.skip("no NVIDIA GPU here (scripts/gpu-test.sh runs these on the GPU machine)")
+    argv = [cuda_programs["primary_context"]]
+    native = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert native.returncode == 0, native.stdout + native.stderr
+    cfg = tmp_path / "wormhole.toml"
+    cfg.write_text("" if warm else "warm_device = false\n")
+    s = Server(tmp_path, config=cfg).start()
+    try:
+        made = "a warm context waits for the session"
+        if warm:
+            wait_for(lambda: made in s.log.read_text(), timeout=60, what="the standby's warm context")
+        else:
+            time.sleep(2)  # the standby worker up (it loads the driver only)
+        r = s.run(argv, timeout=120)
+        log = s.log.read_text()
+    finally:
+        s.stop()
+    assert r.returncode == 0, r.stdout + r.stderr + log[-4000:]
+    assert r.stdout == native.stdout, output_diff(native.stdout, r.stdout)
+    assert (made in log) == warm, log[-4000:]
+    first = lambda err: re.search(r"first retain: ([0-9.]+) ms", err).group(1)
+    print(f"first retain: {first(native.stderr)} ms natively, {first(r.stderr)} ms through Wormhole "
+          f"({'warm' if warm else 'no warm'} device)")
 
 
 @gpu

@@ -153,6 +153,9 @@ enum Cmd {
         /// Let every build read what the worker may (`build_sandbox = false`).
         #[arg(long)]
         no_build_sandbox: bool,
+        /// A standby worker loads the driver only (`warm_device = false`).
+        #[arg(long)]
+        no_warm_device: bool,
     },
 }
 
@@ -354,6 +357,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             program_cache_mib,
             no_short_slices,
             no_build_sandbox,
+            no_warm_device,
         } => {
             let backend = *BACKENDS
                 .iter()
@@ -376,6 +380,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 build_cache_bytes: program_cache_mib << 20,
                 short_slices: !no_short_slices,
                 build_sandbox: !no_build_sandbox,
+                warm_device: !no_warm_device,
             };
             wormhole_server::worker::main(args, backend)?;
             Ok(())

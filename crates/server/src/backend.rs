@@ -173,8 +173,12 @@ pub trait Backend: Sync {
     }
 
     /// Worker: load the driver and find the devices. A standby worker does this before any
-    /// tenant waits, so a session's start pays none of it.
-    fn warm_up(&self) {}
+    /// tenant waits, so a session's start pays none of it; with `device`, it also readies the
+    /// first device the tenant (`limits`) may use where the API has a costly step for that
+    /// (the config's `warm_device`).
+    fn warm_up(&self, limits: &std::sync::Arc<crate::worker::Limits>, device: bool) {
+        let _ = (limits, device);
+    }
 
     /// Inventory worker: the devices the driver offers, for `wh devices` and the cluster
     /// integrations that publish them (Kubernetes DRA). Runs in a worker process of its own,

@@ -59,6 +59,10 @@ pub struct Config {
     /// users, containers, remote hosts, VM guests) may read only the system's and the
     /// driver's files (see `build_sandbox`). Default: true.
     pub build_sandbox: bool,
+    /// Whether a tenant's standby worker readies the tenant's first device before a session
+    /// comes, where its API has a costly step beyond loading the driver (CUDA: the device's
+    /// primary context, which holds some of its memory while it waits). Default: true.
+    pub warm_device: bool,
     /// Serve tenant administration (`wh tenant ...`) on this socket only (mode 0600: root and
     /// the server's user); the session socket then refuses it. For servers whose session
     /// socket is handed to containers, where uid 0 is a tenant's root, not the operator.
@@ -194,6 +198,7 @@ impl Default for Config {
             state_dir: None,
             short_slices: true,
             build_sandbox: true,
+            warm_device: true,
             admin_socket: None,
             tokens_only: false,
         }
@@ -394,6 +399,8 @@ mod tests {
         assert!(!parse("short_slices = false").unwrap().short_slices);
         assert!(Config::default().build_sandbox);
         assert!(!parse("build_sandbox = false").unwrap().build_sandbox);
+        assert!(Config::default().warm_device);
+        assert!(!parse("warm_device = false").unwrap().warm_device);
         assert_eq!(
             parse("cgroup = false").unwrap().cgroup,
             Some(CgroupSetting::On(false))

@@ -1217,6 +1217,9 @@ fn spawn_worker(
     if !config.build_sandbox {
         cmd.arg("--no-build-sandbox");
     }
+    if !config.warm_device {
+        cmd.arg("--no-warm-device");
+    }
     if let Some(d) = config.program_cache_dir() {
         cmd.arg("--program-cache")
             .arg(d)

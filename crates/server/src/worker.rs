@@ -1369,6 +1369,8 @@ pub struct WorkerArgs {
     /// Builds of tenants that could not read the server's files run confined
     /// (`build_sandbox`).
     pub build_sandbox: bool,
+    /// A standby worker readies the tenant's first device too (`warm_device`).
+    pub warm_device: bool,
 }
 
 /// A worker process's life: take the descriptors the supervisor passed, set the tenant's
@@ -1431,7 +1433,7 @@ pub fn main(args: WorkerArgs, backend: &'static dyn Backend) -> Result<(), Worke
     let (transport, session, memory) = if args.transport == "standby" {
         // Ready before any tenant waits (the driver loaded, a local session's shared memory
         // made); the session arrives later.
-        backend.warm_up();
+        backend.warm_up(limits(), args.warm_device);
         let memory = SharedMemory::create(layout)?;
         match await_session(&UnixStream::from(fd3))? {
             Some((transport, session)) => (transport, session, Some(memory)),

@@ -63,6 +63,8 @@ fn primary_context(s: &Call<'_>, dev: i32, what: Primary, v2: bool, w: &mut Writ
         Err(st) => return w.i32(st),
     };
     let primary = crate::export_tables::driver_primary_context(dev).ok();
+    // A warm context the program has not retained is not there for it (`warm`).
+    crate::warm::before_primary_change(dev);
     // SAFETY: a device of the driver's.
     let st = unsafe {
         match (what, v2) {

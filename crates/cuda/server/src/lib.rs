@@ -19,6 +19,7 @@ mod session;
 mod tensor_maps;
 mod threads;
 mod vmm;
+mod warm;
 
 /// The generated decoders and dispatch (see `crates/apigen`).
 #[allow(
@@ -143,9 +144,12 @@ impl wormhole_server::Backend for Cuda {
         driver::DRIVER.load().map_err(str::to_string)
     }
 
-    fn warm_up(&self) {
+    fn warm_up(&self, limits: &std::sync::Arc<wormhole_server::worker::Limits>, device: bool) {
         // A driver that cannot be loaded is logged; the session that comes is refused.
-        let _ = driver::DRIVER.load();
+        if driver::DRIVER.load().is_ok() && device {
+            session().set_limits(limits.clone());
+            warm::make(session());
+        }
     }
 
     fn inventory(&self) -> Result<Vec<DeviceInventory>, String> {

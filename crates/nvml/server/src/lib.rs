@@ -73,7 +73,7 @@ impl wormhole_server::Backend for Nvml {
         driver::DRIVER.load().map_err(str::to_string)
     }
 
-    fn warm_up(&self) {
+    fn warm_up(&self, _: &std::sync::Arc<wormhole_server::worker::Limits>, _: bool) {
         // An NVML that cannot be loaded is logged; the session that comes is refused.
         let _ = driver::DRIVER.load();
     }

@@ -218,7 +218,7 @@ impl wormhole_server::Backend for OpenCl {
         driver::DRIVER.load().map_err(str::to_string)
     }
 
-    fn warm_up(&self) {
+    fn warm_up(&self, _: &std::sync::Arc<wormhole_server::worker::Limits>, _: bool) {
         // A driver that cannot be loaded is logged; the session that comes is refused.
         if driver::DRIVER.load().is_ok() {
             custom::warm_up();

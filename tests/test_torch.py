@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import Server
+from conftest import Server, wait_for
 from test_cuda import has_gpu
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -153,6 +153,41 @@ def test_killing_a_training_process_frees_its_gpu_memory(torch_gpu, tmp_path):
         assert all(t["sessions"] == 0 and t["mem_bytes"] == 0 for t in s.status()["tenants"]), s.status()
     finally:
         s.stop()
+
+
+@gpu
+def test_a_second_process_finds_its_module_images_kept(torch_gpu, tmp_path):
+    """A framework loads hundreds of module images at start (issue #12: 374 fatbins, 247 MiB
+    for one import). The first process of a tenant sends each large one once the server asks
+    for it; a second process names them by digest and the server loads them from its cache:
+    none asked for, and most of the bytes from the cache. The time to the first training step
+    of each is printed."""
+    s = Server(tmp_path).start()
+    try:
+        seen = []
+        for run in ("first", "second"):
+            t = time.monotonic()
+            p = s.popen([PYTHON, str(TRAIN), "--model", "cnn", "--forever"])
+            try:
+                for line in p.stdout:
+                    if line.strip() == "training":
+                        break
+                started = time.monotonic() - t
+                detail = [d for d in (x.get("detail") or {} for x in s.status()["sessions"])
+                          if d.get("api") == "cuda"][0]
+            finally:
+                p.send_signal(signal.SIGKILL)
+                p.wait()
+            print(f"{run} process: first training step after {started:.2f} s; module images: {detail}")
+            seen.append(detail)
+            wait_for(lambda: not s.status(details=False).get("sessions"), timeout=10, what="the session's end")
+    finally:
+        s.stop()
+    first, second = seen
+    assert first["module_images_asked_for"] > 0, first  # large images went by digest first
+    assert second["module_images_asked_for"] == 0, second
+    assert second["module_images_from_cache"] >= first["module_images_asked_for"], second
+    assert second["module_image_bytes_from_cache"] > second["module_image_bytes_received"], second
 
 
 @gpu

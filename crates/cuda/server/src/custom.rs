@@ -492,11 +492,18 @@ fn module_load(
                     tracing::warn!("a module image whose digest is not the one sent with it");
                     return reply(CUDA_ERROR_INVALID_VALUE, false);
                 }
+                IMAGES.received.count(bytes.len());
                 aligned(bytes)
             }
             None => match s.kept_image(&m.digest) {
-                Some(bytes) => aligned(&bytes),
-                None => return reply(CUDA_SUCCESS, true),
+                Some(bytes) => {
+                    IMAGES.from_cache.count(bytes.len());
+                    aligned(&bytes)
+                }
+                None => {
+                    IMAGES.asked_for.count(0);
+                    return reply(CUDA_SUCCESS, true);
+                }
             },
         };
         let mut module: Handle = std::ptr::null_mut();
@@ -560,6 +567,46 @@ fn module_load(
     answer.encode(w);
     Ok(())
 }
+
+/// Module images by where they came from, for `wh status`: a framework loads hundreds at
+/// start, and a later process of the tenant should find the large ones kept by the server
+/// (sent as a digest) rather than send them again.
+pub struct ImageCounts {
+    /// Sent with the load (small ones always; large ones when the server asked).
+    pub received: Tally,
+    /// Named by digest and found in the server's cache.
+    pub from_cache: Tally,
+    /// Named by digest and not kept: the client was asked for the bytes.
+    pub asked_for: Tally,
+}
+
+/// A count and its bytes.
+#[derive(Default)]
+pub struct Tally {
+    pub count: std::sync::atomic::AtomicU64,
+    pub bytes: std::sync::atomic::AtomicU64,
+}
+
+impl Tally {
+    const fn new() -> Tally {
+        Tally {
+            count: std::sync::atomic::AtomicU64::new(0),
+            bytes: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    fn count(&self, bytes: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.count.fetch_add(1, Relaxed);
+        self.bytes.fetch_add(bytes as u64, Relaxed);
+    }
+}
+
+pub static IMAGES: ImageCounts = ImageCounts {
+    received: Tally::new(),
+    from_cache: Tally::new(),
+    asked_for: Tally::new(),
+};
 
 /// Most parameters asked of the driver for one function: what a layout on the wire may hold
 /// (CUDA's 32,764 bytes of parameters could be more, of one byte each).

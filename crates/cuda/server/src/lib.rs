@@ -230,6 +230,24 @@ impl wormhole_server::Backend for Cuda {
     fn mem_bytes(&self) -> i64 {
         session().mem_bytes.load(Ordering::Relaxed)
     }
+
+    fn detail(&self) -> serde_json::Map<String, serde_json::Value> {
+        let images = &custom::IMAGES;
+        let mut m = serde_json::Map::new();
+        for (what, tally) in [
+            ("received", &images.received),
+            ("from_cache", &images.from_cache),
+            ("asked_for", &images.asked_for),
+        ] {
+            let count = tally.count.load(Ordering::Relaxed);
+            let bytes = tally.bytes.load(Ordering::Relaxed);
+            m.insert(format!("module_images_{what}"), count.into());
+            if what != "asked_for" {
+                m.insert(format!("module_image_bytes_{what}"), bytes.into());
+            }
+        }
+        m
+    }
 }
 
 /// Fuzzing entry (fuzz/fuzz_targets/cuda_request.rs): a request as a worker receives it, its

@@ -87,6 +87,40 @@ pub fn forget_within_with(start: u64, len: u64, undo: impl FnOnce() -> i32) -> i
     status
 }
 
+/// Module variables by the module or library they belong to (its id): their ranges go from
+/// the table when it is unloaded.
+fn variables() -> MutexGuard<'static, BTreeMap<u64, Vec<(u64, u64)>>> {
+    static VARIABLES: Mutex<BTreeMap<u64, Vec<(u64, u64)>>> = Mutex::new(BTreeMap::new());
+    VARIABLES.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A variable of module or library `owner` lies at `[start, start + len)`: device memory the
+/// program may name in copies until its owner is unloaded.
+pub fn variable(owner: u64, start: u64, len: u64) {
+    allocated(start, len);
+    if len > 0 {
+        let mut v = variables();
+        let ranges = v.entry(owner).or_default();
+        if !ranges.contains(&(start, len)) {
+            ranges.push((start, len));
+        }
+    }
+}
+
+/// Module or library `owner` was unloaded: its variables' ranges go, unless an allocation
+/// made since took their place.
+pub fn unloaded(owner: u64) {
+    let Some(ranges) = variables().remove(&owner) else {
+        return;
+    };
+    let mut t = table();
+    for (start, len) in ranges {
+        if t.get(&start) == Some(&len) {
+            t.remove(&start);
+        }
+    }
+}
+
 /// The allocation `addr` lies in: its start and length.
 pub fn range_of(addr: u64) -> Option<(u64, u64)> {
     table()
@@ -157,6 +191,31 @@ mod tests {
         assert_eq!(range_of(0x10_0800), None);
         allocated(0x20_0000, 0);
         assert_eq!(range_of(0x20_0000), None);
+    }
+
+    #[test]
+    fn an_unloaded_modules_variables_go_with_it() {
+        variable(7, 0x40_0000, 0x100);
+        variable(7, 0x40_1000, 0x10);
+        variable(8, 0x40_2000, 0x10);
+        // An allocation took the place of one of module 7's since.
+        allocated(0x40_1000, 0x20);
+        unloaded(7);
+        assert_eq!(range_of(0x40_0010), None);
+        assert_eq!(
+            range_of(0x40_1018),
+            Some((0x40_1000, 0x20)),
+            "the allocation stays"
+        );
+        assert_eq!(
+            range_of(0x40_2000),
+            Some((0x40_2000, 0x10)),
+            "another module's"
+        );
+        unloaded(7);
+        unloaded(8);
+        assert_eq!(range_of(0x40_2000), None);
+        freed(0x40_1000);
     }
 
     #[test]

@@ -550,8 +550,8 @@ unsafe fn get_global(
         )?;
         match <Result<DeviceRange, i32>>::decode_all(&reply)? {
             Ok(range) => {
-                // Device memory the program may name in copies (it is never freed).
-                crate::allocations::allocated(range.dptr, range.bytes);
+                // Device memory the program may name in copies until its module goes.
+                crate::allocations::variable(object, range.dptr, range.bytes);
                 if !dptr.is_null() {
                     // SAFETY: per the contract.
                     unsafe { *(dptr as *mut u64) = range.dptr };

@@ -243,8 +243,14 @@ pub unsafe fn release_begin(_h: *mut c_void, _kind: HandleKind) -> bool {
 ///
 /// # Safety
 /// As [`release_begin`].
-pub unsafe fn release_end(h: *mut c_void, _kind: HandleKind, _last: bool, status: i32) {
+pub unsafe fn release_end(h: *mut c_void, kind: HandleKind, _last: bool, status: i32) {
     if status == CUDA_SUCCESS {
+        if matches!(kind, HandleKind::Module | HandleKind::Library) {
+            // SAFETY: see `objects::get`.
+            if let Some(o) = unsafe { objects::get(h, kind) } {
+                crate::allocations::unloaded(o.id);
+            }
+        }
         objects::destroy(h);
     }
 }

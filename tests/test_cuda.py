@@ -152,22 +152,25 @@ def test_runtime_and_library_programs_learn_quickly_that_there_is_no_device(cpu_
 
 
 def test_a_server_without_warm_devices_serves_as_before(tmp_path, cuda_programs):
-    """`warm_device = false` reaches the workers (a flag of theirs): the standby workers start,
-    a CUDA session still learns that there is no device, and the server log makes no warm
-    context."""
+    """`warm_device = false` reaches the workers (a flag of theirs, absent by default): the
+    standby workers start with it, and a CUDA session still learns that there is no device."""
     if has_gpu():
         pytest.skip("this machine has a GPU: the no-device tests are for machines without one")
-    cfg = tmp_path / "wormhole.toml"
-    cfg.write_text("warm_device = false\n")
-    s = Server(tmp_path, config=cfg).start()
-    try:
-        wait_for(lambda: all(t["standby_worker"] for t in s.status(details=False)["tenants"]), timeout=30,
-                 what="the standby workers")
-        r = s.run([cuda_programs["vector_add_static"]], timeout=60)
-        assert r.returncode == 2 and "cudaErrorNoDevice" in r.stdout, r.stdout + r.stderr
-        assert "warm context" not in s.log.read_text()
-    finally:
-        s.stop()
+    for warm in (True, False):
+        d = tmp_path / str(warm)
+        d.mkdir()
+        cfg = d / "wormhole.toml"
+        cfg.write_text("" if warm else "warm_device = false\n")
+        s = Server(d, config=cfg).start()
+        try:
+            standby = wait_for(lambda: [t["standby_worker"] for t in s.status(details=False)["tenants"]][0],
+                               timeout=30, what="a standby worker")
+            argv = pathlib.Path(f"/proc/{standby}/cmdline").read_bytes().split(b"\0")
+            assert (b"--no-warm-device" in argv) != warm, argv
+            r = s.run([cuda_programs["vector_add_static"]], timeout=60)
+            assert r.returncode == 2 and "cudaErrorNoDevice" in r.stdout, r.stdout + r.stderr
+        finally:
+            s.stop()
 
 
 def test_natively_the_same_program_finds_no_driver(cuda_programs):

@@ -17,8 +17,8 @@ use crate::session::{Call, Handle};
 pub use crate::tensor_maps::*;
 pub use crate::vmm::*;
 pub use crate::warm::{
-    cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxSetFlags,
-    cuDevicePrimaryCtxSetFlags_v2,
+    cuCtxCreate_v2, cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxRetain,
+    cuDevicePrimaryCtxSetFlags, cuDevicePrimaryCtxSetFlags_v2,
 };
 use std::ffi::{c_void, CString};
 use wormhole_cuda_proto::cu::*;

@@ -1,13 +1,16 @@
-//! A standby worker's warm context: the primary context of the tenant's first device, made
-//! before any session comes, so that a program's first CUDA call does not wait for its
-//! creation (the config's `warm_device`). The program must not see it:
+//! A standby worker's warm context: the primary context of the tenant's GPU, made before any
+//! session comes, so that a program's first CUDA call does not wait for its creation (the
+//! config's `warm_device`). Only where the tenant sees one GPU, in the default compute mode (an
+//! exclusive-process GPU takes one process's context: an idle standby would lock every other
+//! process out). The program must not see it:
 //! - until the program retains that primary context itself, its state reads as a fresh
 //!   process's (inactive, no flags);
 //! - a flag change, reset or release of it finds it as the program left it: the worker's
 //!   reference goes first (with it, the context; the program's flags then apply at its own
 //!   creation, as natively);
-//! - once the program has retained it, the worker's reference goes, so the program's last
-//!   release ends the context as natively, and its allocations with it (`contexts`).
+//! - once the program has made or retained any context, the worker's reference goes, so the
+//!   program's last release ends the context as natively, and its allocations with it
+//!   (`contexts`), and no context the program does not use stays behind.
 
 // Handlers keep the C names of the entry points they answer.
 #![allow(non_snake_case)]
@@ -41,24 +44,43 @@ impl PrimaryContexts for Driver {
 }
 
 /// The driver's device whose primary context the worker holds a reference to, if any. Held
-/// across the driver calls that change it, so that a retain and a state query on two lanes
-/// see one order.
-static WARM: Mutex<Option<i32>> = Mutex::new(None);
+/// across the driver calls on that device's primary context, so that a retain and a state
+/// query on two lanes see one order.
+type Warm = Mutex<Option<i32>>;
 
-fn warm() -> MutexGuard<'static, Option<i32>> {
-    WARM.lock().unwrap_or_else(|p| p.into_inner())
+static WARM: Warm = Mutex::new(None);
+
+fn lock(w: &Warm) -> MutexGuard<'_, Option<i32>> {
+    w.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Makes the warm context: the primary context of the first device the session's tenant may
-/// use (nothing where it may use none).
+/// `CU_DEVICE_ATTRIBUTE_COMPUTE_MODE` and its `CU_COMPUTEMODE_DEFAULT`.
+const ATTRIBUTE_COMPUTE_MODE: i32 = 20;
+const COMPUTE_MODE_DEFAULT: u32 = 0;
+
+/// Makes the warm context, where the tenant may use exactly one GPU and that GPU lets several
+/// processes make contexts.
 pub fn make(s: &Session) {
-    let Some(&dev) = crate::rt::visible_devices(s).first() else {
+    let &[dev] = crate::rt::visible_devices(s) else {
+        tracing::debug!("no warm context: the tenant may use other than one GPU");
         return;
     };
-    make_on(&Driver, &mut warm(), dev);
+    let mut mode = u32::MAX;
+    // SAFETY: a valid output pointer and a device of the driver's.
+    let st = unsafe { ffi::cuDeviceGetAttribute(&mut mode, ATTRIBUTE_COMPUTE_MODE, dev) };
+    if st != CUDA_SUCCESS || mode != COMPUTE_MODE_DEFAULT {
+        tracing::info!(
+            device = dev,
+            mode,
+            "no warm context: the GPU is not in the default compute mode"
+        );
+        return;
+    }
+    make_on(&Driver, &WARM, dev);
 }
 
-fn make_on(d: &dyn PrimaryContexts, held: &mut Option<i32>, dev: i32) {
+fn make_on(d: &dyn PrimaryContexts, warm: &Warm, dev: i32) {
+    let mut held = lock(warm);
     let started = std::time::Instant::now();
     match d.retain(dev) {
         CUDA_SUCCESS => {
@@ -77,39 +99,52 @@ fn make_on(d: &dyn PrimaryContexts, held: &mut Option<i32>, dev: i32) {
     }
 }
 
-/// The worker's reference to `dev`'s primary context goes (the context with it, unless the
-/// program holds one too).
-fn let_go(d: &dyn PrimaryContexts, held: &mut Option<i32>, dev: i32) {
-    if *held == Some(dev) {
-        *held = None;
-        let st = d.release(dev);
-        if st != CUDA_SUCCESS {
-            tracing::warn!(
-                device = dev,
-                status = st,
-                "releasing the warm context failed"
-            );
-        }
+/// The worker's reference goes (with it the context, unless the program holds one too);
+/// `only` limits that to one device's.
+fn let_go(d: &dyn PrimaryContexts, held: &mut Option<i32>, only: Option<i32>) {
+    let Some(dev) = *held else { return };
+    if only.is_some_and(|o| o != dev) {
+        return;
+    }
+    *held = None;
+    let st = d.release(dev);
+    if st != CUDA_SUCCESS {
+        tracing::warn!(
+            device = dev,
+            status = st,
+            "releasing the warm context failed"
+        );
     }
 }
 
 /// Before the program changes, resets or releases `dev`'s primary context: the warm
 /// reference goes first, so that the driver answers as it would the program alone.
 pub fn before_primary_change(dev: i32) {
-    let_go(&Driver, &mut warm(), dev);
+    let_go(&Driver, &mut lock(&WARM), Some(dev));
 }
 
-/// The program retains `dev`'s primary context (`retain`, the driver's call); once it holds
-/// it, the warm reference goes.
-fn retained_by_program(
+/// The program makes or retains a context (`make`, the driver's call) on `dev`; once it has
+/// one, the warm reference goes. The lock is held across the driver's call only where it
+/// concerns the warm context's device (a state query must not see it in between); a context
+/// made elsewhere takes its time without holding up the other lanes.
+fn made_by_program(
     d: &dyn PrimaryContexts,
-    held: &mut Option<i32>,
+    warm: &Warm,
     dev: i32,
-    retain: impl FnOnce() -> i32,
+    make: impl FnOnce() -> i32,
 ) -> i32 {
-    let st = retain();
+    let mut held = lock(warm);
+    if *held == Some(dev) {
+        let st = make();
+        if st == CUDA_SUCCESS {
+            let_go(d, &mut held, None);
+        }
+        return st;
+    }
+    drop(held);
+    let st = make();
     if st == CUDA_SUCCESS {
-        let_go(d, held, dev);
+        let_go(d, &mut lock(warm), None);
     }
     st
 }
@@ -129,9 +164,36 @@ pub fn cuDevicePrimaryCtxRetain(
     };
     let mut ctx: Handle = std::ptr::null_mut();
     let out = crate::rt::out_ptr(a.pctx_present, &mut ctx);
-    let st = retained_by_program(&Driver, &mut warm(), dev, || {
+    let st = made_by_program(&Driver, &WARM, dev, || {
         // SAFETY: an output for one context (or NULL, as asked) and a device of the driver's.
         unsafe { ffi::cuDevicePrimaryCtxRetain(out, dev) }
+    });
+    w.i32(st);
+    if st == CUDA_SUCCESS && a.pctx_present {
+        s.export_list(w, HandleKind::Context, &[ctx]);
+    }
+    Ok(())
+}
+
+/// `cuCtxCreate_v2`: a context of the program's own; the warm one is not needed then.
+pub fn cuCtxCreate_v2(
+    s: &Call<'_>,
+    a: args::cuCtxCreate_v2,
+    w: &mut Writer,
+) -> Result<(), DecodeError> {
+    let dev = match crate::rt::driver_device(s, a.dev) {
+        Ok(dev) => dev,
+        Err(st) => {
+            w.i32(st);
+            return Ok(());
+        }
+    };
+    let mut ctx: Handle = std::ptr::null_mut();
+    let out = crate::rt::out_ptr(a.pctx_present, &mut ctx);
+    // A device that is not the warm one's: the lock is not held across the creation.
+    let st = made_by_program(&Driver, &WARM, -1, || {
+        // SAFETY: an output for one context (or NULL, as asked) and a device of the driver's.
+        unsafe { ffi::cuCtxCreate_v2(out, a.flags, dev) }
     });
     w.i32(st);
     if st == CUDA_SUCCESS && a.pctx_present {
@@ -154,7 +216,7 @@ pub fn cuDevicePrimaryCtxGetState(
             return Ok(());
         }
     };
-    let held = warm();
+    let held = lock(&WARM);
     let (mut flags, mut active) = (0u32, 0u32);
     let st = if *held == Some(dev) && a.flags_present && a.active_present {
         CUDA_SUCCESS
@@ -238,46 +300,58 @@ mod tests {
     #[test]
     fn the_programs_retain_leaves_it_the_only_reference() {
         let d = Counts::default();
-        let mut held = None;
-        make_on(&d, &mut held, 0);
-        assert_eq!((held, d.of(0)), (Some(0), 1), "made in advance");
-        let st = retained_by_program(&d, &mut held, 0, || d.retain(0));
+        let warm = Mutex::new(None);
+        make_on(&d, &warm, 0);
+        assert_eq!((*lock(&warm), d.of(0)), (Some(0), 1), "made in advance");
+        let st = made_by_program(&d, &warm, 0, || d.retain(0));
         assert_eq!(st, CUDA_SUCCESS);
-        assert_eq!((held, d.of(0)), (None, 1), "the program's reference alone");
+        assert_eq!(
+            (*lock(&warm), d.of(0)),
+            (None, 1),
+            "the program's reference alone"
+        );
         // Its release ends the context, as natively; a second retain is the program's own.
         assert_eq!(d.release(0), CUDA_SUCCESS);
         assert_eq!(d.of(0), 0);
-        retained_by_program(&d, &mut held, 0, || d.retain(0));
+        made_by_program(&d, &warm, 0, || d.retain(0));
         assert_eq!(d.of(0), 1, "nothing of the worker's is left to let go");
     }
 
     #[test]
-    fn a_failed_retain_or_another_device_keeps_the_warm_one() {
+    fn a_failed_retain_keeps_the_warm_one_and_another_devices_lets_it_go() {
         let d = Counts::default();
-        let mut held = None;
-        make_on(&d, &mut held, 0);
+        let warm = Mutex::new(None);
+        make_on(&d, &warm, 0);
         assert_eq!(
-            retained_by_program(&d, &mut held, 0, || CUDA_ERROR_INVALID_DEVICE),
+            made_by_program(&d, &warm, 0, || CUDA_ERROR_INVALID_DEVICE),
             CUDA_ERROR_INVALID_DEVICE
         );
-        assert_eq!((held, d.of(0)), (Some(0), 1));
-        retained_by_program(&d, &mut held, 1, || d.retain(1));
-        assert_eq!((held, d.of(0), d.of(1)), (Some(0), 1, 1));
+        assert_eq!((*lock(&warm), d.of(0)), (Some(0), 1));
+        // A program that works on another device (or makes a context of its own) has no use
+        // for the warm one.
+        made_by_program(&d, &warm, 1, || d.retain(1));
+        assert_eq!((*lock(&warm), d.of(0), d.of(1)), (None, 0, 1));
     }
 
     #[test]
     fn a_change_before_the_programs_retain_finds_no_context() {
         let d = Counts::default();
-        let mut held = None;
-        make_on(&d, &mut held, 0);
-        let_go(&d, &mut held, 0);
+        let warm = Mutex::new(None);
+        make_on(&d, &warm, 0);
+        let_go(&d, &mut lock(&warm), Some(1));
         assert_eq!(
-            (held, d.of(0)),
+            (*lock(&warm), d.of(0)),
+            (Some(0), 1),
+            "another device's change"
+        );
+        let_go(&d, &mut lock(&warm), Some(0));
+        assert_eq!(
+            (*lock(&warm), d.of(0)),
             (None, 0),
             "gone before the program's reset or flags"
         );
         // A release the program never retained for is the driver's error, as natively.
-        let_go(&d, &mut held, 0);
+        let_go(&d, &mut lock(&warm), Some(0));
         assert_eq!(d.release(0), CUDA_ERROR_INVALID_CONTEXT);
     }
 }

@@ -72,12 +72,32 @@ fn side(
 /// Waits for the stream a 2D copy (`op`) is ordered on: its own (`Async` forms), or the NULL
 /// stream, the thread's own for the per-thread forms. The driver's status.
 fn wait_for_stream(op: Op, stream: Option<*mut c_void>) -> i32 {
-    let per_thread = matches!(
+    // SAFETY: a stream handle of the program's (checked by the call) or NULL.
+    unsafe { rt::sync_stream(stream.unwrap_or(std::ptr::null_mut()), per_thread(op)) }
+}
+
+/// Whether the NULL stream of `op` is the calling thread's.
+fn per_thread(op: Op) -> bool {
+    matches!(
         op,
         Op::cuMemcpy2D_v2_ptds | Op::cuMemcpy2DUnaligned_v2_ptds | Op::cuMemcpy2DAsync_v2_ptsz
-    );
-    // SAFETY: a stream handle of the program's (checked by the call) or NULL.
-    unsafe { rt::sync_stream(stream.unwrap_or(std::ptr::null_mut()), per_thread) }
+    )
+}
+
+/// Whether the copy's stream is capturing now (only asked once a capture was ever begun).
+fn capturing(op: Op, stream: Option<*mut c_void>) -> bool {
+    if !crate::capture::ever_begun() {
+        return false;
+    }
+    let (stream, mut status) = (stream.unwrap_or(std::ptr::null_mut()), 0u32);
+    // SAFETY: a stream handle of the program's or NULL, and a valid output.
+    let st = unsafe {
+        match per_thread(op) {
+            true => crate::capture::cuStreamIsCapturing_ptsz(stream, &mut status),
+            false => crate::capture::cuStreamIsCapturing(stream, &mut status),
+        }
+    };
+    st == CUDA_SUCCESS && status != 0
 }
 
 /// Whether a row of `width` bytes from `x` lies within one `pitch` (cuda.h: "srcPitch must be
@@ -161,6 +181,14 @@ unsafe fn copy_2d(op: Op, p: *const c_void, stream: Option<*mut c_void>) -> i32 
         // the copy would natively run after it. Other host memory no device work touches.
         let in_arena = |at: At| matches!(at, At::Host(p) if crate::host_memory_pinned::arena_offset(p as u64, 1).is_some());
         if in_arena(src) || in_arena(dst) {
+            // Waiting for a capturing stream would end the program's capture: such a copy is
+            // refused instead (a gap: natively it is captured).
+            if capturing(op, stream) {
+                crate::connection::log(
+                    "a 2D copy of page-locked memory on a capturing stream: not captured through Wormhole; answering CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+                );
+                return Ok(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+            }
             let st = wait_for_stream(op, stream);
             if st != CUDA_SUCCESS {
                 return Ok(st);

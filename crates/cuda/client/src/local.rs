@@ -257,6 +257,9 @@ pub unsafe fn cuCtxDestroy_v2(ctx: *mut c_void) -> i32 {
     // SAFETY: per the contract.
     let status = unsafe { generated::wire_cuCtxDestroy_v2(ctx.cast()) };
     current::contexts_changed();
+    if status == CUDA_SUCCESS {
+        crate::staging::context_ended();
+    }
     status
 }
 
@@ -279,6 +282,9 @@ fn reset(dev: i32, forward: impl FnOnce() -> i32) -> i32 {
     }
     let status = forward();
     current::contexts_changed();
+    if status == CUDA_SUCCESS {
+        crate::staging::context_ended();
+    }
     status
 }
 
@@ -304,6 +310,7 @@ fn released(dev: i32, status: i32) -> i32 {
         let st = unsafe { generated::cuDevicePrimaryCtxGetState(dev, &mut flags, &mut active) };
         if st == CUDA_SUCCESS && active == 0 {
             crate::export_tables::primary_context_ending(dev);
+            crate::staging::context_ended();
         }
     }
     status

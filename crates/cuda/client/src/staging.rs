@@ -34,7 +34,7 @@ use std::ffi::c_void;
 use std::sync::Mutex;
 use std::time::Duration;
 use wormhole_cuda_proto::cu::{
-    CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS,
+    CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS,
 };
 use wormhole_cuda_proto::requests::{Message, PinnedCopy, PinnedFree, Signal, SignalWords};
 use wormhole_cuda_proto::{pinned, HandleKind, Writer};
@@ -47,6 +47,9 @@ use wormhole_transport::SpinPolicy;
 const SLOT_SIZES: [usize; 2] = [4 << 20, 1 << 20];
 /// Slots a copy takes turns in: while the device copies one piece, the client copies the other.
 const SLOTS: usize = 2;
+// With two slots the piece that fails is always the last one sent, so no stale piece is left
+// queued when a copy ends on a failure; more slots would need a fence on every failed end.
+const _: () = assert!(SLOTS == 2);
 /// After the slots, a page whose first words the worker signals pieces' ends in.
 const SIGNAL_PAGE: usize = 4096;
 /// How a copy looks for a piece's end before it asks the worker instead: a piece's DMA takes
@@ -337,20 +340,35 @@ fn take_range() -> Range {
                     slot,
                 }
             }
-            // No context current on the calling thread for the worker to register it in.
-            Err(e) if e.0 == CUDA_ERROR_INVALID_CONTEXT => return Range::Unasked,
             // No room (the tenant's quota, the arena): a smaller one may fit.
             Err(e) if e.0 == CUDA_ERROR_OUT_OF_MEMORY => refused = e.0,
-            Err(e) => {
+            // No page-locked memory at all here.
+            Err(e) if e.0 == CUDA_ERROR_NOT_SUPPORTED => {
                 refused = e.0;
                 break;
             }
+            // Something of the moment (no context current on the calling thread for the
+            // worker to register it in, a call from a host function, one before cuInit):
+            // asked again at the next copy.
+            Err(_) => return Range::Unasked,
         }
     }
     crate::connection::log(&format!(
         "no page-locked staging memory (status {refused}): copies of pageable memory go through the rings"
     ));
     Range::Refused
+}
+
+/// A context ended (destroyed, reset, released for the last time): the staging range's
+/// registration may have ended with it (it was made in the context current at the first
+/// staged copy). The range goes back, and the next copy asks for one in the context of then.
+/// Not while a copy holds it (that copy's context is alive).
+pub fn context_ended() {
+    if give_back() {
+        if let Ok(mut range) = RANGE.try_lock() {
+            *range = Range::Unasked;
+        }
+    }
 }
 
 /// Gives the staging range back to the worker, if the session holds it, so that its room

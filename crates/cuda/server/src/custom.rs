@@ -1481,6 +1481,20 @@ fn copy_2d(
                 }
             }
         }
+        // An asynchronous copy with host rows (packed here, gone with the request) is not
+        // captured into a graph, which would keep their address; nor is one back to the host,
+        // whose stream is waited for below (a capturing stream refuses that, ending the
+        // program's capture). As for 1D copies (`rt::check_slot`).
+        let per_thread = matches!(kind, Copy2DKind::AsyncPerThread);
+        if matches!(kind, Copy2DKind::Async | Copy2DKind::AsyncPerThread)
+            && (m.rows.is_some() || m.dst == Side2D::Host)
+            && crate::capture::is_capturing(stream, per_thread)
+        {
+            tracing::warn!(
+                "an asynchronous 2D copy of the program's rows on a capturing stream: they cannot outlive the request in a graph; answering CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (copy from page-locked memory, cuMemHostAlloc, to capture it)"
+            );
+            return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        }
         let rows = m.rows.map(aligned);
         if let Some(rows) = &rows {
             c.src_host = rows.as_ptr().cast();
@@ -1504,9 +1518,14 @@ fn copy_2d(
         };
         // Rows coming back must have landed before they are sent.
         if st == CUDA_SUCCESS && m.dst == Side2D::Host {
-            if let Copy2DKind::Async | Copy2DKind::AsyncPerThread = kind {
+            match kind {
                 // SAFETY: a stream of the session's.
-                return Ok(unsafe { ffi::cuStreamSynchronize(stream) });
+                Copy2DKind::Async => return Ok(unsafe { ffi::cuStreamSynchronize(stream) }),
+                Copy2DKind::AsyncPerThread => {
+                    // SAFETY: as above (NULL: this thread's own, as `_ptsz` named it).
+                    return Ok(unsafe { ffi::cuStreamSynchronize_ptsz(stream) });
+                }
+                _ => {}
             }
         }
         Ok(st)

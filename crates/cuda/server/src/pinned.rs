@@ -184,7 +184,16 @@ impl Pinned {
         if let Some(ptr) = self.arena.range(m.offset, len) {
             // SAFETY: a range registered by `alloc`.
             let st = unsafe { ffi::cuMemHostUnregister(ptr as *mut c_void) };
-            if st != CUDA_SUCCESS {
+            // A registration ends with the context that made it (cuCtxDestroy, a primary
+            // context's reset): then there is nothing left to undo, and the range and its
+            // quota go back as after an unregister.
+            let ended = matches!(
+                st,
+                CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED | CUDA_ERROR_CONTEXT_IS_DESTROYED
+            );
+            if ended {
+                tracing::info!(status = st, "page-locked memory whose context ended: freed");
+            } else if st != CUDA_SUCCESS {
                 tracing::warn!(status = st, "could not unregister page-locked memory: kept");
                 self.state().live.insert(m.offset, len);
                 return st;

@@ -64,19 +64,20 @@ pub fn check_device(s: &Session, addr: u64, len: Option<usize>) -> Result<(), i3
 }
 
 /// Per-object checks before the driver sees a call (OpenCL's driver slots). CUDA's: an
-/// asynchronous copy whose host bytes travelled in the request is not captured into a graph.
-/// The driver would record the worker's buffer of them, which is gone when the request is
-/// done, and every replay would read whatever lies there then (a copy from the session's
-/// page-locked memory names the program's own range and is captured as natively).
+/// asynchronous copy whose host bytes travel in the request or the reply is not captured
+/// into a graph. The driver would record the worker's buffer of them, which is gone when the
+/// request is done: every replay would read (to the device) or write (to the host) whatever
+/// lies there then, and a copy to the host would answer bytes never copied (a copy of the
+/// session's page-locked memory names the program's own range and is captured as natively).
 pub fn check_slot(obj: Handle, op: Op) -> Result<(), i32> {
     let per_thread = match op {
-        Op::cuMemcpyHtoDAsync_v2 => false,
-        Op::cuMemcpyHtoDAsync_v2_ptsz => true,
+        Op::cuMemcpyHtoDAsync_v2 | Op::cuMemcpyDtoHAsync_v2 => false,
+        Op::cuMemcpyHtoDAsync_v2_ptsz | Op::cuMemcpyDtoHAsync_v2_ptsz => true,
         _ => return Ok(()),
     };
     if crate::capture::is_capturing(obj, per_thread) {
         tracing::warn!(
-            "an asynchronous copy from pageable host memory on a capturing stream: its bytes cannot outlive the request in a graph; answering CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (copy from page-locked memory, cuMemHostAlloc, to capture it)"
+            "an asynchronous copy of pageable host memory on a capturing stream: its bytes cannot outlive the request in a graph; answering CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (copy page-locked memory, cuMemHostAlloc, to capture it)"
         );
         return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     }

@@ -50,6 +50,33 @@ fn began() {
     BEGUN.store(true, Ordering::Release);
 }
 
+/// `cuStreamEndCapture`: cuda.h has a capture that failed give a NULL graph; the stub writes
+/// the graph only when the capture succeeded.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuStreamEndCapture(stream: *mut c_void, graph: *mut *mut c_void) -> i32 {
+    if !graph.is_null() {
+        // SAFETY: per the contract, a writable graph handle.
+        unsafe { *graph = std::ptr::null_mut() };
+    }
+    // SAFETY: per the contract.
+    unsafe { generated::wire_cuStreamEndCapture(stream, graph.cast()) }
+}
+
+/// `cuStreamEndCapture_ptsz`: as `cuStreamEndCapture`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn cuStreamEndCapture_ptsz(stream: *mut c_void, graph: *mut *mut c_void) -> i32 {
+    if !graph.is_null() {
+        // SAFETY: per the contract, a writable graph handle.
+        unsafe { *graph = std::ptr::null_mut() };
+    }
+    // SAFETY: per the contract.
+    unsafe { generated::wire_cuStreamEndCapture_ptsz(stream, graph.cast()) }
+}
+
 /// `cuStreamBeginCapture`.
 ///
 /// # Safety

@@ -31,6 +31,16 @@ fn export_nodes(s: &Call<'_>, graph: u64, nodes: &[Handle]) -> Vec<u64> {
         .collect()
 }
 
+/// Captures ended (or ending) so far: counted before the driver's end, so that a request
+/// that looked twice for a capture and saw none both times can tell one came and went in
+/// between (`host_functions`).
+static ENDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Captures ended so far (see `ENDS`).
+pub fn ends_so_far() -> u64 {
+    ENDS.load(std::sync::atomic::Ordering::SeqCst)
+}
+
 /// Whether `stream` (of the session's) is capturing now (`per_thread`: the NULL stream is the
 /// calling thread's). A query the driver refuses counts as not capturing.
 pub fn is_capturing(stream: Handle, per_thread: bool) -> bool {
@@ -257,6 +267,7 @@ fn end_capture(s: &Call<'_>, stream_id: u64, present: bool, per_thread: bool, w:
     }
     let mut graph: Handle = std::ptr::null_mut();
     let out = crate::rt::out_ptr(present, &mut graph);
+    ENDS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     // SAFETY: a stream of the session's and an output for one graph (or NULL, as asked).
     let st = unsafe {
         match per_thread {
@@ -264,36 +275,41 @@ fn end_capture(s: &Call<'_>, stream_id: u64, present: bool, per_thread: bool, w:
             false => ffi::cuStreamEndCapture(stream, out),
         }
     };
+    // A refusal that leaves the capture going (the wrong thread, no output for the graph)
+    // ends nothing: the graph a query lent the program stays, and so do the capture's errors.
+    let ended = st == CUDA_SUCCESS || !is_capturing(stream, per_thread);
     // A capture that failed leaves no graph: the driver destroyed the one it was building,
     // which a query may have lent the program; the session forgets it.
-    if !capturing.is_null() && (st != CUDA_SUCCESS || graph != capturing) {
+    if ended && !capturing.is_null() && (st != CUDA_SUCCESS || graph != capturing) {
         forget_graph(s, capturing);
     }
     let st = match st {
         // A request the client did not wait for failed (refused here, or by the driver), so
         // the graph lacks what the program captured: natively that call would have failed
-        // and the capture with it. The failure is the answer, and the graph goes.
+        // and invalidated the capture, which then ends with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED.
+        // The graph goes.
         CUDA_SUCCESS => match s.deferred.take(&[]) {
             Some(failed) => {
                 tracing::warn!(
                     status = failed,
-                    "a request of the capture failed after the client went on: ending the capture with its failure"
+                    "a request of the capture failed after the client went on: the capture ends invalidated"
                 );
                 if present && !graph.is_null() {
                     forget_graph(s, graph);
                     // SAFETY: the graph the driver just made, forgotten by the session.
                     unsafe { ffi::cuGraphDestroy(graph) };
                 }
-                failed
+                CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
             }
             None => CUDA_SUCCESS,
         },
         // The driver ended the capture as failed: the errors of capture it had given pipelined
         // requests are what this answer reports, not to be answered again later.
-        failed => {
+        failed if ended => {
             s.deferred.forget(is_capture_error);
             failed
         }
+        failed => failed,
     };
     w.i32(st);
     if st == CUDA_SUCCESS && present {

@@ -137,6 +137,7 @@ fn capturing(op: Op, stream: Handle) -> bool {
 
 fn enqueue(s: &Call<'_>, op: Op, m: &HostFunction) -> Result<(), i32> {
     let stream = s.resolve(m.stream, HandleKind::Stream, true)?;
+    let ends = crate::capture::ends_so_far();
     let ctx = Box::into_raw(Box::new(Ctx::new(m.callback, capturing(op, stream)))) as *mut c_void;
     // SAFETY: a stream of the session's, a trampoline of the driver's callback type, and its
     // context (leaked until it runs, or for the session if it repeats).
@@ -159,11 +160,11 @@ fn enqueue(s: &Call<'_>, op: Op, m: &HostFunction) -> Result<(), i32> {
         drop(unsafe { Box::from_raw(ctx as *mut Ctx) });
         return Err(st);
     }
-    if capturing(op, stream) {
-        // A capture began on the stream (another thread's) since the first look: the function
-        // may have joined the graph. Kept for the session then, still held by this request
-        // (at worst one context leaked where it was not captured after all), never freed
-        // under a graph that runs it again.
+    if capturing(op, stream) || crate::capture::ends_so_far() != ends {
+        // A capture began on the stream (another thread's) since the first look, or one came
+        // and went meanwhile: the function may have joined the graph. Kept for the session
+        // then, still held by this request (at worst one context leaked where it was not
+        // captured after all), never freed under a graph that runs it again.
         // SAFETY: this request still holds the context.
         unsafe { &*(ctx as *const Ctx) }
             .repeats

@@ -149,29 +149,43 @@ fn made_by_program(
     st
 }
 
+/// A context the program makes (`make` given the driver's device and where the context goes)
+/// on its device `devno`, answered as the generated handlers answer: the status, then the
+/// context's id if one was asked for. `primary`: the device's primary context, which may be
+/// the warm one (the lock is then held across the driver's call).
+fn program_context(
+    s: &Call<'_>,
+    w: &mut Writer,
+    devno: i32,
+    present: bool,
+    primary: bool,
+    make: impl FnOnce(i32, *mut Handle) -> i32,
+) {
+    let dev = match crate::rt::driver_device(s, devno) {
+        Ok(dev) => dev,
+        Err(st) => return w.i32(st),
+    };
+    let mut ctx: Handle = std::ptr::null_mut();
+    let out = crate::rt::out_ptr(present, &mut ctx);
+    let st = made_by_program(&Driver, &WARM, if primary { dev } else { -1 }, || {
+        make(dev, out)
+    });
+    w.i32(st);
+    if st == CUDA_SUCCESS && present {
+        s.export_list(w, HandleKind::Context, &[ctx]);
+    }
+}
+
 /// `cuDevicePrimaryCtxRetain`.
 pub fn cuDevicePrimaryCtxRetain(
     s: &Call<'_>,
     a: args::cuDevicePrimaryCtxRetain,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let dev = match crate::rt::driver_device(s, a.dev) {
-        Ok(dev) => dev,
-        Err(st) => {
-            w.i32(st);
-            return Ok(());
-        }
-    };
-    let mut ctx: Handle = std::ptr::null_mut();
-    let out = crate::rt::out_ptr(a.pctx_present, &mut ctx);
-    let st = made_by_program(&Driver, &WARM, dev, || {
+    program_context(s, w, a.dev, a.pctx_present, true, |dev, out| {
         // SAFETY: an output for one context (or NULL, as asked) and a device of the driver's.
         unsafe { ffi::cuDevicePrimaryCtxRetain(out, dev) }
     });
-    w.i32(st);
-    if st == CUDA_SUCCESS && a.pctx_present {
-        s.export_list(w, HandleKind::Context, &[ctx]);
-    }
     Ok(())
 }
 
@@ -181,24 +195,10 @@ pub fn cuCtxCreate_v2(
     a: args::cuCtxCreate_v2,
     w: &mut Writer,
 ) -> Result<(), DecodeError> {
-    let dev = match crate::rt::driver_device(s, a.dev) {
-        Ok(dev) => dev,
-        Err(st) => {
-            w.i32(st);
-            return Ok(());
-        }
-    };
-    let mut ctx: Handle = std::ptr::null_mut();
-    let out = crate::rt::out_ptr(a.pctx_present, &mut ctx);
-    // A device that is not the warm one's: the lock is not held across the creation.
-    let st = made_by_program(&Driver, &WARM, -1, || {
+    program_context(s, w, a.dev, a.pctx_present, false, |dev, out| {
         // SAFETY: an output for one context (or NULL, as asked) and a device of the driver's.
         unsafe { ffi::cuCtxCreate_v2(out, a.flags, dev) }
     });
-    w.i32(st);
-    if st == CUDA_SUCCESS && a.pctx_present {
-        s.export_list(w, HandleKind::Context, &[ctx]);
-    }
     Ok(())
 }
 

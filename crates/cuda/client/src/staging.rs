@@ -362,13 +362,24 @@ fn take_range() -> Range {
 /// A context ended (destroyed, reset, released for the last time): the staging range's
 /// registration may have ended with it (it was made in the context current at the first
 /// staged copy). The range goes back, and the next copy asks for one in the context of then.
-/// Not while a copy holds it (that copy's context is alive).
+/// Not while a copy holds it (that copy's context is alive); a range the worker will not free
+/// (its registration may live on in another context) stays in use.
 pub fn context_ended() {
-    if give_back() {
-        if let Ok(mut range) = RANGE.try_lock() {
+    let Ok(mut range) = RANGE.try_lock() else {
+        return;
+    };
+    if let Range::Held { offset, .. } = *range {
+        if free(offset) {
             *range = Range::Unasked;
         }
     }
+}
+
+/// Asks the worker to free the range at `offset`: true if it did.
+fn free(offset: u64) -> bool {
+    let mut w = Writer::new(pinned::FREE);
+    PinnedFree { offset }.encode(&mut w);
+    rt::call(w).and_then(|reply| rt::status_of(&reply)).is_ok()
 }
 
 /// Gives the staging range back to the worker, if the session holds it, so that its room
@@ -384,9 +395,7 @@ pub fn give_back() -> bool {
         return false;
     };
     *range = Range::Refused;
-    let mut w = Writer::new(pinned::FREE);
-    PinnedFree { offset }.encode(&mut w);
-    rt::call(w).and_then(|reply| rt::status_of(&reply)).is_ok()
+    free(offset)
 }
 
 #[cfg(test)]

@@ -138,6 +138,31 @@ def test_a_cuda_program_learns_quickly_that_there_is_no_device(cpu_server, cuda_
     assert "the server cannot load the CUDA driver" in cpu_server.log.read_text()
 
 
+@pytest.mark.parametrize("transport", ["tcp", "tls", "guest"])
+def test_every_transport_says_quickly_that_there_is_no_device(tmp_path, cuda_programs, transport):
+    """Over TCP, TLS and a VM guest's region (a region that serves CUDA, from the config) the
+    session is refused as over the local socket: cudaErrorNoDevice within a second, the reason
+    in the program's log line and in the server's."""
+    if has_gpu():
+        pytest.skip("this machine has a GPU: the no-device tests are for machines without one")
+    region = tmp_path / "guest.region"
+    cfg = tmp_path / "wormhole.toml"
+    cfg.write_text(f'[[guest]]\nregion = "{region}"\napi = "cuda"\n' if transport == "guest" else "")
+    s = Server(tmp_path, config=cfg, tcp=transport == "tcp", tls=transport == "tls").start()
+    try:
+        env = {"WORMHOLE_SERVER": f"ivshmem:{region}"} if transport == "guest" else {}
+        if transport == "guest":
+            wait_for(lambda: "guest region ready" in s.log.read_text(), timeout=30, what="the guest region")
+        r = s.run([cuda_programs["vector_add_static"]], timeout=60, **env)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert "first -> 100 cudaErrorNoDevice" in r.stdout, r.stdout + r.stderr
+        assert float(re.search(r"first call: ([0-9.]+) ms", r.stderr).group(1)) < 1000, r.stderr
+        assert "the server cannot load the CUDA driver" in r.stderr
+        assert "the server cannot load the CUDA driver" in s.log.read_text()
+    finally:
+        s.stop()
+
+
 @pytest.mark.parametrize("cudart", ["static", "shared"])
 def test_runtime_and_library_programs_learn_quickly_that_there_is_no_device(cpu_server, cuda_programs, cudart):
     """The GPU tests' other runtime programs build here, and without a device they end at their

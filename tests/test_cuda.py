@@ -570,6 +570,28 @@ def test_a_tenant_with_a_quota_sees_its_quota_as_the_gpus_memory(tmp_path, cuda_
 
 
 @gpu
+def test_nvidia_smi_in_a_tenant_shows_the_gpu_and_its_quota(tmp_path):
+    """NVIDIA's own `nvidia-smi`, run through Wormhole in a tenant with a 1 GiB quota, names
+    the forwarded GPU as natively and shows the quota as its memory (#13: nvidia-smi-style
+    tools inside a tenant show what that tenant may use)."""
+    if not has_gpu():
+        pytest.skip("no NVIDIA GPU here (scripts/gpu-test.sh runs these on the GPU machine)")
+    smi = shutil.which("nvidia-smi")
+    query = [smi, "--query-gpu=name,uuid,memory.total", "--format=csv,noheader,nounits"]
+    native = subprocess.run(query, capture_output=True, text=True, timeout=60)
+    assert native.returncode == 0, native.stdout + native.stderr
+    s = quota_server(tmp_path, 1024)
+    try:
+        r = s.run(query, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr + s.log.read_text()[-4000:]
+    finally:
+        s.stop()
+    print(f"natively: {native.stdout.strip()}; through Wormhole: {r.stdout.strip()}")
+    name, uuid, _ = [f.strip() for f in native.stdout.splitlines()[0].split(",")]
+    assert [f.strip() for f in r.stdout.splitlines()[0].split(",")] == [name, uuid, "1024"], r.stdout
+
+
+@gpu
 def test_a_reset_gives_the_contexts_memory_back_to_the_quota(tmp_path, cuda_programs):
     """600 MiB allocated, the device reset, 600 MiB again: within a 1 GiB quota as natively
     (the reset frees the first); likewise for a context the program made and destroyed."""

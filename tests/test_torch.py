@@ -16,10 +16,11 @@ import time
 import pytest
 
 from conftest import Server, wait_for
-from test_cuda import has_gpu
+from test_cuda import has_gpu, output_diff
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "bench" / "torch_train.py"
+FEATURES = ROOT / "tests" / "torch_features.py"
 # The GPU machine's PyTorch is its plain python3, which runs pytest there (scripts/gpu-test.sh).
 PYTHON = os.environ.get("WORMHOLE_TORCH_PYTHON", sys.executable)
 
@@ -82,6 +83,18 @@ def test_training_gives_native_losses_and_device(torch_gpu, tmp_path):
     for m in ours:
         print(f"{m}: {ours[m]['steps_per_s']:.0f} steps/s through Wormhole, "
               f"{theirs[m]['steps_per_s']:.0f} natively: {ours[m]['steps_per_s'] / theirs[m]['steps_per_s']:.2f}x")
+
+
+@gpu
+def test_streams_events_graphs_and_page_locked_copies_as_natively(torch_gpu, tmp_path):
+    """tests/torch_features.py: the device's name and capability, a side stream ordered and
+    timed by events, a whole training step captured into a CUDA graph and replayed on new
+    data, page-locked memory with non-blocking copies both ways, and the caching allocator's
+    count: the same lines natively and through Wormhole."""
+    env = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    native, r, _ = native_and_through_wormhole(tmp_path, [PYTHON, str(FEATURES)], env=env)
+    assert r.stdout == native.stdout, output_diff(native.stdout, r.stdout)
+    assert "graph replays, losses:" in r.stdout and "non-blocking copies both ways: True" in r.stdout
 
 
 @gpu

@@ -34,6 +34,11 @@ static PRIMARY_GENERATION: AtomicU64 = AtomicU64::new(0);
 /// cache and shared memory settings, the context's) or end it (unloads).
 static FUNCTION_GENERATION: AtomicU64 = AtomicU64::new(0);
 
+/// Bumped by the unloads alone: a kernel's function in a context changes only when its
+/// library goes (or the context: `current::generation`), not when an attribute is set.
+/// CUTLASS and flash-attention kernels set their shared memory size before every launch.
+static UNLOAD_GENERATION: AtomicU64 = AtomicU64::new(0);
+
 /// `CU_DEVICE_ATTRIBUTE_COMPUTE_MODE`: the one attribute an administrator changes while
 /// programs run (`nvidia-smi -c`): always asked.
 const ATTRIBUTE_COMPUTE_MODE: i32 = 20;
@@ -95,6 +100,30 @@ pub fn forget_contexts() {
 /// A call may have changed what functions answer, or ended some.
 pub fn forget_functions() {
     FUNCTION_GENERATION.fetch_add(1, Ordering::AcqRel);
+    prune();
+}
+
+/// A module or library was unloaded: its kernels' functions went with it.
+pub fn forget_unloads() {
+    UNLOAD_GENERATION.fetch_add(1, Ordering::AcqRel);
+    prune();
+}
+
+/// Drops what no generation of now can answer from (kept answers would only grow: occupancy
+/// is kept per block size and shared memory size, and torch.compile loads many modules).
+fn prune() {
+    let (function, unload) = (function_generation(), unload_generation());
+    let mut f = facts();
+    f.function.retain(|_, (g, _)| *g == unload);
+    f.function_attribute.retain(|_, (g, _)| *g == function);
+    f.occupancy.retain(|_, (g, _)| *g == function);
+}
+
+fn unload_generation() -> (u64, u64) {
+    (
+        current::generation(),
+        UNLOAD_GENERATION.load(Ordering::Acquire),
+    )
 }
 
 fn function_generation() -> (u64, u64) {
@@ -252,7 +281,7 @@ unsafe fn primary_state(
 pub unsafe fn cuDeviceGetAttribute(pi: *mut u32, attrib: i32, dev: i32) -> i32 {
     remembered(
         |f| &mut f.attribute,
-        Some((attrib, dev)).filter(|_| !pi.is_null() && attrib != ATTRIBUTE_COMPUTE_MODE),
+        Some((attrib, dev)).filter(|_| !pi.is_null() && kept_device_attribute(attrib)),
         (),
         // SAFETY: per the contract (a key means `pi` is not NULL).
         |v| unsafe { *pi = v },
@@ -261,6 +290,13 @@ pub unsafe fn cuDeviceGetAttribute(pi: *mut u32, attrib: i32, dev: i32) -> i32 {
         // SAFETY: per the contract.
         || unsafe { generated::wire_cuDeviceGetAttribute(pi, attrib, dev) },
     )
+}
+
+/// Whether the client keeps device attribute `attrib`: cuda.h's, which are fixed for a
+/// device, but the compute mode (a newer driver's may not be: asked each time).
+fn kept_device_attribute(attrib: i32) -> bool {
+    (1..wormhole_cuda_proto::DEVICE_ATTRIBUTE_MAX).contains(&attrib)
+        && attrib != ATTRIBUTE_COMPUTE_MODE
 }
 
 /// The id of `h`, an object of `kind` (for a function, a kernel standing in for one too), if
@@ -294,7 +330,7 @@ pub unsafe fn kernel_function(
     remembered(
         |f| &mut f.function,
         key,
-        function_generation(),
+        unload_generation(),
         // SAFETY: per the contract (a key means `pfunc` is not NULL).
         |v| unsafe { *pfunc = v },
         // SAFETY: the call succeeded, so it wrote the function.
@@ -604,7 +640,92 @@ mod tests {
             (4, 0x40),
             "contexts may have changed"
         );
+        // An attribute set (CUTLASS sets one before every launch) leaves it known; an unload
+        // does not.
+        forget_functions();
+        kf(0x50);
+        assert_eq!(
+            (asked.get(), out as usize),
+            (4, 0x40),
+            "an attribute was set"
+        );
+        forget_unloads();
+        kf(0x60);
+        assert_eq!((asked.get(), out as usize), (5, 0x60), "a module went");
         objects::destroy(kernel);
         current::forget();
+    }
+
+    #[test]
+    fn after_a_sticky_fault_the_driver_answers_until_a_reset() {
+        let _serial = current::GENERATION_TEST_LOCK.lock();
+        rt::set_initialized();
+        let asked = Cell::new(0);
+        let mut v = 0u32;
+        let p = &mut v as *mut u32;
+        let attr = || {
+            remembered(
+                |f| &mut f.attribute,
+                Some((2, 11)),
+                (),
+                // SAFETY: the test's.
+                |x| unsafe { *p = x },
+                // SAFETY: the test's.
+                || unsafe { *p },
+                || {
+                    asked.set(asked.get() + 1);
+                    CUDA_SUCCESS
+                },
+            )
+        };
+        attr();
+        attr();
+        assert_eq!(asked.get(), 1);
+        let st = rt::entry_status(|| Ok(wormhole_cuda_proto::cu::CUDA_ERROR_ILLEGAL_ADDRESS));
+        assert_eq!(st, wormhole_cuda_proto::cu::CUDA_ERROR_ILLEGAL_ADDRESS);
+        attr();
+        attr();
+        assert_eq!(
+            asked.get(),
+            3,
+            "every call goes to the driver after the fault"
+        );
+        rt::recovered();
+        attr();
+        assert_eq!(asked.get(), 3, "kept again after a reset");
+    }
+
+    #[test]
+    fn device_attributes_newer_than_cuda_h_are_always_asked() {
+        let _serial = current::GENERATION_TEST_LOCK.lock();
+        rt::set_initialized();
+        let asked = Cell::new(0);
+        let mut v = 0u32;
+        let p = &mut v as *mut u32;
+        let ask = || {
+            asked.set(asked.get() + 1);
+            CUDA_SUCCESS
+        };
+        let attr = |id: i32| {
+            remembered(
+                |f| &mut f.attribute,
+                Some((id, 9)).filter(|_| kept_device_attribute(id)),
+                (),
+                // SAFETY: the test's.
+                |x| unsafe { *p = x },
+                // SAFETY: the test's.
+                || unsafe { *p },
+                ask,
+            )
+        };
+        attr(1);
+        attr(1);
+        assert_eq!(asked.get(), 1, "cuda.h's: kept");
+        attr(wormhole_cuda_proto::DEVICE_ATTRIBUTE_MAX + 52);
+        attr(wormhole_cuda_proto::DEVICE_ATTRIBUTE_MAX + 52);
+        assert_eq!(asked.get(), 3, "a newer driver's: asked each time");
+        attr(ATTRIBUTE_COMPUTE_MODE);
+        attr(ATTRIBUTE_COMPUTE_MODE);
+        assert_eq!(asked.get(), 5, "the compute mode: asked each time");
     }
 }

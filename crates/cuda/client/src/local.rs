@@ -283,6 +283,7 @@ fn reset(dev: i32, forward: impl FnOnce() -> i32) -> i32 {
     let status = forward();
     current::contexts_changed();
     if status == CUDA_SUCCESS {
+        rt::recovered();
         crate::staging::context_ended();
     }
     status
@@ -343,8 +344,8 @@ pub unsafe fn cuDevicePrimaryCtxRelease(dev: i32) -> i32 {
 /// # Safety
 /// `pctx` NULL or a writable `CUcontext`.
 pub unsafe fn cuCtxGetCurrent(pctx: *mut *mut c_void) -> i32 {
-    if let (Some(ctx), false, Ok(())) = (current::known(), pctx.is_null(), rt::check_initialized())
-    {
+    // Not in a fork's child, a host function or after a sticky fault (`rt::answerable_here`).
+    if let (Some(ctx), false, true) = (current::known(), pctx.is_null(), rt::answerable_here()) {
         // SAFETY: per the contract.
         unsafe { *pctx = ctx };
         return CUDA_SUCCESS;

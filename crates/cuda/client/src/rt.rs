@@ -13,7 +13,9 @@ use wormhole_cuda_proto::{
 };
 pub use wormhole_session::trace::{returned as trace_return, Returned};
 // What the stubs of `@forgets(...)` calls make the client ask again.
-pub use crate::context_facts::{forget_contexts, forget_functions, forget_primary_contexts};
+pub use crate::context_facts::{
+    forget_contexts, forget_functions, forget_primary_contexts, forget_unloads,
+};
 use wormhole_session::{host_memory, marshal};
 
 pub use objects::alloc_id;
@@ -31,11 +33,43 @@ impl From<DecodeError> for ApiErr {
 
 /// Runs an entry point; a panic becomes CUDA_ERROR_UNKNOWN (never an unwind into C).
 pub fn entry_status(f: impl FnOnce() -> Result<i32, ApiErr>) -> i32 {
-    match catch_unwind(AssertUnwindSafe(f)) {
+    let st = match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(st)) => st,
         Ok(Err(ApiErr(code))) => code,
         Err(_) => CUDA_ERROR_UNKNOWN,
+    };
+    if is_sticky(st) {
+        STICKY.store(true, Ordering::Release);
     }
+    st
+}
+
+/// Whether the program met a fault that leaves the process "in an inconsistent state" where
+/// "any further CUDA work will return the same error" (cuda.h, of these codes): from then on
+/// the server's driver answers every call, not what the client kept (`answerable_here`).
+static STICKY: AtomicBool = AtomicBool::new(false);
+
+fn is_sticky(st: i32) -> bool {
+    matches!(
+        st,
+        CUDA_ERROR_ECC_UNCORRECTABLE
+            | CUDA_ERROR_CONTAINED
+            | CUDA_ERROR_ILLEGAL_ADDRESS
+            | CUDA_ERROR_LAUNCH_TIMEOUT
+            | CUDA_ERROR_ASSERT
+            | CUDA_ERROR_HARDWARE_STACK_ERROR
+            | CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | CUDA_ERROR_MISALIGNED_ADDRESS
+            | CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | CUDA_ERROR_INVALID_PC
+            | CUDA_ERROR_LAUNCH_FAILED
+    )
+}
+
+/// A primary context's reset succeeded: the driver took it as a recovery, and so does the
+/// client (the server forgets the failures of before too).
+pub fn recovered() {
+    STICKY.store(false, Ordering::Release);
 }
 
 pub fn request(op: Op) -> Writer {
@@ -72,6 +106,7 @@ pub fn check_initialized() -> Result<(), ApiErr> {
 /// opened there is nothing kept to answer from.)
 pub fn answerable_here() -> bool {
     check_initialized().is_ok()
+        && !STICKY.load(Ordering::Acquire)
         && !crate::host_functions::in_host_function()
         && connection::opened().is_none_or(|c| c.usable())
 }

@@ -26,6 +26,11 @@ pub const API: &str = "cuda";
 /// description follows: driver 580).
 pub const CUDA_VERSION: i32 = 13000;
 
+/// `CU_DEVICE_ATTRIBUTE_MAX` of the cuda.h Wormhole is built against (checked by
+/// `abi_of_cuda_h`): the device attributes below it are the ones it knows to be fixed for a
+/// device (but the compute mode), which the client may keep; a newer driver's are asked.
+pub const DEVICE_ATTRIBUTE_MAX: i32 = 148;
+
 /// The ids the special stream handles travel as. `CU_STREAM_LEGACY` ((CUstream)0x1) and
 /// `CU_STREAM_PER_THREAD` ((CUstream)0x2) are not objects but values every driver knows; the
 /// client never gives an object of its own an id this small.

@@ -184,6 +184,10 @@ fn the_structs_read_from_programs_have_the_layout_of_cuda_h() {
             checks.push((format!("offsetof({ty}, {field})"), *offset as u64));
         }
     }
+    checks.push((
+        "CU_DEVICE_ATTRIBUTE_MAX".into(),
+        wormhole_cuda_proto::DEVICE_ATTRIBUTE_MAX as u64,
+    ));
     let source = wormhole_apigen::emit_value_check("cuda.h", &checks);
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));
     let include = wormhole_apigen::nvidia_headers(&here.join("../../.."), "cuda.h")

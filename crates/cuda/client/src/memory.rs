@@ -391,6 +391,18 @@ unsafe fn write_value(data: *mut c_void, attribute: u32, value: &[u8]) {
     unsafe { std::ptr::copy_nonoverlapping(value.as_ptr(), data as *mut u8, value.len()) };
 }
 
+/// `CU_POINTER_ATTRIBUTE_DEVICE_POINTER` of a pointer into device memory the program
+/// allocated, with a context current: the pointer itself (unified addressing: kernels of its
+/// context reach it at the same address). Triton's launcher asks this of every pointer
+/// argument at every launch, which would be a round trip each. None: the driver is asked.
+fn own_device_pointer(attribute: u32, ptr: u64) -> Option<u64> {
+    (attribute == POINTER_ATTRIBUTE_DEVICE_POINTER
+        && rt::answerable_here()
+        && crate::current::known().is_some_and(|c| !c.is_null())
+        && allocations::range_of(ptr).is_some())
+    .then_some(ptr)
+}
+
 /// `cuPointerGetAttribute`.
 ///
 /// # Safety
@@ -399,6 +411,11 @@ pub unsafe fn cuPointerGetAttribute(data: *mut c_void, attribute: u32, ptr: u64)
     entry_status(|| {
         if data.is_null() {
             return Err(ApiErr(CUDA_ERROR_INVALID_VALUE));
+        }
+        if let Some(device_pointer) = own_device_pointer(attribute, ptr) {
+            // SAFETY: per the contract: a CUdeviceptr.
+            unsafe { *(data as *mut u64) = device_pointer };
+            return Ok(CUDA_SUCCESS);
         }
         let reply = ask(ptr, true, vec![attribute])?;
         if reply.status == CUDA_SUCCESS {
@@ -511,5 +528,35 @@ mod tests {
         assert_eq!(direction(0x7000_0010, 0x1234), Direction::HostToDevice);
         assert_eq!(direction(0x1234, 0x7000_00ff), Direction::DeviceToHost);
         assert_eq!(direction(0x1234, 0x7000_0100), Direction::HostToHost);
+    }
+
+    #[test]
+    fn a_device_pointer_of_the_programs_own_memory_is_answered_here() {
+        let _serial = crate::current::GENERATION_TEST_LOCK.lock();
+        rt::set_initialized();
+        allocations::allocated(0x7200_0000, 0x1000);
+        let mut out = 0u64;
+        let data = (&mut out as *mut u64).cast::<c_void>();
+        crate::current::set(0x7777_9000 as *mut c_void);
+        // SAFETY: `data` is the test's; no server: an answer means it was answered here.
+        let st =
+            unsafe { cuPointerGetAttribute(data, POINTER_ATTRIBUTE_DEVICE_POINTER, 0x7200_0010) };
+        assert_eq!((st, out), (CUDA_SUCCESS, 0x7200_0010));
+        // Not the program's device memory, or no context current: the driver's to answer.
+        assert_eq!(
+            own_device_pointer(POINTER_ATTRIBUTE_DEVICE_POINTER, 0x7200_1000),
+            None
+        );
+        assert_eq!(
+            own_device_pointer(POINTER_ATTRIBUTE_CONTEXT, 0x7200_0010),
+            None
+        );
+        crate::current::set(std::ptr::null_mut());
+        assert_eq!(
+            own_device_pointer(POINTER_ATTRIBUTE_DEVICE_POINTER, 0x7200_0010),
+            None
+        );
+        crate::current::forget();
+        allocations::freed(0x7200_0000);
     }
 }

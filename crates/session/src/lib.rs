@@ -286,16 +286,6 @@ thread_local! {
     /// Whether this thread sent requests without waiting (FLAG_ASYNC) on its lane since its
     /// last reply there: then its next call must follow them on that lane.
     static SENT_ASYNC: Cell<bool> = const { Cell::new(false) };
-    /// Whether this thread's calls keep to its own lane (`keep_own_lane`).
-    static KEEP_LANE: Cell<bool> = const { Cell::new(false) };
-}
-
-/// While `keep`, the calling thread's calls keep to its own lane, never a free one while
-/// another thread that shares it holds it: the worker's thread of that lane holds driver
-/// state of this thread's that another lane's thread lacks (CUDA: a capture mode, a capture
-/// that must end on the thread that began it).
-pub fn keep_own_lane(keep: bool) {
-    KEEP_LANE.set(keep);
 }
 
 /// Writes one line to stderr, prefixed so the user knows who speaks.
@@ -1088,7 +1078,7 @@ impl Connection {
         lane: impl Fn(usize) -> &'a Mutex<L>,
         own: usize,
     ) -> (usize, std::sync::MutexGuard<'a, L>) {
-        self.lane_or_free_one(n, lane, own, !SENT_ASYNC.get() && !KEEP_LANE.get())
+        self.lane_or_free_one(n, lane, own, !SENT_ASYNC.get())
     }
 
     /// The lane for this thread's frame sent without waiting: its own; the callback thread's,

@@ -50,52 +50,6 @@ fn began() {
     BEGUN.store(true, Ordering::Release);
 }
 
-/// `CU_STREAM_CAPTURE_MODE_GLOBAL` and `_RELAXED`.
-const MODE_GLOBAL: u32 = 0;
-const MODE_RELAXED: u32 = 2;
-
-thread_local! {
-    /// Whether this thread's capture mode is not the default (global) one.
-    static MODE_CHANGED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    /// Captures this thread began in a mode that ties them to it (global, thread-local) and
-    /// has not ended.
-    static TIED_CAPTURES: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-}
-
-/// The thread's capture mode and its tied captures live in its lane's worker thread: while it
-/// has either, its calls keep to that lane (`wormhole_session::keep_own_lane`).
-fn keep_lane_while_capturing() {
-    wormhole_session::keep_own_lane(MODE_CHANGED.get() || TIED_CAPTURES.get() > 0);
-}
-
-/// A capture begun by this thread (`begin`, the wire call) in `mode`, sent on its own lane.
-fn begin(mode: u32, begin: impl FnOnce() -> i32) -> i32 {
-    began();
-    wormhole_session::keep_own_lane(true);
-    let st = begin();
-    if st == CUDA_SUCCESS && mode != MODE_RELAXED {
-        TIED_CAPTURES.set(TIED_CAPTURES.get() + 1);
-    }
-    keep_lane_while_capturing();
-    st
-}
-
-/// A capture's end (`end`, the wire call), sent on the thread's own lane. A refusal that
-/// leaves the capture going (another thread's, no output for the graph) ends none of this
-/// thread's.
-fn end(end: impl FnOnce() -> i32) -> i32 {
-    wormhole_session::keep_own_lane(true);
-    let st = end();
-    if !matches!(
-        st,
-        CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD | CUDA_ERROR_INVALID_VALUE
-    ) {
-        TIED_CAPTURES.set(TIED_CAPTURES.get().saturating_sub(1));
-    }
-    keep_lane_while_capturing();
-    st
-}
-
 /// `cuStreamEndCapture`: cuda.h has a capture that failed give a NULL graph; the stub writes
 /// the graph only when the capture succeeded.
 ///
@@ -107,7 +61,7 @@ pub unsafe fn cuStreamEndCapture(stream: *mut c_void, graph: *mut *mut c_void) -
         unsafe { *graph = std::ptr::null_mut() };
     }
     // SAFETY: per the contract.
-    end(|| unsafe { generated::wire_cuStreamEndCapture(stream, graph.cast()) })
+    unsafe { generated::wire_cuStreamEndCapture(stream, graph.cast()) }
 }
 
 /// `cuStreamEndCapture_ptsz`: as `cuStreamEndCapture`.
@@ -120,7 +74,7 @@ pub unsafe fn cuStreamEndCapture_ptsz(stream: *mut c_void, graph: *mut *mut c_vo
         unsafe { *graph = std::ptr::null_mut() };
     }
     // SAFETY: per the contract.
-    end(|| unsafe { generated::wire_cuStreamEndCapture_ptsz(stream, graph.cast()) })
+    unsafe { generated::wire_cuStreamEndCapture_ptsz(stream, graph.cast()) }
 }
 
 /// `cuStreamBeginCapture`.
@@ -128,10 +82,9 @@ pub unsafe fn cuStreamEndCapture_ptsz(stream: *mut c_void, graph: *mut *mut c_vo
 /// # Safety
 /// As the C function.
 pub unsafe fn cuStreamBeginCapture(stream: *mut c_void) -> i32 {
+    began();
     // SAFETY: per the contract.
-    begin(MODE_GLOBAL, || unsafe {
-        generated::wire_cuStreamBeginCapture(stream)
-    })
+    unsafe { generated::wire_cuStreamBeginCapture(stream) }
 }
 
 /// `cuStreamBeginCapture_ptsz`.
@@ -139,10 +92,9 @@ pub unsafe fn cuStreamBeginCapture(stream: *mut c_void) -> i32 {
 /// # Safety
 /// As the C function.
 pub unsafe fn cuStreamBeginCapture_ptsz(stream: *mut c_void) -> i32 {
+    began();
     // SAFETY: per the contract.
-    begin(MODE_GLOBAL, || unsafe {
-        generated::wire_cuStreamBeginCapture_ptsz(stream)
-    })
+    unsafe { generated::wire_cuStreamBeginCapture_ptsz(stream) }
 }
 
 /// `cuStreamBeginCapture_v2`.
@@ -150,10 +102,9 @@ pub unsafe fn cuStreamBeginCapture_ptsz(stream: *mut c_void) -> i32 {
 /// # Safety
 /// As the C function.
 pub unsafe fn cuStreamBeginCapture_v2(stream: *mut c_void, mode: u32) -> i32 {
+    began();
     // SAFETY: per the contract.
-    begin(mode, || unsafe {
-        generated::wire_cuStreamBeginCapture_v2(stream, mode)
-    })
+    unsafe { generated::wire_cuStreamBeginCapture_v2(stream, mode) }
 }
 
 /// `cuStreamBeginCapture_v2_ptsz`.
@@ -161,10 +112,9 @@ pub unsafe fn cuStreamBeginCapture_v2(stream: *mut c_void, mode: u32) -> i32 {
 /// # Safety
 /// As the C function.
 pub unsafe fn cuStreamBeginCapture_v2_ptsz(stream: *mut c_void, mode: u32) -> i32 {
+    began();
     // SAFETY: per the contract.
-    begin(mode, || unsafe {
-        generated::wire_cuStreamBeginCapture_v2_ptsz(stream, mode)
-    })
+    unsafe { generated::wire_cuStreamBeginCapture_v2_ptsz(stream, mode) }
 }
 
 /// "None" for `status` without a round trip, if that is the answer (see the module's comment).
@@ -505,17 +455,8 @@ pub unsafe fn cuThreadExchangeStreamCaptureMode(mode: *mut c_void) -> i32 {
         }
         let mut w = rt::request(Op::cuThreadExchangeStreamCaptureMode);
         // SAFETY: per the contract.
-        let new = unsafe { *mode };
-        CaptureMode(new).encode(&mut w);
-        // The mode is the worker's thread's: set on this thread's own lane.
-        wormhole_session::keep_own_lane(true);
-        let answer =
-            rt::call(w).and_then(|reply| Reply::<CaptureMode>::decode_all(&reply)?.map_err(ApiErr));
-        if answer.is_ok() {
-            MODE_CHANGED.set(new != MODE_GLOBAL);
-        }
-        keep_lane_while_capturing();
-        let CaptureMode(old) = answer?;
+        CaptureMode(unsafe { *mode }).encode(&mut w);
+        let CaptureMode(old) = Reply::<CaptureMode>::decode_all(&rt::call(w)?)?.map_err(ApiErr)?;
         // SAFETY: per the contract.
         unsafe { *mode = old };
         Ok(CUDA_SUCCESS)

@@ -5,12 +5,36 @@
 //! address the program's own memory has means nothing in the worker.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-/// Allocations by start address: their length.
-fn table() -> MutexGuard<'static, BTreeMap<u64, u64>> {
-    static TABLE: Mutex<BTreeMap<u64, u64>> = Mutex::new(BTreeMap::new());
+/// One allocation: its length, and how many contexts had ended when it was made (memory of
+/// an ended context is gone, but stays here until an allocation takes its place).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Entry {
+    len: u64,
+    epoch: u64,
+}
+
+/// Allocations by start address.
+fn table() -> MutexGuard<'static, BTreeMap<u64, Entry>> {
+    static TABLE: Mutex<BTreeMap<u64, Entry>> = Mutex::new(BTreeMap::new());
     TABLE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Contexts ended so far (destroyed, reset, released for the last time).
+static EPOCH: AtomicU64 = AtomicU64::new(0);
+
+/// A context ended: the allocations made before may be gone with it.
+pub fn context_ended() {
+    EPOCH.fetch_add(1, Ordering::AcqRel);
+}
+
+fn entry(len: u64) -> Entry {
+    Entry {
+        len,
+        epoch: EPOCH.load(Ordering::Acquire),
+    }
 }
 
 /// The driver allocated `[start, start + len)`. Entries it overlaps are stale (memory a
@@ -25,13 +49,13 @@ pub fn allocated(start: u64, len: u64) {
     let stale: Vec<u64> = t
         .range(..end)
         .rev()
-        .take_while(|(s, l)| s.saturating_add(**l) > start)
+        .take_while(|(s, e)| s.saturating_add(e.len) > start)
         .map(|(s, _)| *s)
         .collect();
     for s in stale {
         t.remove(&s);
     }
-    t.insert(start, len);
+    t.insert(start, entry(len));
 }
 
 /// The allocation at `start` was freed (the frees themselves go through `free_with`).
@@ -45,10 +69,10 @@ pub fn freed(start: u64) {
 /// soon as it is freed, and a late forget would then drop that one; a refused free (not an
 /// allocation, a bad stream) puts it back unless the address was given out again meanwhile.
 pub fn free_with(start: u64, free: impl FnOnce() -> i32) -> i32 {
-    let len = table().remove(&start);
+    let gone = table().remove(&start);
     let status = free();
-    if let (Some(len), true) = (len, status != wormhole_cuda_proto::cu::CUDA_SUCCESS) {
-        table().entry(start).or_insert(len);
+    if let (Some(e), true) = (gone, status != wormhole_cuda_proto::cu::CUDA_SUCCESS) {
+        table().entry(start).or_insert(e);
     }
     status
 }
@@ -59,11 +83,11 @@ pub fn free_with(start: u64, free: impl FnOnce() -> i32) -> i32 {
 /// soon as they are undone. A refused undo puts back the entries whose place was not taken
 /// meanwhile.
 pub fn forget_within_with(start: u64, len: u64, undo: impl FnOnce() -> i32) -> i32 {
-    let gone: Vec<(u64, u64)> = {
+    let gone: Vec<(u64, Entry)> = {
         let mut t = table();
-        let inside: Vec<(u64, u64)> = t
+        let inside: Vec<(u64, Entry)> = t
             .range(start..start.saturating_add(len))
-            .map(|(s, l)| (*s, *l))
+            .map(|(s, e)| (*s, *e))
             .collect();
         for (s, _) in &inside {
             t.remove(s);
@@ -73,14 +97,14 @@ pub fn forget_within_with(start: u64, len: u64, undo: impl FnOnce() -> i32) -> i
     let status = undo();
     if status != wormhole_cuda_proto::cu::CUDA_SUCCESS {
         let mut t = table();
-        for (s, l) in gone {
-            let end = s.saturating_add(l);
+        for (s, e) in gone {
+            let end = s.saturating_add(e.len);
             let taken = t
                 .range(..end)
                 .next_back()
-                .is_some_and(|(o, ol)| o.saturating_add(*ol) > s);
+                .is_some_and(|(o, oe)| o.saturating_add(oe.len) > s);
             if !taken {
-                t.insert(s, l);
+                t.insert(s, e);
             }
         }
     }
@@ -115,7 +139,7 @@ pub fn unloaded(owner: u64) {
     };
     let mut t = table();
     for (start, len) in ranges {
-        if t.get(&start) == Some(&len) {
+        if t.get(&start).is_some_and(|e| e.len == len) {
             t.remove(&start);
         }
     }
@@ -123,11 +147,21 @@ pub fn unloaded(owner: u64) {
 
 /// The allocation `addr` lies in: its start and length.
 pub fn range_of(addr: u64) -> Option<(u64, u64)> {
+    entry_of(addr).map(|(s, e)| (s, e.len))
+}
+
+fn entry_of(addr: u64) -> Option<(u64, Entry)> {
     table()
         .range(..=addr)
         .next_back()
-        .filter(|(start, len)| addr - **start < **len)
-        .map(|(s, l)| (*s, *l))
+        .filter(|(start, e)| addr - **start < e.len)
+        .map(|(s, e)| (*s, *e))
+}
+
+/// Whether `addr` lies in an allocation made since the last context ended (one that surely
+/// still exists, unless freed: the driver need not be asked about it).
+pub fn surely_live(addr: u64) -> bool {
+    entry_of(addr).is_some_and(|(_, e)| e.epoch == EPOCH.load(Ordering::Acquire))
 }
 
 #[cfg(test)]

@@ -38,6 +38,7 @@ const STATUS_NONE: u32 = 0;
 /// NULL and special streams; without one the driver's error is the server's to give).
 fn never_capturing(stream: *mut c_void) -> bool {
     !BEGUN.load(Ordering::Acquire)
+        && rt::answerable_here()
         && (stream as usize > 2 || current::known().is_some_and(|c| !c.is_null()))
 }
 
@@ -471,6 +472,8 @@ mod tests {
     /// NULL stream's needs a current context; after, every query goes to the server.
     #[test]
     fn status_is_answered_here_only_before_any_capture() {
+        let _serial = current::GENERATION_TEST_LOCK.lock();
+        rt::set_initialized();
         let stream = 0x1000 as *mut c_void;
         assert!(never_capturing(stream));
         if current::known().is_none() {

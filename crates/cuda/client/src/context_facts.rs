@@ -100,23 +100,20 @@ pub fn forget_contexts() {
 /// A call may have changed what functions answer, or ended some.
 pub fn forget_functions() {
     FUNCTION_GENERATION.fetch_add(1, Ordering::AcqRel);
-    prune();
-}
-
-/// A module or library was unloaded: its kernels' functions went with it.
-pub fn forget_unloads() {
-    UNLOAD_GENERATION.fetch_add(1, Ordering::AcqRel);
-    prune();
-}
-
-/// Drops what no generation of now can answer from (kept answers would only grow: occupancy
-/// is kept per block size and shared memory size, and torch.compile loads many modules).
-fn prune() {
-    let (function, unload) = (function_generation(), unload_generation());
+    // What no generation of now can answer from goes (kept answers would only grow:
+    // occupancy is kept per block size and shared memory size).
+    let function = function_generation();
     let mut f = facts();
-    f.function.retain(|_, (g, _)| *g == unload);
     f.function_attribute.retain(|_, (g, _)| *g == function);
     f.occupancy.retain(|_, (g, _)| *g == function);
+}
+
+/// A module or library was unloaded: its kernels' functions went with it (torch.compile loads
+/// and unloads many).
+pub fn forget_unloads() {
+    UNLOAD_GENERATION.fetch_add(1, Ordering::AcqRel);
+    let unload = unload_generation();
+    facts().function.retain(|_, (g, _)| *g == unload);
 }
 
 fn unload_generation() -> (u64, u64) {

@@ -258,7 +258,7 @@ pub unsafe fn cuCtxDestroy_v2(ctx: *mut c_void) -> i32 {
     let status = unsafe { generated::wire_cuCtxDestroy_v2(ctx.cast()) };
     current::contexts_changed();
     if status == CUDA_SUCCESS {
-        crate::staging::context_ended();
+        crate::allocations::context_ended();
     }
     status
 }
@@ -284,7 +284,7 @@ fn reset(dev: i32, forward: impl FnOnce() -> i32) -> i32 {
     current::contexts_changed();
     if status == CUDA_SUCCESS {
         rt::recovered();
-        crate::staging::context_ended();
+        crate::allocations::context_ended();
     }
     status
 }
@@ -311,7 +311,7 @@ fn released(dev: i32, status: i32) -> i32 {
         let st = unsafe { generated::cuDevicePrimaryCtxGetState(dev, &mut flags, &mut active) };
         if st == CUDA_SUCCESS && active == 0 {
             crate::export_tables::primary_context_ending(dev);
-            crate::staging::context_ended();
+            crate::allocations::context_ended();
         }
     }
     status

@@ -392,14 +392,14 @@ unsafe fn write_value(data: *mut c_void, attribute: u32, value: &[u8]) {
 }
 
 /// `CU_POINTER_ATTRIBUTE_DEVICE_POINTER` of a pointer into device memory the program
-/// allocated, with a context current: the pointer itself (unified addressing: kernels of its
+/// allocated since a context last ended, with a context current: the pointer itself (unified addressing: kernels of its
 /// context reach it at the same address). Triton's launcher asks this of every pointer
 /// argument at every launch, which would be a round trip each. None: the driver is asked.
 fn own_device_pointer(attribute: u32, ptr: u64) -> Option<u64> {
     (attribute == POINTER_ATTRIBUTE_DEVICE_POINTER
         && rt::answerable_here()
         && crate::current::known().is_some_and(|c| !c.is_null())
-        && allocations::range_of(ptr).is_some())
+        && allocations::surely_live(ptr))
     .then_some(ptr)
 }
 
@@ -550,6 +550,17 @@ mod tests {
         assert_eq!(
             own_device_pointer(POINTER_ATTRIBUTE_CONTEXT, 0x7200_0010),
             None
+        );
+        // Memory made before a context ended may have gone with it: the driver says.
+        allocations::context_ended();
+        assert_eq!(
+            own_device_pointer(POINTER_ATTRIBUTE_DEVICE_POINTER, 0x7200_0010),
+            None
+        );
+        allocations::allocated(0x7200_0000, 0x1000);
+        assert_eq!(
+            own_device_pointer(POINTER_ATTRIBUTE_DEVICE_POINTER, 0x7200_0010),
+            Some(0x7200_0010)
         );
         crate::current::set(std::ptr::null_mut());
         assert_eq!(

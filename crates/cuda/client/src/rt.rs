@@ -63,6 +63,8 @@ fn is_sticky(st: i32) -> bool {
             | CUDA_ERROR_INVALID_ADDRESS_SPACE
             | CUDA_ERROR_INVALID_PC
             | CUDA_ERROR_LAUNCH_FAILED
+            | CUDA_ERROR_TENSOR_MEMORY_LEAK
+            | CUDA_ERROR_EXTERNAL_DEVICE
     )
 }
 

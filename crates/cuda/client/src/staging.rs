@@ -34,7 +34,8 @@ use std::ffi::c_void;
 use std::sync::Mutex;
 use std::time::Duration;
 use wormhole_cuda_proto::cu::{
-    CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS,
+    CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_INITIALIZED,
+    CUDA_ERROR_NOT_PERMITTED, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS,
 };
 use wormhole_cuda_proto::requests::{Message, PinnedCopy, PinnedFree, Signal, SignalWords};
 use wormhole_cuda_proto::{pinned, HandleKind, Writer};
@@ -324,8 +325,9 @@ impl<W: Worker> Staged<W> {
 }
 
 /// Asks the worker for the staging range. A session without an arena, or one whose tenant
-/// or arena has no room, goes without for good; another refusal (the calling thread has no
-/// context for the worker to register the range in) is asked again at the next copy.
+/// or arena has no room, or whose driver refuses it, goes without for good; a refusal of the
+/// moment (the calling thread has no context for the worker to register the range in, a call
+/// from a host function or before cuInit) is asked again at the next copy.
 fn take_range() -> Range {
     let Some(arena) = host_memory_pinned::session_arena() else {
         return Range::Refused;
@@ -342,37 +344,31 @@ fn take_range() -> Range {
             }
             // No room (the tenant's quota, the arena): a smaller one may fit.
             Err(e) if e.0 == CUDA_ERROR_OUT_OF_MEMORY => refused = e.0,
-            // No page-locked memory at all here.
-            Err(e) if e.0 == CUDA_ERROR_NOT_SUPPORTED => {
-                refused = e.0;
-                break;
-            }
             // Something of the moment (no context current on the calling thread for the
             // worker to register it in, a call from a host function, one before cuInit):
             // asked again at the next copy.
-            Err(_) => return Range::Unasked,
+            Err(e)
+                if matches!(
+                    e.0,
+                    CUDA_ERROR_INVALID_CONTEXT
+                        | CUDA_ERROR_NOT_PERMITTED
+                        | CUDA_ERROR_NOT_INITIALIZED
+                ) =>
+            {
+                return Range::Unasked
+            }
+            // Anything else (no page-locked memory here at all, a refusal of the driver's)
+            // would fail again at every copy: the rings carry them.
+            Err(e) => {
+                refused = e.0;
+                break;
+            }
         }
     }
     crate::connection::log(&format!(
         "no page-locked staging memory (status {refused}): copies of pageable memory go through the rings"
     ));
     Range::Refused
-}
-
-/// A context ended (destroyed, reset, released for the last time): the staging range's
-/// registration may have ended with it (it was made in the context current at the first
-/// staged copy). The range goes back, and the next copy asks for one in the context of then.
-/// Not while a copy holds it (that copy's context is alive); a range the worker will not free
-/// (its registration may live on in another context) stays in use.
-pub fn context_ended() {
-    let Ok(mut range) = RANGE.try_lock() else {
-        return;
-    };
-    if let Range::Held { offset, .. } = *range {
-        if free(offset) {
-            *range = Range::Unasked;
-        }
-    }
 }
 
 /// Asks the worker to free the range at `offset`: true if it did.

@@ -185,12 +185,10 @@ impl Pinned {
             // SAFETY: a range registered by `alloc`.
             let st = unsafe { ffi::cuMemHostUnregister(ptr as *mut c_void) };
             // A registration ends with the context that made it (cuCtxDestroy, a primary
-            // context's reset): then there is nothing left to undo, and the range and its
-            // quota go back as after an unregister.
-            let ended = matches!(
-                st,
-                CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED | CUDA_ERROR_CONTEXT_IS_DESTROYED
-            );
+            // context's reset): the driver then says it is not registered, there is nothing
+            // left to undo, and the range and its quota go back as after an unregister. (Any
+            // other refusal may leave it registered: kept.)
+            let ended = st == CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
             if ended {
                 tracing::info!(status = st, "page-locked memory whose context ended: freed");
             } else if st != CUDA_SUCCESS {

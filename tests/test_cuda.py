@@ -70,6 +70,15 @@ def output_diff(native: str, ours: str) -> str:
     return "\n".join(lines)
 
 
+def same_as_native(server, argv, timeout=300, **env):
+    """Runs `argv` natively and then through `server`; both must succeed and print the same."""
+    native = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    assert native.returncode == 0, native.stdout + native.stderr
+    r = server.run(argv, timeout=timeout, **env)
+    assert r.returncode == 0, r.stdout + r.stderr + server.log.read_text()[-4000:]
+    assert r.stdout == native.stdout, output_diff(native.stdout, r.stdout)
+
+
 def has_gpu():
     return shutil.which("nvidia-smi") is not None and subprocess.run(
         ["nvidia-smi", "-L"], capture_output=True).returncode == 0
@@ -357,12 +366,7 @@ def gpu_server(tmp_path):
 @gpu
 @pytest.mark.parametrize("cudart", ["static", "shared"])
 def test_vector_add_gives_native_results(gpu_server, cuda_programs, cudart):
-    prog = cuda_programs[f"vector_add_{cudart}"]
-    native = subprocess.run([prog], capture_output=True, text=True, timeout=120)
-    assert native.returncode == 0, native.stdout + native.stderr
-    r = gpu_server.run([prog], timeout=120)
-    assert r.returncode == 0, r.stdout + r.stderr + gpu_server.log.read_text()[-4000:]
-    assert r.stdout == native.stdout, output_diff(native.stdout, r.stdout)
+    same_as_native(gpu_server, [cuda_programs[f"vector_add_{cudart}"]], timeout=120)
 
 
 @gpu
@@ -372,21 +376,7 @@ def test_stream_capture_and_graphs_give_native_results(gpu_server, cuda_programs
     first capture begins), the graph and dependencies lent while capturing, the thread's mode,
     instantiation, ten replays into page-locked memory, a capture the program breaks, host
     functions and stream callbacks in stream order and as graph nodes (run in the client)."""
-    prog = cuda_programs[f"graphs_{cudart}"]
-    native = subprocess.run([prog], capture_output=True, text=True, timeout=120)
-    assert native.returncode == 0, native.stdout + native.stderr
-    r = gpu_server.run([prog], timeout=120)
-    assert r.returncode == 0, r.stdout + r.stderr + gpu_server.log.read_text()[-4000:]
-    assert r.stdout == native.stdout, output_diff(native.stdout, r.stdout)
-
-
-def same_as_native(server, argv, timeout=300, **env):
-    """Runs `argv` natively and then through `server`; both must succeed and print the same."""
-    native = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    assert native.returncode == 0, native.stdout + native.stderr
-    r = server.run(argv, timeout=timeout, **env)
-    assert r.returncode == 0, r.stdout + r.stderr + server.log.read_text()[-4000:]
-    assert r.stdout == native.stdout, output_diff(native.stdout, r.stdout)
+    same_as_native(gpu_server, [cuda_programs[f"graphs_{cudart}"]], timeout=120)
 
 
 @gpu
@@ -520,12 +510,7 @@ def test_a_primary_context_made_in_advance_is_not_seen(tmp_path, cuda_programs, 
 def test_the_driver_api_gives_native_results(gpu_server, cuda_programs):
     """Module images, functions and their parameter layouts, launches by kernelParams and by
     the extra buffer, copies, memsets, streams, events: no cudart (and so no export tables)."""
-    argv = [cuda_programs["driver_api"], cuda_programs["kernels.fatbin"]]
-    native = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-    assert native.returncode == 0, native.stdout + native.stderr
-    r = gpu_server.run(argv, timeout=120)
-    assert r.returncode == 0, r.stdout + r.stderr + gpu_server.log.read_text()[-4000:]
-    assert r.stdout == native.stdout, output_diff(native.stdout, r.stdout)
+    same_as_native(gpu_server, [cuda_programs["driver_api"], cuda_programs["kernels.fatbin"]], timeout=120)
 
 
 @gpu

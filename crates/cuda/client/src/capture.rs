@@ -57,12 +57,12 @@ fn began() {
 /// # Safety
 /// As the C function.
 pub unsafe fn cuStreamEndCapture(stream: *mut c_void, graph: *mut *mut c_void) -> i32 {
-    if !graph.is_null() {
-        // SAFETY: per the contract, a writable graph handle.
-        unsafe { *graph = std::ptr::null_mut() };
-    }
     // SAFETY: per the contract.
-    unsafe { generated::wire_cuStreamEndCapture(stream, graph.cast()) }
+    unsafe {
+        end_capture(graph, || {
+            generated::wire_cuStreamEndCapture(stream, graph.cast())
+        })
+    }
 }
 
 /// `cuStreamEndCapture_ptsz`: as `cuStreamEndCapture`.
@@ -70,12 +70,24 @@ pub unsafe fn cuStreamEndCapture(stream: *mut c_void, graph: *mut *mut c_void) -
 /// # Safety
 /// As the C function.
 pub unsafe fn cuStreamEndCapture_ptsz(stream: *mut c_void, graph: *mut *mut c_void) -> i32 {
+    // SAFETY: per the contract.
+    unsafe {
+        end_capture(graph, || {
+            generated::wire_cuStreamEndCapture_ptsz(stream, graph.cast())
+        })
+    }
+}
+
+/// A capture's end (`end`, the stub): the graph NULL unless the stub writes one.
+///
+/// # Safety
+/// `graph` NULL or a writable graph handle.
+unsafe fn end_capture(graph: *mut *mut c_void, end: impl FnOnce() -> i32) -> i32 {
     if !graph.is_null() {
-        // SAFETY: per the contract, a writable graph handle.
+        // SAFETY: per the contract.
         unsafe { *graph = std::ptr::null_mut() };
     }
-    // SAFETY: per the contract.
-    unsafe { generated::wire_cuStreamEndCapture_ptsz(stream, graph.cast()) }
+    end()
 }
 
 /// `cuStreamBeginCapture`.

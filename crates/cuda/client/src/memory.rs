@@ -392,9 +392,10 @@ unsafe fn write_value(data: *mut c_void, attribute: u32, value: &[u8]) {
 }
 
 /// `CU_POINTER_ATTRIBUTE_DEVICE_POINTER` of a pointer into device memory the program
-/// allocated since a context last ended, with a context current: the pointer itself (unified addressing: kernels of its
-/// context reach it at the same address). Triton's launcher asks this of every pointer
-/// argument at every launch, which would be a round trip each. None: the driver is asked.
+/// allocated since a context last ended, with a context current: the pointer itself (unified
+/// addressing: kernels of its context reach it at the same address). Triton's launcher asks
+/// this of every pointer argument at every launch, which would be a round trip each. None:
+/// the driver is asked.
 fn own_device_pointer(attribute: u32, ptr: u64) -> Option<u64> {
     (attribute == POINTER_ATTRIBUTE_DEVICE_POINTER
         && rt::answerable_here()

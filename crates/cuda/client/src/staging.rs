@@ -371,13 +371,6 @@ fn take_range() -> Range {
     Range::Refused
 }
 
-/// Asks the worker to free the range at `offset`: true if it did.
-fn free(offset: u64) -> bool {
-    let mut w = Writer::new(pinned::FREE);
-    PinnedFree { offset }.encode(&mut w);
-    rt::call(w).and_then(|reply| rt::status_of(&reply)).is_ok()
-}
-
 /// Gives the staging range back to the worker, if the session holds it, so that its room
 /// (the tenant's quota of page-locked memory, the arena) is the program's: true if it did.
 /// Later copies go through the rings. `cuMemHostAlloc` calls this when refused for want of
@@ -391,7 +384,9 @@ pub fn give_back() -> bool {
         return false;
     };
     *range = Range::Refused;
-    free(offset)
+    let mut w = Writer::new(pinned::FREE);
+    PinnedFree { offset }.encode(&mut w);
+    rt::call(w).and_then(|reply| rt::status_of(&reply)).is_ok()
 }
 
 #[cfg(test)]

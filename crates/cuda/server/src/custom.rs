@@ -501,7 +501,9 @@ fn module_load(
                     aligned(&bytes)
                 }
                 None => {
-                    IMAGES.asked_for.count(0);
+                    IMAGES
+                        .asked_for
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     return reply(CUDA_SUCCESS, true);
                 }
             },
@@ -577,11 +579,10 @@ pub struct ImageCounts {
     /// Named by digest and found in the server's cache.
     pub from_cache: Tally,
     /// Named by digest and not kept: the client was asked for the bytes.
-    pub asked_for: Tally,
+    pub asked_for: std::sync::atomic::AtomicU64,
 }
 
 /// A count and its bytes.
-#[derive(Default)]
 pub struct Tally {
     pub count: std::sync::atomic::AtomicU64,
     pub bytes: std::sync::atomic::AtomicU64,
@@ -605,7 +606,7 @@ impl Tally {
 pub static IMAGES: ImageCounts = ImageCounts {
     received: Tally::new(),
     from_cache: Tally::new(),
-    asked_for: Tally::new(),
+    asked_for: std::sync::atomic::AtomicU64::new(0),
 };
 
 /// Most parameters asked of the driver for one function: what a layout on the wire may hold

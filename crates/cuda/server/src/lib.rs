@@ -237,15 +237,14 @@ impl wormhole_server::Backend for Cuda {
         for (what, tally) in [
             ("received", &images.received),
             ("from_cache", &images.from_cache),
-            ("asked_for", &images.asked_for),
         ] {
             let count = tally.count.load(Ordering::Relaxed);
-            let bytes = tally.bytes.load(Ordering::Relaxed);
             m.insert(format!("module_images_{what}"), count.into());
-            if what != "asked_for" {
-                m.insert(format!("module_image_bytes_{what}"), bytes.into());
-            }
+            let bytes = tally.bytes.load(Ordering::Relaxed);
+            m.insert(format!("module_image_bytes_{what}"), bytes.into());
         }
+        let asked = images.asked_for.load(Ordering::Relaxed);
+        m.insert("module_images_asked_for".into(), asked.into());
         m
     }
 }

@@ -123,18 +123,19 @@ pub fn before_primary_change(dev: i32) {
     let_go(&Driver, &mut lock(&WARM), Some(dev));
 }
 
-/// The program makes or retains a context (`make`, the driver's call) on `dev`; once it has
-/// one, the warm reference goes. The lock is held across the driver's call only where it
-/// concerns the warm context's device (a state query must not see it in between); a context
-/// made elsewhere takes its time without holding up the other lanes.
+/// The program makes or retains a context (`make`, the driver's call); once it has one, the
+/// warm reference goes. `primary_of`: the device whose primary context the call retains, if
+/// it does. The lock is held across the driver's call only where that is the warm context (a
+/// state query must not see it in between); a context made elsewhere takes its time without
+/// holding up the other lanes.
 fn made_by_program(
     d: &dyn PrimaryContexts,
     warm: &Warm,
-    dev: i32,
+    primary_of: Option<i32>,
     make: impl FnOnce() -> i32,
 ) -> i32 {
     let mut held = lock(warm);
-    if *held == Some(dev) {
+    if primary_of.is_some() && *held == primary_of {
         let st = make();
         if st == CUDA_SUCCESS {
             let_go(d, &mut held, None);
@@ -167,9 +168,7 @@ fn program_context(
     };
     let mut ctx: Handle = std::ptr::null_mut();
     let out = crate::rt::out_ptr(present, &mut ctx);
-    let st = made_by_program(&Driver, &WARM, if primary { dev } else { -1 }, || {
-        make(dev, out)
-    });
+    let st = made_by_program(&Driver, &WARM, primary.then_some(dev), || make(dev, out));
     w.i32(st);
     if st == CUDA_SUCCESS && present {
         s.export_list(w, HandleKind::Context, &[ctx]);
@@ -303,7 +302,7 @@ mod tests {
         let warm = Mutex::new(None);
         make_on(&d, &warm, 0);
         assert_eq!((*lock(&warm), d.of(0)), (Some(0), 1), "made in advance");
-        let st = made_by_program(&d, &warm, 0, || d.retain(0));
+        let st = made_by_program(&d, &warm, Some(0), || d.retain(0));
         assert_eq!(st, CUDA_SUCCESS);
         assert_eq!(
             (*lock(&warm), d.of(0)),
@@ -313,7 +312,7 @@ mod tests {
         // Its release ends the context, as natively; a second retain is the program's own.
         assert_eq!(d.release(0), CUDA_SUCCESS);
         assert_eq!(d.of(0), 0);
-        made_by_program(&d, &warm, 0, || d.retain(0));
+        made_by_program(&d, &warm, Some(0), || d.retain(0));
         assert_eq!(d.of(0), 1, "nothing of the worker's is left to let go");
     }
 
@@ -323,13 +322,13 @@ mod tests {
         let warm = Mutex::new(None);
         make_on(&d, &warm, 0);
         assert_eq!(
-            made_by_program(&d, &warm, 0, || CUDA_ERROR_INVALID_DEVICE),
+            made_by_program(&d, &warm, Some(0), || CUDA_ERROR_INVALID_DEVICE),
             CUDA_ERROR_INVALID_DEVICE
         );
         assert_eq!((*lock(&warm), d.of(0)), (Some(0), 1));
         // A program that works on another device (or makes a context of its own) has no use
         // for the warm one.
-        made_by_program(&d, &warm, 1, || d.retain(1));
+        made_by_program(&d, &warm, Some(1), || d.retain(1));
         assert_eq!((*lock(&warm), d.of(0), d.of(1)), (None, 0, 1));
     }
 

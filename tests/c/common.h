@@ -3,6 +3,7 @@
 #include <CL/cl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define CHECK(x)                                                                     \
     do {                                                                             \
@@ -51,4 +52,13 @@ static inline cl_program build(cl_context ctx, cl_device_id dev, const char *src
         exit(1);
     }
     return prog;
+}
+
+/* With "hold" as the program's first argument: waits until stdin closes, its session kept
+ * open meanwhile for the test to look at the server's status. */
+static inline void hold_if_asked(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "hold") == 0) {
+        while (getchar() != EOF) {
+        }
+    }
 }

@@ -47,9 +47,6 @@ int main(int argc, char **argv) {
     CHECK(clReleaseMemObject(b));
     printf("idle after write OK\n");
     fflush(stdout);
-    if (argc > 1 && strcmp(argv[1], "hold") == 0) {
-        while (getchar() != EOF) {
-        }
-    }
+    hold_if_asked(argc, argv);
     return 0;
 }

@@ -135,9 +135,6 @@ int main(int argc, char **argv) {
     }
     printf("nonblocking transfers OK\n");
     fflush(stdout);
-    if (argc > 1 && strcmp(argv[1], "hold") == 0) {
-        while (getchar() != EOF) {
-        }
-    }
+    hold_if_asked(argc, argv);
     return 0;
 }

@@ -161,10 +161,7 @@ int main(int argc, char **argv) {
     }
     printf("windows OK\n");
     fflush(stdout);
-    if (argc > 1 && !strcmp(argv[1], "hold")) {
-        while (getchar() != EOF) {
-        }
-    }
+    hold_if_asked(argc, argv);
     clReleaseMemObject(plain);
     clReleaseMemObject(src);
     clReleaseMemObject(dst);
